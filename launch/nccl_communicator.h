@@ -1,0 +1,60 @@
+// NCCL backend of Communicator, for CUDA tensors (launch/communicator.h has the contract).
+//
+// The communicator is non-blocking (ncclConfig_t.blocking = 0): initialisation and every
+// collective return at once, and the host polls ncclCommGetAsyncError and a CUDA event until the
+// work is done or the timeout passes. On timeout or a NCCL error the communicator is aborted
+// (ncclCommAbort), which frees the GPU from the stuck kernel, and CommError is thrown. The unique
+// id travels from rank 0 over MPI.
+//
+// Collectives run on the current CUDA stream of the device and the call returns when they have
+// finished, so the caller can read the result with any stream.
+#ifndef RL_LAUNCH_NCCL_COMMUNICATOR_H_
+#define RL_LAUNCH_NCCL_COMMUNICATOR_H_
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
+
+#include "launch/communicator.h"
+
+namespace rl {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const MpiSession& session, c10::Device device, CommOptions options);
+  ~NcclCommunicator() override;  // ncclCommDestroy, or nothing when already aborted
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "nccl"; }
+
+  void AllGatherInPlace(const at::Tensor& buffer) override;
+  void AllGather(const at::Tensor& shard, const at::Tensor& buffer) override;
+  void ReduceScatter(const at::Tensor& buffer, const at::Tensor& shard, ReduceOp op) override;
+  void AllReduce(const at::Tensor& tensor, ReduceOp op) override;
+  void Broadcast(const at::Tensor& tensor, int root) override;
+  void Barrier() override;
+
+ private:
+  void ThrowIfAborted(std::string_view op) const;
+  cudaStream_t CurrentStream() const;
+  // Waits for the enqueue of a non-blocking call to finish (ncclInProgress), then for the kernel.
+  void Complete(ncclResult_t enqueue_result, cudaStream_t stream, const std::string& what);
+  [[noreturn]] void AbortAndThrow(const std::string& reason);
+
+  ncclComm_t comm_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  c10::Device device_;
+  int rank_ = 0;
+  int size_ = 1;
+  CommOptions options_;
+  at::Tensor barrier_scratch_;  // [1] fp32 on the device
+  std::string abort_reason_;
+};
+
+}  // namespace rl
+
+#endif  // RL_LAUNCH_NCCL_COMMUNICATOR_H_

@@ -1,0 +1,65 @@
+// A collective that one rank never joins ends with CommError within its timeout on the rank
+// that waited, and leaves that communicator aborted; nothing hangs.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "launch/check.h"
+#include "launch/mpi_communicator.h"
+#include "tests/mpi_test_env.h"
+
+namespace rl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kTimeout(1000);
+// Polling granularity and a loaded 2-core machine: the error must come no later than this.
+constexpr milliseconds kSlack(1500);
+
+TEST_CASE("a collective a peer never joins throws CommError within the timeout") {
+  const MpiSession& session = testing::Session();
+  REQUIRE(session.world_size() >= 2);
+  for (int waiter = 0; waiter < 2; ++waiter) {
+    CAPTURE(waiter);
+    MpiCommunicator comm(session, CommOptions{kTimeout});
+    at::Tensor t = at::ones({16});
+    if (session.rank() == waiter) {
+      const auto start = Clock::now();
+      std::string message;
+      try {
+        comm.AllReduce(t, ReduceOp::kSum);
+      } catch (const CommError& e) {
+        message = e.what();
+      }
+      const auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+      INFO(message);
+      CHECK(elapsed >= kTimeout);
+      CHECK(elapsed <= kTimeout + kSlack);
+      CHECK(message.find("all_reduce(sum)") != std::string::npos);
+      CHECK(message.find("timeout of 1000 ms") != std::string::npos);
+      CHECK(message.find("64 bytes") != std::string::npos);
+      // Aborted: the next call fails at once instead of waiting again.
+      const auto again = Clock::now();
+      CHECK_THROWS_AS(comm.Barrier(), CommError);
+      CHECK(Clock::now() - again < milliseconds(100));
+    } else if (session.rank() == 1 - waiter) {
+      // Play a peer that is late beyond the timeout, then complete the orphaned collective so the
+      // waiter's communicator can be freed cleanly at the end of this scope.
+      std::this_thread::sleep_for(kTimeout + kSlack);
+      at::Tensor late = at::ones({16});
+      // Non-blocking, like the waiter's: MPI never matches a blocking with a non-blocking call.
+      MPI_Request request = MPI_REQUEST_NULL;
+      MPI_Iallreduce(MPI_IN_PLACE, late.data_ptr(), 16, MPI_FLOAT, MPI_SUM, comm.mpi_comm(),
+                     &request);
+      MPI_Wait(&request, MPI_STATUS_IGNORE);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rl
