@@ -1,0 +1,198 @@
+// Every option of the trainer, declared once.
+//
+// Each X(type, name, default, help) line below is the only declaration of an option. From it
+// come: the struct member and its default, the command-line flag (`--name-with-dashes`; booleans
+// also `--no-name`), the TOML key (`name` in the section's `[table]` of a --config file), the
+// `--help` text, the resolved-config dump at start-up and the config stored with a checkpoint
+// (trainer/config/config.h does the binding). Flag names follow the reference system (miles /
+// Megatron) where it has one.
+//
+// Values here are what the user asked for. Rules and derived values (for example: --ci-test turns
+// on the checks; --colocate turns offload on) live in trainer/config/validate.h, never here.
+//
+// `std::optional` options are "unset" by default; validation derives their value.
+#ifndef RL_TRAINER_CONFIG_OPTIONS_H_
+#define RL_TRAINER_CONFIG_OPTIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+// clang-format off
+#define RL_RUN_OPTIONS(X)                                                                          \
+  X(int64_t, num_rollout, 1, "Number of RL iterations (rollout + train + weight sync).")           \
+  X(int64_t, seed, 1234, "Seed for initialisation, sampling and data order.")                      \
+  X(std::string, device, "auto", "auto (cuda:<local rank> when a GPU is present), cuda, or cpu.")  \
+  X(int64_t, actor_num_nodes, 1, "Nodes of the job (for --plan at full scale).")                    \
+  X(int64_t, actor_num_gpus_per_node, 2, "Ranks per node (for --plan at full scale).")
+
+#define RL_MODEL_OPTIONS(X)                                                                        \
+  X(std::string, hf_checkpoint, "", "Hugging Face checkpoint directory of the policy.")           \
+  X(std::string, model_config, "", "config.json describing the architecture (default: the one in --hf-checkpoint).") \
+  X(std::string, init, "checkpoint", "checkpoint (load --hf-checkpoint) or random (from --model-config and --seed).") \
+  X(std::string, ref_load, "", "Reference model checkpoint for the KL term (default: the initial actor weights).") \
+  X(std::string, freeze_params, "", "Regex: parameters whose names match are frozen (not trained).") \
+  X(int64_t, lora_rank, 0, "LoRA rank; 0 disables LoRA.")
+
+#define RL_PARALLEL_OPTIONS(X)                                                                     \
+  X(int64_t, tensor_model_parallel_size, 1, "Tensor parallel size (TP).")                          \
+  X(int64_t, pipeline_model_parallel_size, 1, "Pipeline parallel size (PP).")                      \
+  X(int64_t, decoder_last_pipeline_num_layers, 0, "Layers of the last pipeline stage; 0 = even split.") \
+  X(int64_t, context_parallel_size, 1, "Context parallel size (CP).")                              \
+  X(int64_t, expert_model_parallel_size, 1, "Expert parallel size (EP).")                          \
+  X(int64_t, expert_tensor_parallel_size, 1, "Expert tensor parallel size (ETP).")                 \
+  X(bool, use_distributed_optimizer, true, "ZeRO-1: shard fp32 masters and Adam moments over DP.") \
+  X(bool, overlap_param_gather, false, "Overlap the param all-gather with the next forward.")      \
+  X(int64_t, comm_timeout_s, 600, "Timeout of every collective, seconds; a late rank ends the job.")
+
+#define RL_OPTIMIZER_OPTIONS(X)                                                                    \
+  X(std::string, optimizer, "adam", "Optimizer: adam (AdamW).")                                   \
+  X(double, lr, 1e-6, "Peak learning rate.")                                                       \
+  X(double, min_lr, 0.0, "Learning rate at the end of a linear or cosine decay.")                  \
+  X(std::string, lr_decay_style, "constant", "constant, linear or cosine.")                       \
+  X(int64_t, lr_warmup_iters, 0, "Optimizer steps of linear warm-up from 0.")                      \
+  X(int64_t, lr_decay_iters, 0, "Optimizer steps of decay after warm-up; 0 = all remaining steps.") \
+  X(double, weight_decay, 0.1, "Decoupled weight decay (AdamW).")                                  \
+  X(double, adam_beta1, 0.9, "Adam beta1.")                                                        \
+  X(double, adam_beta2, 0.98, "Adam beta2.")                                                       \
+  X(double, adam_eps, 1e-8, "Adam epsilon.")                                                       \
+  X(double, clip_grad, 1.0, "Global gradient-norm clip; 0 disables clipping.")                     \
+  X(bool, use_precision_aware_optimizer, false, "Keep masters inside the optimizer as remainders (no standalone fp32 masters).") \
+  X(bool, optimizer_cpu_offload, false, "Run the optimizer step on the CPU (hybrid device optimizer).") \
+  X(bool, debug_disable_optimizer, false, "Debug: no optimizer (forward/backward only).")
+
+#define RL_ROLLOUT_OPTIONS(X)                                                                      \
+  X(int64_t, rollout_batch_size, 8, "Prompts per rollout.")                                        \
+  X(int64_t, n_samples_per_prompt, 8, "Responses sampled per prompt (the GRPO group).")           \
+  X(int64_t, rollout_max_response_len, 1024, "Maximum response tokens.")                           \
+  X(double, rollout_temperature, 1.0, "Sampling temperature.")                                     \
+  X(double, rollout_top_p, 1.0, "Nucleus sampling threshold; 1 disables it.")                      \
+  X(int64_t, rollout_top_k, -1, "Top-k sampling; -1 disables it.")                                 \
+  X(std::string, rollout_stop_token_ids, "", "Comma-separated token ids that end a response.")     \
+  X(int64_t, global_batch_size, 0, "Samples per optimizer step; 0 = derived from the rollout batch.") \
+  X(int64_t, num_steps_per_rollout, 0, "Optimizer steps per rollout; 0 = derived (1 unless --global-batch-size says otherwise).") \
+  X(int64_t, micro_batch_size, 1, "Samples per micro-batch (gradient accumulation within a step).")
+
+#define RL_RL_OPTIONS(X)                                                                           \
+  X(std::string, advantage_estimator, "grpo", "grpo, gspo, reinforce_plus_plus, reinforce_plus_plus_baseline or ppo.") \
+  X(bool, rewards_normalization, true, "Subtract the group mean reward (GRPO family).")            \
+  X(bool, grpo_std_normalization, true, "Divide by the group std + 1e-6 (off = Dr.GRPO).")        \
+  X(double, eps_clip, 0.2, "PPO clip, lower side.")                                                \
+  X(std::optional<double>, eps_clip_high, std::nullopt, "PPO clip, upper side (default: --eps-clip).") \
+  X(std::optional<double>, eps_clip_c, std::nullopt, "Dual-clip constant (> 1) for negative advantages.") \
+  X(bool, use_kl_loss, false, "Add a KL(policy || reference) loss term.")                         \
+  X(double, kl_loss_coef, 0.0, "Coefficient of the KL loss.")                                      \
+  X(std::string, kl_loss_type, "k1", "k1, k2, k3 or low_var_kl.")                                 \
+  X(double, kl_coef, 0.0, "KL penalty in the reward (needs a reference model).")                   \
+  X(double, entropy_coef, 0.0, "Entropy bonus coefficient.")                                       \
+  X(bool, calculate_per_token_loss, false, "Aggregate the loss per token instead of per sample.")  \
+  X(bool, use_rollout_logprobs, false, "Use the rollout engine's log-probs as the old policy.")     \
+  X(bool, use_tis, false, "Truncated importance sampling against the rollout log-probs.")          \
+  X(double, tis_clip, 2.0, "TIS upper clip.")                                                      \
+  X(double, tis_clip_low, 0.0, "TIS lower clip.")                                                  \
+  X(bool, normalize_advantages, false, "Whiten advantages over the DP group.")                    \
+  X(bool, compute_advantages_and_returns, true, "Compute advantages in the trainer (the rebuild runs in that block).") \
+  X(int64_t, num_critic_only_steps, 0, "PPO: steps that train only the critic.")
+
+#define RL_COLOCATE_OPTIONS(X)                                                                     \
+  X(bool, colocate, false, "Actor and rollout engine share each GPU and take turns.")             \
+  X(std::optional<bool>, offload_train, std::nullopt, "Release the actor's memory while the engine works (default: on with --colocate).") \
+  X(std::optional<bool>, offload_rollout, std::nullopt, "Release the engine's memory while the actor works (default: on with --colocate).") \
+  X(std::string, offload_train_target, "cpu", "Where the actor's state goes while asleep: cpu or disk.") \
+  X(bool, rematerialize_param_from_master_weight, false, "On wake-up, rebuild bf16 params from the fp32 master shards (cast + all-gather) instead of a pinned host copy.") \
+  X(bool, keep_old_actor, false, "Keep a copy of the previous actor weights (needs backup copy()).") \
+  X(bool, debug_train_only, false, "Train on recorded data; no rollout engine.")                 \
+  X(bool, debug_rollout_only, false, "Generate only; no training.")
+
+#define RL_BACKUP_OPTIONS(X)                                                                       \
+  X(std::optional<bool>, check_rematerialize_param_from_master_weight, std::nullopt, "SHA256-check every rebuild against the hashes of backups 1 and 2 (default: on with --ci-test).")
+
+#define RL_WEIGHT_SYNC_OPTIONS(X)                                                                  \
+  X(std::string, update_weight_buffer_size, "512MiB", "Bucket size of the weight sync (bytes; KiB/MiB/GiB suffixes).") \
+  X(std::optional<bool>, check_weight_update_equal, std::nullopt, "SHA256-compare the engine's weights with the actor's after a sync (default: on with --ci-test).")
+
+#define RL_CHECK_OPTIONS(X)                                                                        \
+  X(bool, ci_test, false, "CI mode: turns on the SHA256 rebuild check, the weight-update check, the weight version check and the first-step ppo_kl == 0 check.") \
+  X(bool, ci_disable_weight_update_checker, false, "CI mode without the weight-update check.")    \
+  X(bool, ci_disable_kl_checker, false, "CI mode without the first-step ppo_kl == 0 check.")
+
+#define RL_DATA_OPTIONS(X)                                                                         \
+  X(std::string, prompt_data, "", "JSONL file of prompts.")                                        \
+  X(std::string, input_key, "prompt", "Key of the prompt in each JSONL line.")                     \
+  X(std::string, label_key, "label", "Key of the label (the verifier's answer) in each JSONL line.") \
+  X(bool, apply_chat_template, false, "Wrap prompts in the tokenizer's chat template.")           \
+  X(std::string, rm_type, "math", "Reward: exact_match or math (\\boxed{} / final number).")       \
+  X(std::string, load_debug_rollout_data, "", "Replay recorded rollout data (JSONL) instead of generating.") \
+  X(std::string, save_debug_rollout_data, "", "Record each rollout's data to this JSONL file.")
+
+#define RL_LOGGING_OPTIONS(X)                                                                      \
+  X(std::string, metrics_out, "", "JSON-lines file: one object of metrics per iteration.")        \
+  X(std::string, save_hf, "", "Save the final actor weights as a Hugging Face checkpoint here.")   \
+  X(std::string, save, "", "Checkpoint directory (actor, optimizer, RNG, data position).")        \
+  X(int64_t, save_interval, 0, "Save every N iterations; 0 = only at the end when --save is set.") \
+  X(std::string, load, "", "Resume from this checkpoint directory.")                              \
+  X(std::string, log_level, "info", "info or debug.")
+
+// Section name, struct name, option list.
+#define RL_CONFIG_SECTIONS(S)                          \
+  S(run, RunOptions, RL_RUN_OPTIONS)                   \
+  S(model, ModelOptions, RL_MODEL_OPTIONS)             \
+  S(parallel, ParallelOptions, RL_PARALLEL_OPTIONS)    \
+  S(optimizer, OptimizerOptions, RL_OPTIMIZER_OPTIONS) \
+  S(rollout, RolloutOptions, RL_ROLLOUT_OPTIONS)       \
+  S(rl, RlOptions, RL_RL_OPTIONS)                      \
+  S(colocate, ColocateOptions, RL_COLOCATE_OPTIONS)    \
+  S(backup, BackupOptions, RL_BACKUP_OPTIONS)          \
+  S(weight_sync, WeightSyncOptions, RL_WEIGHT_SYNC_OPTIONS) \
+  S(checks, CheckOptions, RL_CHECK_OPTIONS)            \
+  S(data, DataOptions, RL_DATA_OPTIONS)                \
+  S(logging, LoggingOptions, RL_LOGGING_OPTIONS)
+// clang-format on
+
+namespace rl::config {
+
+#define RL_DECLARE_MEMBER(type, name, default_value, help) type name = default_value;
+#define RL_DECLARE_SECTION_STRUCT(section, Struct, OPTIONS) \
+  struct Struct {                                           \
+    OPTIONS(RL_DECLARE_MEMBER)                              \
+  };
+RL_CONFIG_SECTIONS(RL_DECLARE_SECTION_STRUCT)
+#undef RL_DECLARE_SECTION_STRUCT
+#undef RL_DECLARE_MEMBER
+
+// What the user asked for: defaults, then the --config file, then command-line flags.
+struct Config {
+#define RL_DECLARE_SECTION_MEMBER(section, Struct, OPTIONS) Struct section;
+  RL_CONFIG_SECTIONS(RL_DECLARE_SECTION_MEMBER)
+#undef RL_DECLARE_SECTION_MEMBER
+};
+
+// Identifies one option for visitors: TOML `[section] key`, flag `--key-with-dashes`.
+struct OptionInfo {
+  const char* section;
+  const char* key;
+  const char* help;
+};
+
+// Calls visitor(info, member) for every option, in declaration order.
+template <class Config_, class Visitor>
+void VisitOptions(Config_& config, Visitor&& visitor) {
+#define RL_VISIT_OPTION(type, name, default_value, help) \
+  visitor(OptionInfo{section_name, #name, help}, section_ref.name);
+#define RL_VISIT_SECTION(section, Struct, OPTIONS) \
+  {                                                \
+    const char* section_name = #section;           \
+    auto& section_ref = config.section;            \
+    OPTIONS(RL_VISIT_OPTION)                       \
+  }
+  RL_CONFIG_SECTIONS(RL_VISIT_SECTION)
+#undef RL_VISIT_SECTION
+#undef RL_VISIT_OPTION
+}
+
+// "rollout_batch_size" -> "--rollout-batch-size"
+std::string FlagName(const char* key);
+
+}  // namespace rl::config
+
+#endif  // RL_TRAINER_CONFIG_OPTIONS_H_

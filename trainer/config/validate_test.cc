@@ -1,0 +1,373 @@
+// Validation: one test per rule (accepted and rejected) and one per derived value.
+#include "trainer/config/validate.h"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+namespace rl::config {
+namespace {
+
+// A colocated rematerialize run that breaks no rule.
+Config Remat() {
+  Config c;
+  c.model.init = "random";
+  c.model.model_config = "configs/models/tiny.json";
+  c.colocate.colocate = true;
+  c.colocate.rematerialize_param_from_master_weight = true;
+  return c;
+}
+
+// The single error of `c`, or "" when it validates.
+std::string OnlyError(const Config& c) {
+  const ValidationResult result = Validate(c);
+  if (result.errors.empty()) return "";
+  INFO("all errors: " << result.errors.size());
+  REQUIRE(result.errors.size() == 1);
+  return result.errors[0];
+}
+
+bool Mentions(const std::string& error, const std::string& flag) {
+  return error.find(flag) != std::string::npos;
+}
+
+TEST_CASE("the base rematerialize config validates") { CHECK(OnlyError(Remat()).empty()); }
+
+// ---- §3.1 rematerialize rules ----------------------------------------------------------------
+
+TEST_CASE("rule: rematerialize with --debug-train-only is silently turned off") {
+  Config c = Remat();
+  c.colocate.debug_train_only = true;
+  const ValidationResult r = Validate(c);
+  CHECK(r.ok());
+  CHECK_FALSE(r.resolved.config.colocate.rematerialize_param_from_master_weight);
+}
+
+TEST_CASE("rule: --load-debug-rollout-data alone keeps rematerialize on") {
+  Config c = Remat();
+  c.data.load_debug_rollout_data = "recorded.jsonl";
+  const ValidationResult r = Validate(c);
+  CHECK(r.ok());
+  CHECK(r.resolved.config.colocate.rematerialize_param_from_master_weight);
+}
+
+TEST_CASE("rule: rematerialize refuses LoRA") {
+  Config c = Remat();
+  c.model.lora_rank = 8;
+  CHECK(Mentions(OnlyError(c), "--lora-rank 8"));
+  c.model.lora_rank = 0;
+  CHECK(OnlyError(c).empty());
+}
+
+TEST_CASE("rule: rematerialize refuses --debug-disable-optimizer") {
+  Config c = Remat();
+  c.optimizer.debug_disable_optimizer = true;
+  CHECK(Mentions(OnlyError(c), "--debug-disable-optimizer"));
+}
+
+TEST_CASE("rule: rematerialize needs --colocate and --offload-train") {
+  Config c = Remat();
+  c.colocate.colocate = false;
+  CHECK(Mentions(OnlyError(c), "needs --colocate and --offload-train"));
+  c = Remat();
+  c.colocate.offload_train = false;
+  CHECK(Mentions(OnlyError(c), "needs --colocate and --offload-train"));
+  c.colocate.offload_train = true;
+  CHECK(OnlyError(c).empty());
+}
+
+TEST_CASE("rule: rematerialize needs --offload-train-target cpu") {
+  Config c = Remat();
+  c.colocate.offload_train_target = "disk";
+  const ValidationResult r = Validate(c);
+  REQUIRE(r.errors.size() == 2);  // disk is also not supported at all
+  CHECK(Mentions(r.errors[1], "needs --offload-train-target cpu"));
+}
+
+TEST_CASE("rule: rematerialize needs --use-distributed-optimizer") {
+  Config c = Remat();
+  c.parallel.use_distributed_optimizer = false;
+  CHECK(Mentions(OnlyError(c), "--use-distributed-optimizer"));
+}
+
+TEST_CASE("rule: rematerialize refuses --keep-old-actor") {
+  Config c = Remat();
+  c.colocate.keep_old_actor = true;
+  CHECK(Mentions(OnlyError(c), "--keep-old-actor"));
+  c.colocate.rematerialize_param_from_master_weight = false;
+  CHECK(OnlyError(c).empty());
+}
+
+TEST_CASE("rule: GPU precision-aware optimizer needs --optimizer-cpu-offload") {
+  Config c = Remat();
+  c.optimizer.use_precision_aware_optimizer = true;
+  CHECK(Mentions(OnlyError(c), "Add --optimizer-cpu-offload"));
+  c.optimizer.optimizer_cpu_offload = true;
+  CHECK(OnlyError(c).empty());
+}
+
+TEST_CASE("rule: rematerialize refuses --overlap-param-gather") {
+  Config c = Remat();
+  c.parallel.overlap_param_gather = true;
+  CHECK(Mentions(OnlyError(c), "--no-overlap-param-gather"));
+}
+
+TEST_CASE("rule: rematerialize needs --compute-advantages-and-returns") {
+  Config c = Remat();
+  c.rl.compute_advantages_and_returns = false;
+  CHECK(Mentions(OnlyError(c), "--compute-advantages-and-returns"));
+}
+
+TEST_CASE("rule: rematerialize refuses critic-only steps") {
+  Config c = Remat();
+  c.rl.num_critic_only_steps = 2;
+  CHECK(Mentions(OnlyError(c), "--num-critic-only-steps 2"));
+}
+
+TEST_CASE("rule: the rebuild check needs rematerialize") {
+  Config c;
+  c.model.hf_checkpoint = "ckpt";
+  c.backup.check_rematerialize_param_from_master_weight = true;
+  CHECK(Mentions(OnlyError(c), "needs --rematerialize-param-from-master-weight"));
+}
+
+TEST_CASE("rules: accepted combinations with rematerialize (KL, reference model)") {
+  Config c = Remat();
+  c.rl.use_kl_loss = true;
+  c.rl.kl_loss_coef = 0.01;
+  CHECK(OnlyError(c).empty());
+  c.rl.kl_coef = 0.1;
+  CHECK(OnlyError(c).empty());
+}
+
+TEST_CASE("all violations are reported, not just the first") {
+  Config c = Remat();
+  c.model.lora_rank = 4;
+  c.colocate.keep_old_actor = true;
+  c.parallel.overlap_param_gather = true;
+  c.rollout.rollout_temperature = 0;
+  CHECK(Validate(c).errors.size() == 4);
+}
+
+// ---- §3.2 and derived values -------------------------------------------------------------------
+
+TEST_CASE("derived: --ci-test turns on the rebuild check with rematerialize") {
+  Config c = Remat();
+  c.checks.ci_test = true;
+  const ResolvedConfig r = Validate(c).resolved;
+  CHECK(r.config.backup.check_rematerialize_param_from_master_weight == true);
+  CHECK(Validate(Remat()).resolved.config.backup.check_rematerialize_param_from_master_weight ==
+        false);
+}
+
+TEST_CASE("derived: --ci-test turns on the weight-update check, the KL and version checks") {
+  Config c = Remat();
+  c.checks.ci_test = true;
+  const ResolvedConfig r = Validate(c).resolved;
+  CHECK(r.config.weight_sync.check_weight_update_equal == true);
+  CHECK(r.check_kl);
+  CHECK(r.check_weight_version);
+  c.checks.ci_disable_weight_update_checker = true;
+  c.checks.ci_disable_kl_checker = true;
+  const ResolvedConfig off = Validate(c).resolved;
+  CHECK(off.config.weight_sync.check_weight_update_equal == false);
+  CHECK_FALSE(off.check_kl);
+}
+
+TEST_CASE("derived: --ci-test with --debug-train-only has no weight-update check") {
+  Config c = Remat();
+  c.checks.ci_test = true;
+  c.colocate.debug_train_only = true;
+  const ValidationResult r = Validate(c);
+  CHECK(r.ok());
+  CHECK(r.resolved.config.weight_sync.check_weight_update_equal == false);
+  CHECK_FALSE(r.resolved.check_weight_version);
+}
+
+TEST_CASE("rule: an explicit weight-update check with --debug-train-only is refused") {
+  Config c = Remat();
+  c.colocate.debug_train_only = true;
+  c.weight_sync.check_weight_update_equal = true;
+  CHECK(Mentions(OnlyError(c), "--check-weight-update-equal"));
+}
+
+TEST_CASE("derived: --colocate defaults offload on; without it offload is off") {
+  Config c;
+  c.model.hf_checkpoint = "ckpt";
+  c.colocate.colocate = true;
+  ResolvedConfig r = Validate(c).resolved;
+  CHECK(r.config.colocate.offload_train == true);
+  CHECK(r.config.colocate.offload_rollout == true);
+  c.colocate.colocate = false;
+  r = Validate(c).resolved;
+  CHECK(r.config.colocate.offload_train == false);
+  CHECK(r.config.colocate.offload_rollout == false);
+}
+
+TEST_CASE("derived: --offload-train means no host backup of the param and grad buffers") {
+  Config c = Remat();
+  CHECK_FALSE(Validate(c).resolved.param_buffer_host_backup);
+  CHECK_FALSE(Validate(c).resolved.grad_buffer_host_backup);
+  c.colocate.rematerialize_param_from_master_weight = false;
+  c.colocate.offload_train = false;
+  CHECK(Validate(c).resolved.param_buffer_host_backup);
+}
+
+TEST_CASE("rule: --debug-rollout-only and --debug-train-only exclude each other") {
+  Config c;
+  c.model.hf_checkpoint = "ckpt";
+  c.colocate.debug_rollout_only = true;
+  c.colocate.debug_train_only = true;
+  CHECK(Mentions(OnlyError(c), "exclude each other"));
+}
+
+TEST_CASE("derived: --debug-rollout-only turns colocate and offload off") {
+  Config c;
+  c.model.hf_checkpoint = "ckpt";
+  c.colocate.colocate = true;
+  c.colocate.debug_rollout_only = true;
+  const ResolvedConfig r = Validate(c).resolved;
+  CHECK_FALSE(r.config.colocate.colocate);
+  CHECK(r.config.colocate.offload_train == false);
+}
+
+TEST_CASE("derived: --eps-clip-high defaults to --eps-clip") {
+  Config c = Remat();
+  c.rl.eps_clip = 0.3;
+  CHECK(Validate(c).resolved.config.rl.eps_clip_high == 0.3);
+  c.rl.eps_clip_high = 0.28;
+  CHECK(Validate(c).resolved.config.rl.eps_clip_high == 0.28);
+}
+
+TEST_CASE("derived: global batch from rollout batch, samples per prompt and steps") {
+  Config c = Remat();
+  c.rollout.rollout_batch_size = 8;
+  c.rollout.n_samples_per_prompt = 8;
+  CHECK(Validate(c).resolved.config.rollout.global_batch_size == 64);
+  CHECK(Validate(c).resolved.config.rollout.num_steps_per_rollout == 1);
+  c.rollout.num_steps_per_rollout = 4;
+  CHECK(Validate(c).resolved.config.rollout.global_batch_size == 16);
+  c.rollout.num_steps_per_rollout = 0;
+  c.rollout.global_batch_size = 32;
+  CHECK(Validate(c).resolved.config.rollout.num_steps_per_rollout == 2);
+}
+
+TEST_CASE("rule: global batch and steps per rollout must agree and divide") {
+  Config c = Remat();
+  c.rollout.global_batch_size = 32;
+  c.rollout.num_steps_per_rollout = 4;
+  CHECK(Mentions(OnlyError(c), "disagrees with --num-steps-per-rollout 4"));
+  c.rollout.num_steps_per_rollout = 0;
+  c.rollout.global_batch_size = 48;
+  CHECK(Mentions(OnlyError(c), "--global-batch-size 48 does not divide"));
+  c.rollout.global_batch_size = 0;
+  c.rollout.num_steps_per_rollout = 3;
+  CHECK(Mentions(OnlyError(c), "--num-steps-per-rollout 3 does not divide"));
+}
+
+TEST_CASE("rule: micro batch divides the global batch") {
+  Config c = Remat();
+  c.rollout.micro_batch_size = 0;
+  CHECK(Mentions(OnlyError(c), "--micro-batch-size must be at least 1"));
+  c.rollout.micro_batch_size = 5;
+  CHECK(Mentions(OnlyError(c), "--micro-batch-size 5"));
+  c.rollout.micro_batch_size = 4;
+  CHECK(OnlyError(c).empty());
+}
+
+TEST_CASE("derived: one sample per prompt turns GRPO std normalisation off") {
+  Config c = Remat();
+  c.rollout.n_samples_per_prompt = 1;
+  CHECK_FALSE(Validate(c).resolved.config.rl.grpo_std_normalization);
+  c.rollout.n_samples_per_prompt = 2;
+  CHECK(Validate(c).resolved.config.rl.grpo_std_normalization);
+}
+
+TEST_CASE("derived: a reference model is needed with a KL term") {
+  Config c = Remat();
+  CHECK_FALSE(Validate(c).resolved.with_ref);
+  c.rl.use_kl_loss = true;
+  CHECK(Validate(c).resolved.with_ref);
+  c.rl.use_kl_loss = false;
+  c.rl.kl_coef = 0.05;
+  CHECK(Validate(c).resolved.with_ref);
+}
+
+TEST_CASE("derived: the weight-sync bucket size in bytes") {
+  Config c = Remat();
+  c.weight_sync.update_weight_buffer_size = "2GiB";
+  CHECK(Validate(c).resolved.update_weight_buffer_bytes == (int64_t{2} << 30));
+  c.weight_sync.update_weight_buffer_size = "2 gigs";
+  CHECK(Mentions(OnlyError(c), "--update-weight-buffer-size"));
+  CHECK(ParseByteSize("4096") == 4096);
+  CHECK(ParseByteSize("3KiB") == 3072);
+  CHECK(ParseByteSize("MiB") == -1);
+}
+
+TEST_CASE("derived and rule: the planned layout tiles the planned world") {
+  Config c = Remat();
+  c.run.actor_num_nodes = 16;
+  c.run.actor_num_gpus_per_node = 8;
+  c.parallel.tensor_model_parallel_size = 4;
+  c.parallel.pipeline_model_parallel_size = 4;
+  c.parallel.context_parallel_size = 2;
+  c.parallel.expert_model_parallel_size = 32;
+  const ResolvedConfig r = Validate(c).resolved;
+  CHECK(r.planned_world_size == 128);
+  CHECK(r.planned_dp_size == 4);
+  CHECK(r.planned_expert_dp_size == 1);
+  c.parallel.tensor_model_parallel_size = 3;
+  CHECK(Mentions(OnlyError(c), "TP x PP x CP = 24 does not divide the 128 ranks"));
+}
+
+// ---- Single-option ranges (one representative per kind) ----------------------------------------
+
+TEST_CASE("rule: choices name the option and the allowed values") {
+  Config c = Remat();
+  c.rl.kl_loss_type = "k4";
+  CHECK(OnlyError(c) == "--kl-loss-type must be one of k1, k2, k3, low_var_kl; got 'k4'");
+}
+
+TEST_CASE("rule: ranges of numbers") {
+  Config c = Remat();
+  c.optimizer.lr = 0;
+  CHECK(OnlyError(c) == "--lr must be positive; got 0");
+  c = Remat();
+  c.rollout.rollout_top_p = 1.5;
+  CHECK(Mentions(OnlyError(c), "--rollout-top-p must be in (0, 1]"));
+  c = Remat();
+  c.rl.eps_clip_c = 0.5;
+  CHECK(Mentions(OnlyError(c), "--eps-clip-c (dual clip) must be greater than 1"));
+}
+
+TEST_CASE("rule: --init checkpoint needs --hf-checkpoint; random needs an architecture") {
+  Config c;
+  CHECK(Mentions(OnlyError(c), "--init checkpoint needs --hf-checkpoint"));
+  c.model.init = "random";
+  CHECK(Mentions(OnlyError(c), "--init random needs --model-config"));
+}
+
+TEST_CASE("rule: --freeze-params must be a valid regular expression") {
+  Config c = Remat();
+  c.model.freeze_params = "layers.(0";
+  CHECK(Mentions(OnlyError(c), "--freeze-params 'layers.(0' is not a valid regular expression"));
+  c.model.freeze_params = "\\.experts\\.";
+  CHECK(OnlyError(c).empty());
+}
+
+TEST_CASE("rule: ppo needs a critic this trainer does not have") {
+  Config c = Remat();
+  c.rl.advantage_estimator = "ppo";
+  CHECK(Mentions(OnlyError(c), "needs a critic model"));
+}
+
+TEST_CASE("rule: stop token ids are comma-separated integers") {
+  Config c = Remat();
+  c.rollout.rollout_stop_token_ids = "2,151329";
+  CHECK(OnlyError(c).empty());
+  c.rollout.rollout_stop_token_ids = "2, x";
+  CHECK(Mentions(OnlyError(c), "--rollout-stop-token-ids"));
+}
+
+}  // namespace
+}  // namespace rl::config
