@@ -5,7 +5,12 @@
 // no rank is left waiting in a collective.
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <exception>
+#include <optional>
+#include <sstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -13,10 +18,13 @@
 #include "launch/check.h"
 #include "launch/communicator.h"
 #include "launch/device.h"
+#include "launch/json.h"
 #include "launch/logging.h"
 #include "launch/mpi_session.h"
 #include "trainer/config/config.h"
 #include "trainer/config/validate.h"
+#include "trainer/model/model_config.h"
+#include "trainer/plan.h"
 #include "trainer/rank_layout.h"
 
 namespace rl {
@@ -34,6 +42,14 @@ std::string DescribeDerived(const config::ResolvedConfig& r) {
       r.planned_expert_dp_size);
 }
 
+// The architecture: --model-config FILE, else the config.json of --hf-checkpoint.
+model::ModelConfig LoadArchitecture(const config::ModelOptions& options) {
+  if (!options.model_config.empty()) {
+    return model::ParseModelConfig(json::ParseFile(options.model_config), options.model_config);
+  }
+  return model::LoadModelConfig(options.hf_checkpoint);
+}
+
 // Layouts this binary can run today: data parallel only.
 void CheckRunnableLayout(const config::Config& c) {
   const auto& p = c.parallel;
@@ -48,10 +64,29 @@ void CheckRunnableLayout(const config::Config& c) {
            p.expert_model_parallel_size, p.expert_tensor_parallel_size);
 }
 
-int Run(const MpiSession& session, const std::vector<std::string>& args) {
-  const std::optional<config::CommandLine> command_line =
-      config::ParseCommandLine(args, session.rank() == 0 ? std::cout : std::cerr);
-  if (!command_line) return 0;  // --help
+// The rank before MPI is initialised, from the launcher's environment (0 when run directly), so
+// that the config stage, which needs no MPI, prints once per job.
+int LauncherRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return 0;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// The config stage: flags and recipe to a resolved config, or ConfigError (exit 2).
+// Returns nullopt when the run ends here (--help, --validate-only, --plan).
+std::optional<config::ResolvedConfig> ConfigStage(const std::vector<std::string>& args,
+                                                  bool print) {
+  std::ostringstream sink;
+  std::ostream& out = print ? std::cout : sink;
+  const std::optional<config::CommandLine> command_line = config::ParseCommandLine(args, out);
+  if (!command_line) return std::nullopt;  // --help
   const config::ValidationResult validation = config::Validate(command_line->config);
   if (!validation.ok()) {
     std::string message = fmt::format("{} config error(s){}:", validation.errors.size(),
@@ -62,24 +97,29 @@ int Run(const MpiSession& session, const std::vector<std::string>& args) {
     throw ConfigError(message);
   }
   const config::ResolvedConfig& resolved = validation.resolved;
-  const config::Config& cfg = resolved.config;
-  if (command_line->mode == config::Mode::kValidateOnly) {
-    if (session.rank() == 0) {
-      std::cout << config::DumpToml(cfg) << DescribeDerived(resolved) << "\n";
+  switch (command_line->mode) {
+    case config::Mode::kValidateOnly:
+      out << config::DumpToml(resolved.config) << DescribeDerived(resolved) << "\n";
+      return std::nullopt;
+    case config::Mode::kPlan: {
+      const model::ModelConfig model = LoadArchitecture(resolved.config.model);
+      out << FormatPlan(resolved, model, PlanMemory(resolved, model));
+      return std::nullopt;
     }
-    return 0;
+    case config::Mode::kRun:
+      break;
   }
-  if (command_line->mode == config::Mode::kPlan) {
-    throw ConfigError("--plan is not available in this build yet");
-  }
-
-  InitLogging(session.rank(), session.host(),
-              cfg.logging.log_level == "debug" ? LogVerbosity::kDebug : LogVerbosity::kNormal);
   spdlog::info("resolved config{}:\n{}{}",
                command_line->config_file.empty() ? "" : " (from " + command_line->config_file + ")",
-               config::DumpToml(cfg), DescribeDerived(resolved));
-  CheckRunnableLayout(cfg);
+               config::DumpToml(resolved.config), DescribeDerived(resolved));
+  CheckRunnableLayout(resolved.config);
+  return resolved;
+}
 
+int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
+  const config::Config& cfg = resolved.config;
+  InitLogging(session.rank(), session.host(),
+              cfg.logging.log_level == "debug" ? LogVerbosity::kDebug : LogVerbosity::kNormal);
   const DevicePreference preference =
       cfg.run.device == "cpu" ? DevicePreference::kCpu : DevicePreference::kCudaIfAvailable;
   const c10::Device device = BindDevice(session.local_rank(), preference);
@@ -98,13 +138,24 @@ int Run(const MpiSession& session, const std::vector<std::string>& args) {
 }  // namespace rl
 
 int main(int argc, char** argv) {
-  rl::MpiSession session(&argc, &argv);
-  rl::InitLogging(session.rank(), session.host());
   const std::vector<std::string> args(argv + 1, argv + argc);
+  const int launcher_rank = rl::LauncherRank();
+  rl::InitLogging(launcher_rank, rl::HostName());
+  std::optional<rl::config::ResolvedConfig> resolved;
   try {
-    return rl::Run(session, args);
+    resolved = rl::ConfigStage(args, launcher_rank == 0);
+  } catch (const rl::Error& e) {
+    // A bad flag, key, value or model config. Every rank parses the same flags and files, so
+    // every rank stops here, before MPI exists: no rank waits. Rank 0 says why.
+    if (launcher_rank == 0) spdlog::error("{}", e.what());
+    return rl::kExitConfigError;
+  }
+  if (!resolved) return 0;
+
+  rl::MpiSession session(&argc, &argv);
+  try {
+    return rl::Run(session, *resolved);
   } catch (const rl::ConfigError& e) {
-    // Every rank parses the same flags and file, so every rank stops here: no rank waits.
     if (session.rank() == 0) spdlog::error("{}", e.what());
     return rl::kExitConfigError;
   } catch (const std::exception& e) {

@@ -1,0 +1,220 @@
+#include "trainer/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <regex>
+#include <vector>
+
+#include "trainer/model/params.h"
+
+namespace rl {
+namespace {
+
+constexpr int64_t kBf16Bytes = 2;
+constexpr int64_t kFp32Bytes = 4;
+constexpr int64_t kAdamMomentBytes = 8;  // two fp32 moments
+
+// Decoder layers of each pipeline stage.
+std::vector<int64_t> StageLayers(int64_t num_layers, int64_t pp, int64_t last_stage_layers) {
+  std::vector<int64_t> layers(pp, 0);
+  int64_t remaining = num_layers;
+  int64_t stages = pp;
+  if (pp > 1 && last_stage_layers > 0) {
+    layers[pp - 1] = std::min(last_stage_layers, num_layers);
+    remaining -= layers[pp - 1];
+    stages = pp - 1;
+  }
+  for (int64_t s = 0; s < stages; ++s) {
+    layers[s] = remaining / stages + (s < remaining % stages ? 1 : 0);
+  }
+  return layers;
+}
+
+// Elements of `shape` one rank holds under the sharding model of plan.h.
+int64_t LocalNumel(const model::ParamSpec& spec, const model::ModelConfig& m,
+                   const config::ParallelOptions& p) {
+  int64_t numel = 1;
+  for (int64_t d : spec.shape) numel *= d;
+  const std::string& name = spec.name;
+  if (spec.role == model::ParamRole::kRoutedExpert) {
+    return numel / p.expert_tensor_parallel_size;  // whole experts are counted per EP rank below
+  }
+  if (spec.role == model::ParamRole::kFp32Extra || spec.shape.size() < 2) {
+    // Norms and extras are replicated; column-parallel biases (q/k/v) follow their weight.
+    const bool column_bias = name.find("_proj.bias") != std::string::npos &&
+                             name.find("o_proj") == std::string::npos;
+    if (column_bias && (name.find("q_proj") != std::string::npos ||
+                        m.num_key_value_heads % p.tensor_model_parallel_size == 0)) {
+      return numel / p.tensor_model_parallel_size;
+    }
+    return numel;
+  }
+  const bool replicated = name.find(".mlp.gate.weight") != std::string::npos ||
+                          name.find(".indexer.") != std::string::npos ||
+                          name.find("q_a_proj") != std::string::npos ||
+                          name.find("kv_a_proj_with_mqa") != std::string::npos;
+  if (replicated) return numel;
+  const bool kv = name.find("k_proj") != std::string::npos ||
+                  name.find("v_proj") != std::string::npos;
+  if (kv && m.attention_kind() == model::AttentionKind::kGqa &&
+      m.num_key_value_heads % p.tensor_model_parallel_size != 0) {
+    return numel;
+  }
+  return numel / p.tensor_model_parallel_size;
+}
+
+}  // namespace
+
+MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::ModelConfig& m) {
+  const config::Config& c = resolved.config;
+  const config::ParallelOptions& p = c.parallel;
+  const std::vector<model::ParamSpec> specs = model::ListParams(m);
+  const int64_t pp = p.pipeline_model_parallel_size;
+  const std::vector<int64_t> stage_layers =
+      StageLayers(m.num_hidden_layers, pp, p.decoder_last_pipeline_num_layers);
+  std::vector<int64_t> first_layer(pp, 0);
+  for (int64_t s = 1; s < pp; ++s) first_layer[s] = first_layer[s - 1] + stage_layers[s - 1];
+
+  MemoryPlan plan;
+  std::vector<ParamCounts> per_stage(pp);
+  const std::regex layer_re(R"(^model\.layers\.(\d+)\.)");
+  const int64_t experts_per_rank =
+      m.n_routed_experts > 0
+          ? std::max<int64_t>(1, m.n_routed_experts / p.expert_model_parallel_size)
+          : 0;
+  for (const model::ParamSpec& spec : specs) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    ParamCounts* whole = &plan.model;
+    (spec.role == model::ParamRole::kRoutedExpert ? whole->expert
+     : spec.role == model::ParamRole::kFp32Extra  ? whole->extra
+                                                  : whole->dense) += numel;
+
+    int64_t stage = 0;
+    std::smatch match;
+    if (std::regex_search(spec.name, match, layer_re)) {
+      const int64_t layer = std::stoll(match[1]);
+      while (stage + 1 < pp && layer >= first_layer[stage + 1]) ++stage;
+    } else if (spec.name.rfind("model.embed_tokens", 0) != 0) {
+      stage = pp - 1;  // final norm, LM head
+    }
+    int64_t local = LocalNumel(spec, m, p);
+    if (spec.role == model::ParamRole::kRoutedExpert) {
+      // Count this expert only if it is one of the first experts_per_rank experts (EP rank 0).
+      const std::regex expert_re(R"(\.experts\.(\d+)\.)");
+      if (std::regex_search(spec.name, match, expert_re) &&
+          std::stoll(match[1]) >= experts_per_rank) {
+        local = 0;
+      }
+    }
+    ParamCounts& counts = per_stage[stage];
+    (spec.role == model::ParamRole::kRoutedExpert ? counts.expert
+     : spec.role == model::ParamRole::kFp32Extra  ? counts.extra
+                                                  : counts.dense) += local;
+  }
+
+  const auto heaviest = std::max_element(
+      per_stage.begin(), per_stage.end(),
+      [](const ParamCounts& a, const ParamCounts& b) { return a.total() < b.total(); });
+  plan.stage = heaviest - per_stage.begin();
+  plan.stage_layers = stage_layers[plan.stage];
+  plan.rank = *heaviest;
+
+  const int64_t trained = plan.rank.dense + plan.rank.expert;
+  const int64_t shard = plan.rank.dense / resolved.planned_dp_size +
+                        plan.rank.expert / resolved.planned_expert_dp_size;
+  plan.gpu.param_buffer = kBf16Bytes * trained;
+  plan.gpu.grad_buffer = kFp32Bytes * trained;
+  const bool cpu_optimizer = c.optimizer.optimizer_cpu_offload;
+  plan.gpu.masters = cpu_optimizer ? 0 : kFp32Bytes * shard;
+  plan.gpu.moments = cpu_optimizer ? 0 : kAdamMomentBytes * shard;
+  plan.gpu.extras = kFp32Bytes * plan.rank.extra;
+
+  HostBytes host;
+  const bool offload = c.colocate.offload_train.value_or(false);
+  host.optimizer_state = (offload || cpu_optimizer) ? (kFp32Bytes + kAdamMomentBytes) * shard : 0;
+  host.extras_pinned = kFp32Bytes * plan.rank.extra;
+  host.ref_pinned =
+      resolved.with_ref ? kBf16Bytes * trained + kFp32Bytes * plan.rank.extra : 0;
+  plan.host_backup = host;
+  plan.host_backup.param_backup_pinned = kBf16Bytes * trained;
+  plan.host_remat = host;
+  plan.host_remat.param_backup_pinned = 0;
+
+  plan.runnable_today = p.tensor_model_parallel_size == 1 && pp == 1 &&
+                        p.context_parallel_size == 1 && p.expert_model_parallel_size == 1 &&
+                        p.expert_tensor_parallel_size == 1;
+  return plan;
+}
+
+namespace {
+// Bytes in the largest binary unit that keeps the number at or above 1.
+std::string Gib(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (int64_t{1} << 30));
+  if (bytes >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", b / (int64_t{1} << 20));
+  if (bytes >= (int64_t{1} << 10)) return fmt::format("{:.2f} KiB", b / (int64_t{1} << 10));
+  return fmt::format("{} B", bytes);
+}
+// A parameter count in B(illions), M or K.
+std::string Billions(int64_t n) {
+  if (n >= 1'000'000'000) return fmt::format("{:.3f} B", n / 1e9);
+  if (n >= 1'000'000) return fmt::format("{:.3f} M", n / 1e6);
+  if (n >= 1'000) return fmt::format("{:.1f} K", n / 1e3);
+  return fmt::format("{}", n);
+}
+}  // namespace
+
+std::string FormatPlan(const config::ResolvedConfig& resolved, const model::ModelConfig& m,
+                       const MemoryPlan& plan) {
+  const config::Config& c = resolved.config;
+  const auto& p = c.parallel;
+  const bool remat = c.colocate.rematerialize_param_from_master_weight;
+  std::string out;
+  out += fmt::format(
+      "memory plan: {} ({}), {} layers, {} ranks ({} nodes x {})\n", m.source_name,
+      model::ModelTypeName(m.model_type), m.num_hidden_layers, resolved.planned_world_size,
+      c.run.actor_num_nodes, c.run.actor_num_gpus_per_node);
+  out += fmt::format(
+      "layout: TP {} PP {} CP {} EP {} ETP {} -> DP {}, expert DP {}; {}\n",
+      p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
+      p.expert_model_parallel_size, p.expert_tensor_parallel_size, resolved.planned_dp_size,
+      resolved.planned_expert_dp_size,
+      plan.runnable_today ? "runnable by this binary today (data parallel only)"
+                          : "planned only: this binary runs data-parallel layouts (TP = PP = CP = "
+                            "EP = ETP = 1) today");
+  out += fmt::format("model: {} params ({} dense, {} routed-expert, {} fp32 extras)\n",
+                     Billions(plan.model.total()), Billions(plan.model.dense),
+                     Billions(plan.model.expert), Billions(plan.model.extra));
+  out += fmt::format(
+      "one rank (pipeline stage {} of {}, {} layers): {} params ({} dense, {} expert, {} "
+      "extras)\n\n",
+      plan.stage, p.pipeline_model_parallel_size, plan.stage_layers, Billions(plan.rank.total()),
+      Billions(plan.rank.dense), Billions(plan.rank.expert), Billions(plan.rank.extra));
+  out += "GPU bytes per rank (awake)\n";
+  out += fmt::format("  {:<30}{:>14}\n", "param buffer (bf16)", Gib(plan.gpu.param_buffer));
+  out += fmt::format("  {:<30}{:>14}\n", "grad buffer (fp32)", Gib(plan.gpu.grad_buffer));
+  out += fmt::format("  {:<30}{:>14}\n", "optimizer masters (fp32)", Gib(plan.gpu.masters));
+  out += fmt::format("  {:<30}{:>14}\n", "optimizer moments (2 x fp32)", Gib(plan.gpu.moments));
+  out += fmt::format("  {:<30}{:>14}\n", "extras (fp32)", Gib(plan.gpu.extras));
+  out += fmt::format("  {:<30}{:>14}\n\n", "total", Gib(plan.gpu.gpu_total()));
+  out += fmt::format("host bytes per rank while the actor sleeps   {:>14}{:>16}{:>14}\n",
+                     "pinned backup", "rematerialize", "difference");
+  auto row = [&](const char* what, int64_t a, int64_t b) {
+    out += fmt::format("  {:<43}{:>14}{:>16}{:>14}\n", what, Gib(a), Gib(b), Gib(a - b));
+  };
+  row("optimizer state (masters + moments)", plan.host_backup.optimizer_state,
+      plan.host_remat.optimizer_state);
+  row("extras (pinned)", plan.host_backup.extras_pinned, plan.host_remat.extras_pinned);
+  row("param backup (pinned bf16)", plan.host_backup.param_backup_pinned,
+      plan.host_remat.param_backup_pinned);
+  row("reference model (pinned)", plan.host_backup.ref_pinned, plan.host_remat.ref_pinned);
+  row("total", plan.host_backup.total(), plan.host_remat.total());
+  out += fmt::format("\nthis recipe uses: {}\n",
+                     remat ? "rematerialize (--rematerialize-param-from-master-weight)"
+                           : "the pinned backup");
+  return out;
+}
+
+}  // namespace rl

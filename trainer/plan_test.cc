@@ -1,0 +1,104 @@
+// The memory planner's arithmetic on small models counted by hand.
+#include "trainer/plan.h"
+
+#include <catch2/catch.hpp>
+
+#include "launch/json.h"
+#include "trainer/config/validate.h"
+
+namespace rl {
+namespace {
+
+// Qwen3 dense, hidden 4, 2 heads of 2 (q/k/v/o are [4, 4]), MLP 6, vocab 10, 2 layers.
+// Per layer: norms 4 + 4, q_norm/k_norm 2 + 2, attention 4 x 16, MLP 3 x 24 = 148.
+// Embedding 40, final norm 4, LM head 40: 380 in all.
+constexpr const char* kDense = R"({
+  "model_type": "qwen3", "vocab_size": 10, "hidden_size": 4, "num_hidden_layers": 2,
+  "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 2, "intermediate_size": 6,
+  "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
+  "tie_word_embeddings": false, "attention_bias": false})";
+
+// Qwen3-MoE, 1 layer, 4 experts of [2, 4] + [2, 4] + [4, 2] = 24 each, router [4, 4].
+constexpr const char* kMoe = R"({
+  "model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 4, "num_hidden_layers": 1,
+  "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 2, "intermediate_size": 6,
+  "moe_intermediate_size": 2, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true,
+  "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+  "max_position_embeddings": 64, "tie_word_embeddings": false, "attention_bias": false})";
+
+config::ResolvedConfig Resolve(config::Config c) {
+  c.model.init = "random";
+  c.model.model_config = "inline";
+  const config::ValidationResult r = config::Validate(c);
+  INFO((r.errors.empty() ? std::string() : r.errors[0]));
+  REQUIRE(r.ok());
+  return r.resolved;
+}
+
+model::ModelConfig Model(const char* json) {
+  return model::ParseModelConfig(json::Parse(json), "inline.json");
+}
+
+TEST_CASE("dense model, TP 2 x PP 2: the last stage is the heaviest, 104 params per rank") {
+  config::Config c;
+  c.run.actor_num_nodes = 1;
+  c.run.actor_num_gpus_per_node = 4;
+  c.parallel.tensor_model_parallel_size = 2;
+  c.parallel.pipeline_model_parallel_size = 2;
+  c.colocate.colocate = true;
+  const MemoryPlan plan = PlanMemory(Resolve(c), Model(kDense));
+  CHECK(plan.model.total() == 380);
+  // Stage 0: layer 0 (norms 12 replicated + 64/2 + 72/2) + embedding 40/2 = 100.
+  // Stage 1: layer 1 (80) + final norm 4 + LM head 40/2 = 104.
+  CHECK(plan.stage == 1);
+  CHECK(plan.stage_layers == 1);
+  CHECK(plan.rank.dense == 104);
+  CHECK(plan.rank.expert == 0);
+  CHECK(plan.gpu.param_buffer == 2 * 104);
+  CHECK(plan.gpu.grad_buffer == 4 * 104);
+  CHECK(plan.gpu.masters == 4 * 104);  // DP 1: the rank owns all of it
+  CHECK(plan.gpu.moments == 8 * 104);
+  CHECK(plan.host_backup.optimizer_state == 12 * 104);
+  CHECK(plan.host_backup.param_backup_pinned == 2 * 104);
+  CHECK(plan.host_remat.param_backup_pinned == 0);
+  CHECK(plan.host_backup.total() - plan.host_remat.total() == 2 * 104);
+  CHECK_FALSE(plan.runnable_today);
+}
+
+TEST_CASE("MoE model, DP 2 x EP 2: experts split over EP, masters over DP and expert DP") {
+  config::Config c;
+  c.run.actor_num_nodes = 1;
+  c.run.actor_num_gpus_per_node = 2;
+  c.parallel.expert_model_parallel_size = 2;
+  const config::ResolvedConfig r = Resolve(c);
+  REQUIRE(r.planned_dp_size == 2);
+  REQUIRE(r.planned_expert_dp_size == 1);
+  const MemoryPlan plan = PlanMemory(r, Model(kMoe));
+  CHECK(plan.model.expert == 4 * 24);
+  CHECK(plan.rank.expert == 2 * 24);
+  // Dense: norms 8, q/k norm 4, attention 64, router 16, embedding 40, final norm 4, head 40.
+  CHECK(plan.rank.dense == 176);
+  CHECK(plan.gpu.masters == 4 * (176 / 2 + 48));
+  CHECK(plan.gpu.moments == 8 * (176 / 2 + 48));
+  // Not colocated: nothing is saved to the host while asleep.
+  CHECK(plan.host_backup.optimizer_state == 0);
+  CHECK_FALSE(plan.runnable_today);
+}
+
+TEST_CASE("a reference model adds a pinned copy on both paths; CPU optimizer moves state") {
+  config::Config c;
+  c.run.actor_num_gpus_per_node = 1;
+  c.colocate.colocate = true;
+  c.rl.use_kl_loss = true;
+  c.optimizer.optimizer_cpu_offload = true;
+  const MemoryPlan plan = PlanMemory(Resolve(c), Model(kDense));
+  CHECK(plan.runnable_today);
+  CHECK(plan.rank.dense == 380);
+  CHECK(plan.host_backup.ref_pinned == 2 * 380);
+  CHECK(plan.host_remat.ref_pinned == 2 * 380);
+  CHECK(plan.gpu.masters == 0);
+  CHECK(plan.host_remat.optimizer_state == 12 * 380);
+}
+
+}  // namespace
+}  // namespace rl
