@@ -1,0 +1,260 @@
+#include "optimizer/distributed_optimizer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "launch/check.h"
+
+namespace rl::optimizer {
+namespace {
+
+constexpr int kStateParts = 3;  // masters, exp_avg, exp_avg_sq
+constexpr const char* kStateNames[kStateParts] = {"master", "exp_avg", "exp_avg_sq"};
+
+// The first line where two layout descriptions differ, for error messages.
+std::string FirstDifference(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  int line = 1;
+  while (true) {
+    const bool ga = static_cast<bool>(std::getline(sa, la));
+    const bool gb = static_cast<bool>(std::getline(sb, lb));
+    if (!ga && !gb) return "(no difference)";
+    if (la != lb || ga != gb) {
+      return fmt::format("line {}: checkpoint has '{}', this run has '{}'", line,
+                         ga ? la : "(end)", gb ? lb : "(end)");
+    }
+    ++line;
+  }
+}
+
+}  // namespace
+
+std::string_view ToString(BufferKind kind) {
+  return kind == BufferKind::kDense ? "dense" : "expert";
+}
+
+Allocator PlainAllocator(c10::Device device) {
+  return [device](std::string_view, int64_t numel, at::ScalarType dtype) {
+    return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
+  };
+}
+
+DistributedOptimizer::DistributedOptimizer(std::vector<ParamDecl> params_in_use_order,
+                                           Communicator& comm, at::ScalarType param_dtype,
+                                           c10::Device device, AdamOptions options,
+                                           const Allocator& allocate)
+    : comm_(comm), device_(device), options_(options), allocate_(allocate) {
+  const at::ScalarType grad_dtype = param_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  int64_t state_numel = 0;
+  for (BufferKind kind : kBufferKinds) {
+    std::vector<ParamShape> shapes;
+    for (const ParamDecl& p : params_in_use_order) {
+      if (p.kind == kind) shapes.push_back({p.name, p.shape});
+    }
+    Buffer& buffer = buffers_[Index(kind)];
+    buffer.layout = MakeBufferLayout(shapes, comm_.size());
+    buffer.segments = buffer.layout.Segments(comm_.rank());
+    buffer.params = allocate_("param_buffer", buffer.layout.numel, param_dtype);
+    buffer.grads = allocate_("grad_buffer", buffer.layout.numel, grad_dtype);
+    state_numel += kStateParts * buffer.layout.shard_numel();
+    for (const BufferEntry& entry : buffer.layout.entries) {
+      // A leaf tensor aliasing the buffer; the buffer tensor keeps the storage alive.
+      const at::Tensor owner = buffer.params;
+      void* data = static_cast<char*>(owner.data_ptr()) + entry.offset * owner.element_size();
+      at::Tensor view = at::from_blob(
+          data, entry.shape, [owner](void*) {}, owner.options());
+      view.set_requires_grad(true);
+      params_.emplace(entry.name, view);
+    }
+  }
+  state_ = allocate_("optimizer", state_numel, grad_dtype);
+}
+
+at::Tensor DistributedOptimizer::Shard(const at::Tensor& flat, const Buffer& buffer) const {
+  return flat.narrow(0, buffer.layout.shard_offset(comm_.rank()), buffer.layout.shard_numel());
+}
+
+at::Tensor DistributedOptimizer::StateOf(BufferKind kind) const {
+  RL_CHECK(!offloaded_, Error, "optimizer state is offloaded; call OnloadState() first");
+  int64_t offset = 0;
+  for (BufferKind k : kBufferKinds) {
+    const int64_t shard = buffers_[Index(k)].layout.shard_numel();
+    if (k == kind) return state_.narrow(0, offset, kStateParts * shard).view({kStateParts, shard});
+    offset += kStateParts * shard;
+  }
+  return {};
+}
+
+void DistributedOptimizer::InitMastersFromParams() {
+  c10::NoGradGuard no_grad;
+  for (BufferKind kind : kBufferKinds) {
+    at::Tensor state = StateOf(kind);
+    state[0].copy_(Shard(buffers_[Index(kind)].params, buffers_[Index(kind)]));
+    state[1].zero_();
+    state[2].zero_();
+  }
+  step_ = 0;
+}
+
+void DistributedOptimizer::AccumulateGrads() {
+  c10::NoGradGuard no_grad;
+  for (BufferKind kind : kBufferKinds) {
+    const Buffer& buffer = buffers_[Index(kind)];
+    for (const BufferEntry& entry : buffer.layout.entries) {
+      at::Tensor& param = params_.at(entry.name);
+      const at::Tensor& grad = param.grad();
+      if (!grad.defined()) continue;
+      buffer.grads.narrow(0, entry.offset, entry.numel).add_(grad.reshape({-1}));
+      param.mutable_grad().reset();
+    }
+  }
+}
+
+void DistributedOptimizer::ZeroGrads() {
+  for (Buffer& buffer : buffers_) buffer.grads.zero_();
+  for (auto& [name, param] : params_) {
+    if (param.grad().defined()) param.mutable_grad().reset();
+  }
+}
+
+StepStats DistributedOptimizer::Step() {
+  c10::NoGradGuard no_grad;
+  // Mean over DP, left in place in the owned shard of each grad buffer.
+  for (Buffer& buffer : buffers_) {
+    comm_.ReduceScatter(buffer.grads, Shard(buffer.grads, buffer), ReduceOp::kMean);
+  }
+  at::Tensor sum_sq = at::zeros({1}, state_.options().dtype(at::kDouble));
+  for (Buffer& buffer : buffers_) {
+    sum_sq += Shard(buffer.grads, buffer).to(at::kDouble).square().sum();
+  }
+  comm_.AllReduce(sum_sq, ReduceOp::kSum);
+  StepStats stats;
+  stats.grad_norm = std::sqrt(sum_sq.item<double>());
+  double clip = 1.0;
+  if (options_.clip_grad > 0) {
+    const double coefficient = options_.clip_grad / (stats.grad_norm + 1e-6);
+    if (coefficient < 1.0) clip = coefficient;
+  }
+
+  ++step_;
+  stats.step = step_;
+  stats.lr = options_.schedule.At(step_);
+  const double bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
+  const double bias_correction2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
+  const double decay = 1.0 - stats.lr * options_.weight_decay;
+  for (BufferKind kind : kBufferKinds) {
+    const Buffer& buffer = buffers_[Index(kind)];
+    at::Tensor state = StateOf(kind);
+    at::Tensor master = state[0];
+    at::Tensor exp_avg = state[1];
+    at::Tensor exp_avg_sq = state[2];
+    at::Tensor grad = Shard(buffer.grads, buffer);
+    if (clip != 1.0) grad.mul_(clip);
+    // torch.optim.AdamW: decoupled decay first, then the moments, then the update.
+    if (options_.weight_decay != 0) {
+      for (const ShardSegment& s : buffer.segments) {
+        if (buffer.layout.entries[s.entry].weight_decay) {
+          master.narrow(0, s.shard_offset, s.numel).mul_(decay);
+        }
+      }
+    }
+    exp_avg.mul_(options_.beta1).add_(grad, 1.0 - options_.beta1);
+    exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1.0 - options_.beta2);
+    const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
+    master.addcdiv_(exp_avg, denom, -stats.lr / bias_correction1);
+  }
+  CastMainToParams();
+  AllGatherParams();
+  ZeroGrads();
+  return stats;
+}
+
+void DistributedOptimizer::CastMainToParams() {
+  c10::NoGradGuard no_grad;
+  for (BufferKind kind : kBufferKinds) {
+    const Buffer& buffer = buffers_[Index(kind)];
+    Shard(buffer.params, buffer).copy_(StateOf(kind)[0]);
+  }
+}
+
+void DistributedOptimizer::AllGatherParams() {
+  for (Buffer& buffer : buffers_) comm_.AllGatherInPlace(buffer.params);
+}
+
+int64_t DistributedOptimizer::state_bytes() const {
+  return state_.defined() ? state_.nbytes() : host_state_.nbytes();
+}
+
+int64_t DistributedOptimizer::host_state_bytes() const {
+  return host_state_.defined() ? host_state_.nbytes() : 0;
+}
+
+void DistributedOptimizer::OffloadState() {
+  RL_CHECK(!offloaded_, Error, "optimizer state is already offloaded");
+  if (!host_state_.defined()) {
+    host_state_ = at::empty({state_.numel()}, state_.options().device(at::kCPU).pinned_memory(
+                                                  device_.is_cuda()));
+  }
+  host_state_.copy_(state_);
+  const at::ScalarType dtype = state_.scalar_type();
+  const int64_t numel = state_.numel();
+  state_ = at::Tensor();
+  offloaded_ = true;
+  // Keep what the allocator needs to give the storage back.
+  state_numel_and_dtype_ = {numel, dtype};
+}
+
+void DistributedOptimizer::OnloadState() {
+  RL_CHECK(offloaded_, Error, "optimizer state is not offloaded");
+  state_ = allocate_("optimizer", state_numel_and_dtype_.first, state_numel_and_dtype_.second);
+  state_.copy_(host_state_);
+  offloaded_ = false;
+}
+
+ShardState DistributedOptimizer::ExportState() const {
+  ShardState out;
+  out.step = step_;
+  for (BufferKind kind : kBufferKinds) {
+    const std::string prefix(ToString(kind));
+    out.layouts[prefix] = buffers_[Index(kind)].layout.Describe();
+    const at::Tensor state = StateOf(kind);
+    for (int part = 0; part < kStateParts; ++part) {
+      out.tensors[prefix + "." + kStateNames[part]] = state[part].to(at::kCPU).clone();
+    }
+  }
+  return out;
+}
+
+void DistributedOptimizer::ImportState(const ShardState& in) {
+  c10::NoGradGuard no_grad;
+  for (BufferKind kind : kBufferKinds) {
+    const std::string prefix(ToString(kind));
+    const std::string mine = buffers_[Index(kind)].layout.Describe();
+    const auto theirs = in.layouts.find(prefix);
+    RL_CHECK(theirs != in.layouts.end(), Error,
+             "optimizer state has no {} buffer layout; it was written by a different trainer",
+             prefix);
+    RL_CHECK(theirs->second == mine, Error,
+             "optimizer state was saved with a different {} buffer layout ({}); resharding is not "
+             "supported: load it with the same model and DP size",
+             prefix, FirstDifference(theirs->second, mine));
+    at::Tensor state = StateOf(kind);
+    for (int part = 0; part < kStateParts; ++part) {
+      const std::string name = prefix + "." + kStateNames[part];
+      const auto tensor = in.tensors.find(name);
+      RL_CHECK(tensor != in.tensors.end(), Error, "optimizer state has no tensor '{}'", name);
+      RL_CHECK(tensor->second.numel() == state[part].numel(), Error,
+               "optimizer state tensor '{}' has {} elements, expected {}", name,
+               tensor->second.numel(), state[part].numel());
+      state[part].copy_(tensor->second.reshape({-1}));
+    }
+  }
+  step_ = in.step;
+}
+
+}  // namespace rl::optimizer

@@ -1,0 +1,153 @@
+// ZeRO-1 distributed optimizer: flat param and grad buffers, fp32 master shards, AdamW on the
+// owned shard, and the collectives that tie the ranks together.
+//
+// Ownership: the optimizer owns the param buffers (the training dtype, bf16 in production) and
+// grad buffers (fp32), one of each per buffer kind (dense, routed-expert; Note [Param buffer
+// layout] in buffer_layout.h), and the optimizer state of its shard: fp32 masters and the two
+// Adam moments. Their storage comes from a caller-provided allocator, so the trainer can place
+// them in pausable memory regions. params() hands out one tensor per parameter that aliases the
+// param buffer (at::from_blob, not an autograd view, so it is a leaf that can require grad); the
+// model computes from those tensors, and every in-place write to the buffer (step, rebuild,
+// restore) is seen by the model without telling it.
+//
+// One step (Step()): reduce-scatter the grad buffers (mean over DP) into the owned shard; global
+// grad norm (all-reduce of the sum of squares) and clipping; AdamW on the owned shard (torch's
+// AdamW arithmetic: decoupled weight decay, bias-corrected moments; no weight decay for biases
+// and 1-D params, as Megatron); CastMainToParams() writes the fp32 masters into the owned slice
+// of the param buffer; AllGatherParams() gathers the param buffer. The last two are public
+// because rematerialize replays exactly them to rebuild the params after a pause.
+//
+// Every rank must make the same calls in the same order (they are collectives). Not thread-safe.
+// Failures: CommError from the collectives; rl::Error on misuse (a layout mismatch on import).
+#ifndef RL_OPTIMIZER_DISTRIBUTED_OPTIMIZER_H_
+#define RL_OPTIMIZER_DISTRIBUTED_OPTIMIZER_H_
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "launch/communicator.h"
+#include "optimizer/buffer_layout.h"
+#include "optimizer/lr_schedule.h"
+
+namespace rl::optimizer {
+
+enum class BufferKind { kDense = 0, kExpert = 1 };
+constexpr std::array<BufferKind, 2> kBufferKinds = {BufferKind::kDense, BufferKind::kExpert};
+std::string_view ToString(BufferKind kind);
+
+struct ParamDecl {
+  std::string name;
+  std::vector<int64_t> shape;
+  BufferKind kind = BufferKind::kDense;
+};
+
+struct AdamOptions {
+  LrSchedule schedule;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double clip_grad = 0.0;  // global grad-norm clip; 0 disables
+};
+
+// Storage for a flat tensor of `numel` elements of `dtype`, for the region `tag`
+// ("param_buffer", "grad_buffer", "optimizer"). Must be contiguous and zero-filled.
+using Allocator = std::function<at::Tensor(std::string_view tag, int64_t numel, at::ScalarType)>;
+// at::zeros on `device`.
+Allocator PlainAllocator(c10::Device device);
+
+struct StepStats {
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  int64_t step = 0;      // 1-based, after this step
+};
+
+// The state of one rank's shards, for checkpoints. `layouts` describe the buffers it belongs to.
+struct ShardState {
+  int64_t step = 0;
+  std::map<std::string, std::string> layouts;  // "dense"/"expert" -> BufferLayout::Describe()
+  std::map<std::string, at::Tensor> tensors;   // "dense.master", "dense.exp_avg", ... (CPU)
+};
+
+class DistributedOptimizer {
+ public:
+  // `params_in_use_order`: the trained params in order of first use in the forward pass.
+  // `param_dtype`: dtype of the param buffers (the model's compute dtype).
+  DistributedOptimizer(std::vector<ParamDecl> params_in_use_order, Communicator& comm,
+                       at::ScalarType param_dtype, c10::Device device, AdamOptions options,
+                       const Allocator& allocate);
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  // name -> tensor aliasing the param buffer (shaped; requires grad).
+  const std::unordered_map<std::string, at::Tensor>& params() const { return params_; }
+  const BufferLayout& layout(BufferKind kind) const { return buffers_[Index(kind)].layout; }
+  const at::Tensor& param_buffer(BufferKind kind) const { return buffers_[Index(kind)].params; }
+  const at::Tensor& grad_buffer(BufferKind kind) const { return buffers_[Index(kind)].grads; }
+  int64_t step() const { return step_; }
+  int dp_rank() const { return comm_.rank(); }
+  int dp_size() const { return comm_.size(); }
+
+  // Masters := the owned slice of the param buffer, in fp32 (fresh runs, after loading weights).
+  void InitMastersFromParams();
+
+  // Adds each param's .grad into the grad buffer (fp32) and clears .grad. Call after every
+  // micro-batch's backward.
+  void AccumulateGrads();
+  void ZeroGrads();
+
+  // Reduce-scatter, clip, AdamW, cast, all-gather. Collective.
+  StepStats Step();
+  // The owned fp32 master slice into the owned slice of the param buffer (dtype cast).
+  void CastMainToParams();
+  // Every rank's owned slice into every rank's param buffer. Collective.
+  void AllGatherParams();
+
+  // Optimizer state (masters, moments) to host memory allocated once at its exact size (pinned
+  // for CUDA) and back; the device storage is released in between.
+  void OffloadState();
+  void OnloadState();
+  bool state_offloaded() const { return offloaded_; }
+  int64_t state_bytes() const;       // masters + moments of this rank
+  int64_t host_state_bytes() const;  // host copy allocated (0 until the first offload)
+
+  ShardState ExportState() const;
+  // Throws rl::Error naming the first difference when the layout or DP size differ.
+  void ImportState(const ShardState& state);
+
+ private:
+  struct Buffer {
+    BufferLayout layout;
+    std::vector<ShardSegment> segments;  // of this rank's shard
+    at::Tensor params;                   // [numel] param dtype
+    at::Tensor grads;                    // [numel] fp32
+  };
+  static size_t Index(BufferKind kind) { return static_cast<size_t>(kind); }
+  at::Tensor Shard(const at::Tensor& flat, const Buffer& buffer) const;
+  // [3, shard] fp32: masters, exp_avg, exp_avg_sq.
+  at::Tensor StateOf(BufferKind kind) const;
+
+  Communicator& comm_;
+  c10::Device device_;
+  AdamOptions options_;
+  Allocator allocate_;
+  std::array<Buffer, 2> buffers_;
+  std::unordered_map<std::string, at::Tensor> params_;
+  at::Tensor state_;       // [3 * (dense shard + expert shard)] fp32 on the device
+  at::Tensor host_state_;  // same size on the host, allocated at the first offload
+  bool offloaded_ = false;
+  std::pair<int64_t, at::ScalarType> state_numel_and_dtype_{0, at::kFloat};
+  int64_t step_ = 0;
+};
+
+}  // namespace rl::optimizer
+
+#endif  // RL_OPTIMIZER_DISTRIBUTED_OPTIMIZER_H_

@@ -1,0 +1,239 @@
+#include "trainer/model/decoder.h"
+
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <utility>
+
+#include "launch/check.h"
+
+namespace rl::model {
+namespace {
+
+// Element counts of each per-layer cache tensor (0 when unused).
+std::vector<std::vector<std::vector<int64_t>>> CacheShapes(const ModelConfig& c, int64_t batch,
+                                                           int64_t len) {
+  std::vector<std::vector<std::vector<int64_t>>> out;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    std::vector<std::vector<int64_t>> shapes;
+    if (c.attention_kind() == AttentionKind::kGqa) {
+      shapes.push_back({batch, c.num_key_value_heads, len, c.head_dim});  // key
+      shapes.push_back({batch, c.num_key_value_heads, len, c.head_dim});  // value
+    } else {
+      shapes.push_back({batch, len, c.kv_lora_rank});      // latent
+      shapes.push_back({batch, len, c.qk_rope_head_dim});  // k_pe
+      if (c.has_indexer() && c.indexer_types[l] == IndexerType::kFull) {
+        shapes.push_back({batch, len, c.index_head_dim});  // index_key
+      }
+    }
+    out.push_back(std::move(shapes));
+  }
+  return out;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const at::Tensor& Get(const TensorMap& params, const std::string& name) {
+  auto it = params.find(name);
+  RL_CHECK(it != params.end(), Error, "model parameter {} is missing", name);
+  return it->second;
+}
+
+at::Tensor GetOptional(const TensorMap& params, const std::string& name) {
+  auto it = params.find(name);
+  return it == params.end() ? at::Tensor() : it->second;
+}
+
+MlpWeights GetMlp(const TensorMap& params, const std::string& prefix) {
+  return {Get(params, prefix + "gate_proj.weight"), Get(params, prefix + "up_proj.weight"),
+          Get(params, prefix + "down_proj.weight")};
+}
+
+}  // namespace
+
+int64_t KvCache::NumElements(const ModelConfig& config, int64_t max_batch, int64_t max_length) {
+  int64_t n = 0;
+  for (const auto& layer : CacheShapes(config, max_batch, max_length)) {
+    for (const auto& shape : layer) n += Numel(shape);
+  }
+  return n;
+}
+
+KvCache::KvCache(const ModelConfig& config, const at::Tensor& storage, int64_t max_batch,
+                 int64_t max_length)
+    : storage_(storage), max_batch_(max_batch), max_length_(max_length) {
+  const int64_t needed = NumElements(config, max_batch, max_length);
+  RL_CHECK(storage.dim() == 1 && storage.is_contiguous() && storage.numel() >= needed, Error,
+           "KvCache: storage must be a contiguous 1-D tensor of at least {} elements for {} "
+           "sequences of {} positions; got shape [{}]",
+           needed, max_batch, max_length, fmt::join(storage.sizes(), ", "));
+  int64_t offset = 0;
+  auto take = [&](const std::vector<int64_t>& shape) {
+    at::Tensor view = storage.narrow(0, offset, Numel(shape)).view(shape);
+    offset += Numel(shape);
+    return view;
+  };
+  for (const auto& shapes : CacheShapes(config, max_batch, max_length)) {
+    LayerKv kv;
+    if (config.attention_kind() == AttentionKind::kGqa) {
+      kv.key = take(shapes[0]);
+      kv.value = take(shapes[1]);
+    } else {
+      kv.latent = take(shapes[0]);
+      kv.k_pe = take(shapes[1]);
+      if (shapes.size() > 2) kv.index_key = take(shapes[2]);
+    }
+    layers_.push_back(std::move(kv));
+  }
+}
+
+KvCache KvCache::Allocate(const ModelConfig& config, int64_t max_batch, int64_t max_length,
+                          at::ScalarType dtype, at::Device device) {
+  at::Tensor storage = at::zeros({NumElements(config, max_batch, max_length)},
+                                 at::TensorOptions().dtype(dtype).device(device));
+  return KvCache(config, storage, max_batch, max_length);
+}
+
+Decoder::Decoder(ModelConfig config, const TensorMap& params)
+    : config_(std::move(config)), dtype_(at::kFloat), device_(at::kCPU) {
+  CheckParams(ListParams(config_), params);
+  const ModelConfig& c = config_;
+  embed_tokens_ = Get(params, "model.embed_tokens.weight");
+  dtype_ = embed_tokens_.scalar_type();
+  device_ = embed_tokens_.device();
+  final_norm_ = Get(params, "model.norm.weight");
+  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : Get(params, "lm_head.weight");
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string a = p + "self_attn.";
+    Layer layer;
+    layer.input_norm = Get(params, p + "input_layernorm.weight");
+    layer.post_norm = Get(params, p + "post_attention_layernorm.weight");
+    if (c.attention_kind() == AttentionKind::kGqa) {
+      GqaWeights& w = layer.gqa;
+      w.q_proj = Get(params, a + "q_proj.weight");
+      w.q_bias = GetOptional(params, a + "q_proj.bias");
+      w.k_proj = Get(params, a + "k_proj.weight");
+      w.k_bias = GetOptional(params, a + "k_proj.bias");
+      w.v_proj = Get(params, a + "v_proj.weight");
+      w.v_bias = GetOptional(params, a + "v_proj.bias");
+      w.q_norm = GetOptional(params, a + "q_norm.weight");
+      w.k_norm = GetOptional(params, a + "k_norm.weight");
+      w.o_proj = Get(params, a + "o_proj.weight");
+      w.o_bias = GetOptional(params, a + "o_proj.bias");
+    } else {
+      MlaWeights& w = layer.mla;
+      if (c.q_lora_rank) {
+        w.q_a_proj = Get(params, a + "q_a_proj.weight");
+        w.q_a_bias = GetOptional(params, a + "q_a_proj.bias");
+        w.q_a_norm = Get(params, a + "q_a_layernorm.weight");
+        w.q_b_proj = Get(params, a + "q_b_proj.weight");
+      } else {
+        w.q_proj = Get(params, a + "q_proj.weight");
+      }
+      w.kv_a_proj = Get(params, a + "kv_a_proj_with_mqa.weight");
+      w.kv_a_bias = GetOptional(params, a + "kv_a_proj_with_mqa.bias");
+      w.kv_a_norm = Get(params, a + "kv_a_layernorm.weight");
+      w.kv_b_proj = Get(params, a + "kv_b_proj.weight");
+      w.o_proj = Get(params, a + "o_proj.weight");
+      w.o_bias = GetOptional(params, a + "o_proj.bias");
+      if (c.has_indexer()) {
+        layer.indexer_type = c.indexer_types[l];
+        if (layer.indexer_type == IndexerType::kFull) {
+          const std::string ix = a + "indexer.";
+          w.has_indexer = true;
+          w.indexer = {Get(params, ix + "wq_b.weight"), Get(params, ix + "wk.weight"),
+                       Get(params, ix + "k_norm.weight"), Get(params, ix + "k_norm.bias"),
+                       Get(params, ix + "weights_proj.weight")};
+        }
+      }
+    }
+    layer.mlp_type = c.mlp_layer_types[l];
+    const std::string m = p + "mlp.";
+    if (layer.mlp_type == MlpType::kDense) {
+      layer.mlp = GetMlp(params, m);
+    } else {
+      MoeWeights& w = layer.moe;
+      w.router = Get(params, m + "gate.weight");
+      w.router_bias = GetOptional(params, m + "gate.e_score_correction_bias");
+      for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        w.experts.push_back(GetMlp(params, fmt::format("{}experts.{}.", m, e)));
+      }
+      w.has_shared = params.count(m + "shared_experts.gate_proj.weight") > 0;
+      if (w.has_shared) w.shared = GetMlp(params, m + "shared_experts.");
+    }
+    layers_.push_back(std::move(layer));
+  }
+}
+
+void Decoder::CheckTokens(const at::Tensor& tokens) const {
+  RL_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong, Error,
+           "decoder input must be int64 tokens of shape [batch, seq]; got {} of {} dims",
+           c10::toString(tokens.scalar_type()), tokens.dim());
+}
+
+at::Tensor Decoder::Hidden(const at::Tensor& tokens, KvCache* cache, int64_t start) const {
+  CheckTokens(tokens);
+  const int64_t batch = tokens.size(0);
+  const int64_t seq = tokens.size(1);
+  if (cache != nullptr) {
+    RL_CHECK(batch <= cache->max_batch() && start >= 0 && start + seq <= cache->max_length(), Error,
+             "ForwardStep: batch {} at positions [{}, {}) does not fit a KV cache of {} sequences "
+             "of {} positions",
+             batch, start, start + seq, cache->max_batch(), cache->max_length());
+  } else {
+    RL_CHECK(start == 0, Error, "a forward without a KV cache starts at position 0");
+  }
+  const at::Tensor ids = tokens.to(device_);
+  at::Tensor x = at::embedding(embed_tokens_, ids);  // [B, S, H]
+  const RopeTable rope = MakeRopeTable(config_, start, seq, dtype_, device_);
+  at::Tensor topk;  // DSA selection of the last full indexer layer
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    AttentionContext ctx;
+    ctx.config = &config_;
+    ctx.rope = &rope;
+    ctx.start = start;
+    ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
+    at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps);
+    if (config_.attention_kind() == AttentionKind::kGqa) {
+      h = GqaAttention(layer.gqa, h, ctx);
+    } else {
+      h = MlaAttention(layer.mla, layer.indexer_type, h, ctx, topk);
+    }
+    x = x + h;
+    h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
+    h = layer.mlp_type == MlpType::kDense ? DenseMlp(layer.mlp, h)
+                                          : MoeBlock(layer.moe, config_, h);
+    x = x + h;
+  }
+  return RmsNorm(x, final_norm_, config_.rms_norm_eps);
+}
+
+at::Tensor Decoder::Logits(const at::Tensor& tokens) const {
+  return at::linear(Hidden(tokens, nullptr, 0), lm_head_);
+}
+
+TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets) const {
+  RL_CHECK(targets.sizes() == tokens.sizes(), Error,
+           "TokenLogProbs: targets [{}] must have the shape of tokens [{}]",
+           fmt::join(targets.sizes(), ", "), fmt::join(tokens.sizes(), ", "));
+  at::Tensor log_probs = at::log_softmax(AtLeastFloat(Logits(tokens)), -1);  // [B, S, V]
+  TokenStats out;
+  out.log_probs = log_probs.gather(-1, targets.to(device_).to(at::kLong).unsqueeze(-1)).squeeze(-1);
+  out.entropy = -(log_probs.exp() * log_probs).sum(-1);
+  return out;
+}
+
+at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
+                                int64_t start_position) const {
+  at::NoGradGuard no_grad;
+  return at::linear(Hidden(tokens, &cache, start_position), lm_head_);
+}
+
+}  // namespace rl::model

@@ -1,0 +1,118 @@
+// The decoder: one configurable causal LM covering every ModelType (model_config.h), computed
+// from caller-owned parameters (Note [Caller-owned params] in params.h).
+//
+// Two entry points:
+//  - training: Logits() / TokenLogProbs() over full right-padded sequences (no attention mask is
+//    needed: a real position never sees the padding to its right), with autograd through the
+//    parameters when they require grad;
+//  - generation: ForwardStep() appends positions to a KvCache and returns their logits; it runs
+//    without autograd. Step-by-step results equal the full forward (tested).
+//
+// Compute dtype is the parameters' dtype (bf16 in training, fp32 in tools and tests, fp64 in
+// gradient checks); RMSNorm, softmax, router and indexer scores run in fp32 or wider.
+//
+// The KV cache does not allocate on its own unless asked: the trainer hands it one flat tensor
+// from its kv_cache memory region (which it may pause and resume; the views stay valid).
+//
+// Failures: a parameter set that does not match the config throws rl::Error (see CheckParams);
+// tokens of the wrong shape/dtype, positions past the cache or a batch larger than the cache
+// throw rl::Error with the sizes.
+//
+// Thread safety: a Decoder is immutable after construction; concurrent forwards are safe if they
+// use distinct KV caches.
+#ifndef RL_TRAINER_MODEL_DECODER_H_
+#define RL_TRAINER_MODEL_DECODER_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "trainer/model/layers.h"
+#include "trainer/model/model_config.h"
+#include "trainer/model/params.h"
+
+namespace rl::model {
+
+// Per-layer cache for max_batch sequences of up to max_length positions: K/V for GQA; for MLA the
+// normalised latent and the rotated k_pe (the compressed form); for DSA also the indexer keys.
+class KvCache {
+ public:
+  // Elements of the model's dtype that one cache of this size needs.
+  static int64_t NumElements(const ModelConfig& config, int64_t max_batch, int64_t max_length);
+
+  // Views into `storage` (1-D, at least NumElements(), contiguous); the caller owns the storage.
+  KvCache(const ModelConfig& config, const at::Tensor& storage, int64_t max_batch,
+          int64_t max_length);
+
+  // Allocates its own storage (tools and tests).
+  static KvCache Allocate(const ModelConfig& config, int64_t max_batch, int64_t max_length,
+                          at::ScalarType dtype, at::Device device);
+
+  int64_t max_batch() const { return max_batch_; }
+  int64_t max_length() const { return max_length_; }
+  LayerKv& layer(int64_t i) { return layers_.at(i); }
+  const at::Tensor& storage() const { return storage_; }
+
+ private:
+  at::Tensor storage_;
+  int64_t max_batch_;
+  int64_t max_length_;
+  std::vector<LayerKv> layers_;
+};
+
+struct TokenStats {
+  at::Tensor log_probs;  // [batch, seq] log p(target | prefix), fp32 (fp64 for fp64 params)
+  at::Tensor entropy;    // [batch, seq] entropy of the next-token distribution
+};
+
+class Decoder {
+ public:
+  // Checks `params` against ListParams(config) and keeps handles to them.
+  Decoder(ModelConfig config, const TensorMap& params);
+
+  const ModelConfig& config() const { return config_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+
+  // tokens [batch, seq] int64 -> logits [batch, seq, vocab] in the param dtype; causal.
+  at::Tensor Logits(const at::Tensor& tokens) const;
+
+  // Per-position log-prob of `targets` [batch, seq] (typically the tokens shifted by one) under
+  // the logits of `tokens`, and the entropy of each position's distribution.
+  TokenStats TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets) const;
+
+  // Appends tokens [batch, new] at positions [start_position, start_position + new) of rows
+  // [0, batch) of `cache` and returns their logits [batch, new, vocab]. Positions before
+  // start_position must have been written by earlier steps. No autograd.
+  at::Tensor ForwardStep(const at::Tensor& tokens, KvCache& cache, int64_t start_position) const;
+
+  // The final-norm hidden states [batch, seq, hidden]; cache may be null (then start == 0).
+  at::Tensor Hidden(const at::Tensor& tokens, KvCache* cache, int64_t start_position) const;
+
+ private:
+  struct Layer {
+    at::Tensor input_norm;
+    at::Tensor post_norm;
+    GqaWeights gqa;
+    MlaWeights mla;
+    IndexerType indexer_type = IndexerType::kNone;
+    MlpType mlp_type = MlpType::kDense;
+    MlpWeights mlp;
+    MoeWeights moe;
+  };
+
+  void CheckTokens(const at::Tensor& tokens) const;
+
+  ModelConfig config_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  at::Tensor embed_tokens_;
+  at::Tensor final_norm_;
+  at::Tensor lm_head_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace rl::model
+
+#endif  // RL_TRAINER_MODEL_DECODER_H_

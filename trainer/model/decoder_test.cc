@@ -1,0 +1,160 @@
+// The decoder against transformers 5.24 on every fixture in tests/fixtures/ (fp32, CPU), and the
+// KV-cache step forward against the full forward.
+//
+// Tolerance (all comparisons here): max |ours - reference| <= 1e-4 * max(1, max |reference|).
+#include "trainer/model/decoder.h"
+
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+
+#include "trainer/model/test_fixtures.h"
+
+namespace rl::model {
+namespace {
+
+using testing::FixtureNames;
+using testing::LoadFixture;
+using testing::ReferenceTensor;
+
+double Tolerance(const at::Tensor& reference) {
+  return 1e-4 * std::max(1.0, reference.abs().max().item<double>());
+}
+
+double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
+  REQUIRE(a.sizes() == b.sizes());
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+TEST_CASE("Logits, log-probs and entropy match transformers on every fixture") {
+  const std::vector<std::string> names = FixtureNames();
+  REQUIRE(names.size() >= 6);
+  for (const std::string& name : names) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    Decoder model(m.config, m.params);
+    for (const std::string suffix : {"", "_long"}) {
+      INFO("tokens" << suffix);
+      const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens" + suffix);
+      const at::Tensor ref_logits =
+          ReferenceTensor(name, "reference.safetensors", "logits" + suffix);
+      const at::Tensor logits = model.Logits(tokens);
+      const double diff = MaxAbsDiff(logits, ref_logits);
+      fmt::print("{:20s} logits{:5s} max|diff| {:.3g} (tolerance {:.3g})\n", name, suffix, diff,
+                 Tolerance(ref_logits));
+      CHECK(diff <= Tolerance(ref_logits));
+
+      // Targets: the next token; the last position's target is arbitrary (only its entropy is
+      // used).
+      const int64_t seq = tokens.size(1);
+      const at::Tensor targets = at::cat({tokens.narrow(1, 1, seq - 1), tokens.narrow(1, 0, 1)}, 1);
+      const TokenStats stats = model.TokenLogProbs(tokens, targets);
+      const at::Tensor ref_lp =
+          ReferenceTensor(name, "reference.safetensors", "log_probs" + suffix);
+      const at::Tensor ref_entropy =
+          ReferenceTensor(name, "reference.safetensors", "entropy" + suffix);
+      CHECK(stats.log_probs.scalar_type() == at::kFloat);
+      CHECK(MaxAbsDiff(stats.log_probs.narrow(1, 0, seq - 1), ref_lp) <= Tolerance(ref_lp));
+      CHECK(MaxAbsDiff(stats.entropy, ref_entropy) <= Tolerance(ref_entropy));
+    }
+  }
+}
+
+TEST_CASE("KV-cache steps give the logits of the full forward") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    Decoder model(m.config, m.params);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    const at::Tensor full = model.Logits(tokens);  // [2, 16, V]
+    // A larger cache than needed: steps use rows [0, batch) and positions [0, 16).
+    KvCache cache = KvCache::Allocate(m.config, 3, 20, at::kFloat, at::kCPU);
+    std::vector<at::Tensor> parts;
+    const std::vector<std::pair<int64_t, int64_t>> chunks = {{0, 5},  {5, 1},  {6, 3}, {9, 1},
+                                                             {10, 4}, {14, 1}, {15, 1}};
+    for (const auto& [start, len] : chunks) {
+      parts.push_back(model.ForwardStep(tokens.narrow(1, start, len), cache, start));
+    }
+    const at::Tensor stepped = at::cat(parts, 1);
+    const double diff = MaxAbsDiff(stepped, full);
+    fmt::print("{:20s} kv-cache steps vs full forward max|diff| {:.3g}\n", name, diff);
+    CHECK(diff <= Tolerance(full));
+    CHECK_FALSE(stepped.requires_grad());
+  }
+}
+
+TEST_CASE("Greedy generation with the KV cache reproduces transformers' generate") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    Decoder model(m.config, m.params);
+    const at::Tensor prompt = ReferenceTensor(name, "generate.safetensors", "prompt");
+    const at::Tensor generated = ReferenceTensor(name, "generate.safetensors", "generated");
+    const at::Tensor ref_logits = ReferenceTensor(name, "generate.safetensors", "generated_logits");
+    const int64_t new_tokens = generated.size(1) - prompt.size(1);
+    KvCache cache =
+        KvCache::Allocate(m.config, prompt.size(0), generated.size(1), at::kFloat, at::kCPU);
+    at::Tensor sequence = prompt;
+    at::Tensor step_input = prompt;
+    int64_t position = 0;
+    std::vector<at::Tensor> step_logits;
+    for (int64_t i = 0; i < new_tokens; ++i) {
+      at::Tensor logits = model.ForwardStep(step_input, cache, position);
+      position += step_input.size(1);
+      at::Tensor last = logits.select(1, logits.size(1) - 1);  // [B, V]
+      step_logits.push_back(last.unsqueeze(1));
+      step_input = last.argmax(-1, /*keepdim=*/true);
+      sequence = at::cat({sequence, step_input}, 1);
+    }
+    CHECK(at::equal(sequence, generated));
+    const at::Tensor ours = at::cat(step_logits, 1);
+    CHECK(MaxAbsDiff(ours, ref_logits) <= Tolerance(ref_logits));
+  }
+}
+
+TEST_CASE("A bf16 model computes in bf16 with an fp32 router bias, close to fp32") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name, at::kBFloat16);
+    Decoder model(m.config, m.params);
+    CHECK(model.dtype() == at::kBFloat16);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens");
+    const at::Tensor ref = ReferenceTensor(name, "reference.safetensors", "logits");
+    const at::Tensor logits = model.Logits(tokens);
+    CHECK(logits.scalar_type() == at::kBFloat16);
+    // bf16 has 8 mantissa bits; a near-tie in routing may flip, so only a loose check.
+    CHECK(MaxAbsDiff(logits, ref) <= 0.25 * std::max(1.0, ref.abs().max().item<double>()));
+    const TokenStats stats = model.TokenLogProbs(tokens, tokens);
+    CHECK(stats.log_probs.scalar_type() == at::kFloat);
+  }
+}
+
+TEST_CASE("The decoder rejects parameters that do not match the config") {
+  testing::LoadedModel m = LoadFixture("glm4_moe");
+  TensorMap params = m.params;
+  params.erase("model.layers.1.mlp.experts.3.up_proj.weight");
+  params["model.layers.0.self_attn.q_proj.weight"] = at::zeros({3, 3});
+  params["model.layers.9.unknown.weight"] = at::zeros({1});
+  try {
+    Decoder model(m.config, params);
+    FAIL("expected rl::Error");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Contains("missing 1: model.layers.1.mlp.experts.3.up_proj.weight"));
+    CHECK_THAT(msg, Catch::Contains("unexpected 1: model.layers.9.unknown.weight"));
+    CHECK_THAT(msg, Catch::Contains("model.layers.0.self_attn.q_proj.weight (shape [3, 3]"));
+  }
+}
+
+TEST_CASE("ForwardStep refuses positions beyond the cache") {
+  testing::LoadedModel m = LoadFixture("qwen3");
+  Decoder model(m.config, m.params);
+  KvCache cache = KvCache::Allocate(m.config, 1, 4, at::kFloat, at::kCPU);
+  const at::Tensor tokens = at::zeros({1, 3}, at::kLong);
+  CHECK_NOTHROW(model.ForwardStep(tokens, cache, 0));
+  CHECK_THROWS_AS(model.ForwardStep(tokens, cache, 2), Error);
+  CHECK_THROWS_AS(model.ForwardStep(at::zeros({2, 1}, at::kLong), cache, 3), Error);
+}
+
+}  // namespace
+}  // namespace rl::model

@@ -1,0 +1,325 @@
+#include "trainer/model/layers.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <limits>
+
+#include "launch/check.h"
+
+namespace rl::model {
+namespace {
+
+constexpr double kMlaLatentNormEps = 1e-6;  // transformers builds q_a/kv_a norms with the default
+constexpr double kIndexerNormEps = 1e-6;
+// The indexer's [B, chunk, heads, T] fp32 score block is bounded to about this many elements.
+constexpr int64_t kIndexerScoreElements = int64_t{1} << 26;
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
+  return at::linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+}
+
+// Keys [0, T) visible to queries at positions [start, start + S): [S, T] bool.
+at::Tensor CausalMask(int64_t start, int64_t s, int64_t t, at::Device device) {
+  at::Tensor q = at::arange(start, start + s, at::TensorOptions().dtype(at::kLong).device(device));
+  at::Tensor k = at::arange(t, at::TensorOptions().dtype(at::kLong).device(device));
+  return k.unsqueeze(0) <= q.unsqueeze(1);
+}
+
+// softmax(q k^T * scale + mask) v with fp32 softmax. q [B, Hq, S, Dq], k [B, Hq, T, Dq],
+// v [B, Hq, T, Dv]; `selected` ([B, S, T] bool, optional) further restricts the causal keys.
+at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         double scale, int64_t start, const at::Tensor& selected) {
+  const int64_t s = q.size(2);
+  const int64_t t = k.size(2);
+  if (!selected.defined() && start == 0 && s == t) {
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, scale);
+  }
+  at::Tensor mask = CausalMask(start, s, t, q.device());  // [S, T]
+  if (selected.defined()) {
+    mask = at::logical_and(mask.unsqueeze(0), selected).unsqueeze(1);  // [B, 1, S, T]
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale);
+}
+
+}  // namespace
+
+at::Tensor AtLeastFloat(const at::Tensor& t) {
+  if (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) return t;
+  return t.to(at::kFloat);
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor xf = AtLeastFloat(x);
+  at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * y.to(x.scalar_type());
+}
+
+at::Tensor RopeInvFreq(const ModelConfig& c) {
+  const int64_t dim = c.rope_dim();
+  const double base = c.rope.theta;
+  at::Tensor exponents = at::arange(0, dim, 2, at::kFloat) / static_cast<double>(dim);
+  at::Tensor pos_freqs = at::pow(base, exponents);
+  if (c.rope.type == RopeType::kDefault) return 1.0 / pos_freqs;
+
+  // YaRN (transformers _compute_yarn_parameters; reference §1.6).
+  const double factor = c.rope.factor;
+  const double l0 = static_cast<double>(c.rope.original_max_position_embeddings);
+  auto find_dim = [&](double rotations) {
+    return (dim * std::log(l0 / (rotations * 2 * M_PI))) / (2 * std::log(base));
+  };
+  double low = find_dim(c.rope.beta_fast);
+  double high = find_dim(c.rope.beta_slow);
+  if (c.rope.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  at::Tensor ramp = at::clamp((at::arange(dim / 2, at::kFloat) - low) / (high - low), 0, 1);
+  at::Tensor extrapolation_factor = 1 - ramp;
+  at::Tensor inv_extrapolation = 1.0 / pos_freqs;
+  at::Tensor inv_interpolation = 1.0 / (factor * pos_freqs);
+  return inv_interpolation * (1 - extrapolation_factor) + inv_extrapolation * extrapolation_factor;
+}
+
+RopeTable MakeRopeTable(const ModelConfig& c, int64_t start, int64_t length, at::ScalarType dtype,
+                        at::Device device) {
+  at::Tensor inv_freq = RopeInvFreq(c).to(device);
+  at::Tensor pos =
+      at::arange(start, start + length, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);  // [length, rope_dim / 2]
+  const double factor = c.rope_attention_factor();
+  return {(freqs.cos() * factor).to(dtype), (freqs.sin() * factor).to(dtype)};
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     RopeLayout layout) {
+  const int64_t half = cos.size(-1);
+  const int64_t d = x.size(-1);
+  at::Tensor rot = 2 * half == d ? x : x.narrow(-1, 0, 2 * half);
+  at::Tensor x1, x2;
+  if (layout == RopeLayout::kHalf) {
+    x1 = rot.narrow(-1, 0, half);
+    x2 = rot.narrow(-1, half, half);
+  } else {
+    x1 = rot.slice(-1, 0, 2 * half, 2);
+    x2 = rot.slice(-1, 1, 2 * half, 2);
+  }
+  at::Tensor out = at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+  if (2 * half == d) return out;
+  return at::cat({out, x.narrow(-1, 2 * half, d - 2 * half)}, -1);
+}
+
+at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const AttentionContext& ctx) {
+  const ModelConfig& c = *ctx.config;
+  const int64_t b = x.size(0);
+  const int64_t s = x.size(1);
+  const int64_t heads = c.num_attention_heads;
+  const int64_t kv_heads = c.num_key_value_heads;
+  const int64_t d = c.head_dim;
+  at::Tensor q = Linear(x, w.q_proj, w.q_bias).view({b, s, heads, d});
+  at::Tensor k = Linear(x, w.k_proj, w.k_bias).view({b, s, kv_heads, d});
+  at::Tensor v = Linear(x, w.v_proj, w.v_bias).view({b, s, kv_heads, d});
+  if (w.q_norm.defined()) {
+    q = RmsNorm(q, w.q_norm, c.rms_norm_eps);
+    k = RmsNorm(k, w.k_norm, c.rms_norm_eps);
+  }
+  q = q.transpose(1, 2);  // [B, Hq, S, D]
+  k = k.transpose(1, 2);  // [B, Hkv, S, D]
+  v = v.transpose(1, 2);
+  const RopeLayout layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+  q = ApplyRope(q, ctx.rope->cos, ctx.rope->sin, layout);
+  k = ApplyRope(k, ctx.rope->cos, ctx.rope->sin, layout);
+  if (ctx.cache != nullptr) {
+    const int64_t t = ctx.start + s;
+    ctx.cache->key.narrow(0, 0, b).narrow(2, ctx.start, s).copy_(k);
+    ctx.cache->value.narrow(0, 0, b).narrow(2, ctx.start, s).copy_(v);
+    k = ctx.cache->key.narrow(0, 0, b).narrow(2, 0, t);
+    v = ctx.cache->value.narrow(0, 0, b).narrow(2, 0, t);
+  }
+  const int64_t groups = heads / kv_heads;
+  if (groups > 1) {
+    const int64_t t = k.size(2);
+    k = k.unsqueeze(2).expand({b, kv_heads, groups, t, d}).reshape({b, heads, t, d});
+    v = v.unsqueeze(2).expand({b, kv_heads, groups, t, d}).reshape({b, heads, t, d});
+  }
+  at::Tensor out = AttentionCore(q, k, v, c.attention_scale(), ctx.start, at::Tensor());
+  out = out.transpose(1, 2).reshape({b, s, heads * d});
+  return Linear(out, w.o_proj, w.o_bias);
+}
+
+at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::Tensor& q_resid,
+                       const AttentionContext& ctx) {
+  at::NoGradGuard no_grad;
+  const ModelConfig& c = *ctx.config;
+  const int64_t b = x.size(0);
+  const int64_t s = x.size(1);
+  const int64_t t = ctx.start + s;
+  const int64_t heads = c.index_n_heads;
+  const int64_t d = c.index_head_dim;
+  const at::Tensor xd = x.detach();
+
+  // Keys: LayerNorm(wk x), RoPE (interleaved, GLM-5) on the first qk_rope_head_dim dims.
+  at::Tensor k = at::layer_norm(Linear(xd, w.wk), {d}, w.k_norm_weight, w.k_norm_bias,
+                                kIndexerNormEps);  // [B, S, D]
+  const RopeLayout layout =
+      c.indexer_rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+  k = ApplyRope(k, ctx.rope->cos, ctx.rope->sin, layout);
+  if (ctx.cache != nullptr) {
+    ctx.cache->index_key.narrow(0, 0, b).narrow(1, ctx.start, s).copy_(k);
+    k = ctx.cache->index_key.narrow(0, 0, b).narrow(1, 0, t);
+  }
+  if (t <= c.index_topk) return at::Tensor();  // every key is selected: dense causal attention
+
+  at::Tensor q = Linear(q_resid.detach(), w.wq_b).view({b, s, heads, d});
+  // cos/sin [S, rope/2] -> [S, 1, rope/2] against q [B, S, heads, rope].
+  q = ApplyRope(q, ctx.rope->cos.unsqueeze(1), ctx.rope->sin.unsqueeze(1), layout);
+
+  at::Tensor kf = AtLeastFloat(k).transpose(1, 2).unsqueeze(1);  // [B, 1, D, T]
+  at::Tensor weights = at::linear(AtLeastFloat(xd), AtLeastFloat(w.weights_proj)) *
+                       std::pow(static_cast<double>(heads), -0.5);  // [B, S, heads]
+  const double softmax_scale = std::pow(static_cast<double>(d), -0.5);
+  const int64_t topk = std::min(c.index_topk, t);
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(s, kIndexerScoreElements / std::max<int64_t>(1, b * heads * t)));
+  at::Tensor causal = CausalMask(ctx.start, s, t, x.device());  // [S, T]
+  std::vector<at::Tensor> parts;
+  for (int64_t q0 = 0; q0 < s; q0 += chunk) {
+    const int64_t n = std::min(chunk, s - q0);
+    at::Tensor qc = AtLeastFloat(q.narrow(1, q0, n));                  // [B, n, heads, D]
+    at::Tensor scores = at::relu(at::matmul(qc, kf) * softmax_scale);  // [B, n, heads, T]
+    at::Tensor index = at::matmul(weights.narrow(1, q0, n).unsqueeze(-2), scores).squeeze(-2);
+    index.masked_fill_(causal.narrow(0, q0, n).logical_not().unsqueeze(0),
+                       -std::numeric_limits<double>::infinity());  // [B, n, T]
+    parts.push_back(std::get<1>(index.topk(topk, -1)));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+}
+
+at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at::Tensor& x,
+                        const AttentionContext& ctx, at::Tensor& topk) {
+  const ModelConfig& c = *ctx.config;
+  const int64_t b = x.size(0);
+  const int64_t s = x.size(1);
+  const int64_t heads = c.num_attention_heads;
+  const int64_t nope = c.qk_nope_head_dim;
+  const int64_t rope = c.qk_rope_head_dim;
+  const int64_t vd = c.v_head_dim;
+  const int64_t kv_rank = c.kv_lora_rank;
+  const RopeLayout layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+
+  at::Tensor q_resid;
+  at::Tensor q;
+  if (w.q_a_proj.defined()) {
+    q_resid = RmsNorm(Linear(x, w.q_a_proj, w.q_a_bias), w.q_a_norm, kMlaLatentNormEps);
+    q = Linear(q_resid, w.q_b_proj);
+  } else {
+    q = Linear(x, w.q_proj);
+  }
+  q = q.view({b, s, heads, nope + rope}).transpose(1, 2);  // [B, Hq, S, nope + rope]
+  at::Tensor q_pass = q.narrow(-1, 0, nope);
+  at::Tensor q_rot = ApplyRope(q.narrow(-1, nope, rope), ctx.rope->cos, ctx.rope->sin, layout);
+
+  at::Tensor ckv = Linear(x, w.kv_a_proj, w.kv_a_bias);  // [B, S, kv_rank + rope]
+  at::Tensor latent = RmsNorm(ckv.narrow(-1, 0, kv_rank), w.kv_a_norm, kMlaLatentNormEps);
+  at::Tensor k_rot = ApplyRope(ckv.narrow(-1, kv_rank, rope), ctx.rope->cos, ctx.rope->sin, layout);
+  int64_t t = s;
+  if (ctx.cache != nullptr) {
+    t = ctx.start + s;
+    ctx.cache->latent.narrow(0, 0, b).narrow(1, ctx.start, s).copy_(latent);
+    ctx.cache->k_pe.narrow(0, 0, b).narrow(1, ctx.start, s).copy_(k_rot);
+    latent = ctx.cache->latent.narrow(0, 0, b).narrow(1, 0, t);
+    k_rot = ctx.cache->k_pe.narrow(0, 0, b).narrow(1, 0, t);
+  }
+  at::Tensor kv = Linear(latent, w.kv_b_proj).view({b, t, heads, nope + vd}).transpose(1, 2);
+  at::Tensor k_nope = kv.narrow(-1, 0, nope);
+  at::Tensor v = kv.narrow(-1, nope, vd);
+  at::Tensor key = at::cat({k_nope, k_rot.unsqueeze(1).expand({b, heads, t, rope})}, -1);
+  at::Tensor query = at::cat({q_pass, q_rot}, -1);
+
+  at::Tensor selected;
+  if (indexer_type == IndexerType::kFull) {
+    topk = IndexerTopk(w.indexer, x, q_resid, ctx);
+  }
+  if (indexer_type != IndexerType::kNone && topk.defined()) {
+    selected = at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
+                   .scatter_(-1, topk, true);
+  }
+  at::Tensor out = AttentionCore(query, key, v, c.attention_scale(), ctx.start, selected);
+  out = out.transpose(1, 2).reshape({b, s, heads * vd});
+  return Linear(out, w.o_proj, w.o_bias);
+}
+
+at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x) {
+  return Linear(at::silu(Linear(x, w.gate_proj)) * Linear(x, w.up_proj), w.down_proj);
+}
+
+Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
+  at::Tensor xf = AtLeastFloat(x);
+  at::Tensor logits = at::linear(xf, w.router.to(xf.scalar_type()));  // [T, E]
+  const int64_t k = c.num_experts_per_tok;
+  if (c.router == RouterKind::kSoftmax) {
+    auto [top_w, top_i] = at::softmax(logits, -1).topk(k, -1);
+    if (c.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
+    return {top_i, top_w};
+  }
+  // Sigmoid noaux_tc (reference §2.1): the bias only steers the selection.
+  const int64_t tokens = logits.size(0);
+  const int64_t experts = c.n_routed_experts;
+  at::Tensor scores = at::sigmoid(logits);
+  at::Tensor choice;
+  {
+    at::NoGradGuard no_grad;
+    choice = scores.detach() + w.router_bias.to(scores.scalar_type()).unsqueeze(0);
+    if (c.n_group > 1) {
+      const int64_t per_group = experts / c.n_group;
+      at::Tensor group_scores =
+          std::get<0>(choice.view({tokens, c.n_group, per_group}).topk(2, -1)).sum(-1);
+      at::Tensor group_idx =
+          std::get<1>(group_scores.topk(c.topk_group, -1, /*largest=*/true, /*sorted=*/false));
+      at::Tensor group_mask = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0);
+      at::Tensor score_mask = group_mask.unsqueeze(-1)
+                                  .expand({tokens, c.n_group, per_group})
+                                  .reshape({tokens, experts});
+      choice = choice.masked_fill(score_mask == 0, -std::numeric_limits<double>::infinity());
+    }
+  }
+  at::Tensor idx = std::get<1>(choice.topk(k, -1, /*largest=*/true, /*sorted=*/false));
+  at::Tensor weights = scores.gather(1, idx);
+  if (c.norm_topk_prob) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  weights = weights * c.routed_scaling_factor;
+  return {idx, weights};
+}
+
+at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
+  const int64_t hidden = x.size(-1);
+  at::Tensor x2 = x.reshape({-1, hidden});  // [T, H]
+  const Routing r = Route(w, c, x2);
+  const int64_t k = r.indices.size(1);
+  const int64_t experts = c.n_routed_experts;
+
+  // Group the (token, slot) pairs by expert with one sort and one host read of the counts.
+  at::Tensor flat = r.indices.reshape({-1});
+  at::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, /*descending=*/false));
+  at::Tensor counts = at::bincount(flat, std::nullopt, experts).to(at::kCPU);
+  at::Tensor token = at::floor_divide(order, k);
+  at::Tensor xs = x2.index_select(0, token);
+  at::Tensor ws = r.weights.reshape({-1}).index_select(0, order);
+  const int64_t* count = counts.data_ptr<int64_t>();
+  std::vector<at::Tensor> parts;
+  int64_t offset = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    at::Tensor y = DenseMlp(w.experts[e], xs.narrow(0, offset, n));
+    parts.push_back((y * ws.narrow(0, offset, n).unsqueeze(1)).to(x.scalar_type()));
+    offset += n;
+  }
+  at::Tensor out = at::zeros_like(x2).index_add(0, token, at::cat(parts, 0));
+  if (w.has_shared) out = out + DenseMlp(w.shared, x2);
+  return out.view(x.sizes());
+}
+
+}  // namespace rl::model

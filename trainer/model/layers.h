@@ -1,0 +1,130 @@
+// The building blocks of the decoder (reference/model-architectures.md §1-4), as free functions
+// over weight structs whose tensors the caller owns (Note [Caller-owned params] in params.h):
+// RMSNorm, RoPE (half-rotate, partial, interleaved, YaRN), GQA attention with optional q/k norm and
+// qkv bias, MLA with the DSA lightning indexer, the dense SwiGLU MLP and the MoE block with its
+// softmax or sigmoid (noaux_tc) router.
+//
+// Numerics follow transformers: activations in the parameter dtype, RMSNorm, softmax, router and
+// indexer scores in fp32 (fp64 when the model runs in fp64, for gradient checks). The DSA indexer
+// runs without gradient and on detached inputs, as in the reference; its top-k only masks the
+// main attention.
+//
+// Shapes: B batch, S new positions, T = start + S key positions, H hidden, D head dims.
+//
+// Thread safety: stateless; concurrent calls on distinct KV caches are safe.
+#ifndef RL_TRAINER_MODEL_LAYERS_H_
+#define RL_TRAINER_MODEL_LAYERS_H_
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "trainer/model/model_config.h"
+
+namespace rl::model {
+
+// `t` in fp32, or unchanged when it is already fp32 or fp64.
+at::Tensor AtLeastFloat(const at::Tensor& t);
+
+// transformers' RMSNorm: normalise in fp32, cast back to x's dtype, then multiply by the weight.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// cos/sin for positions [start, start + length), [length, rope_dim / 2], already multiplied by the
+// YaRN attention factor and cast to `dtype` (as transformers does before applying them).
+struct RopeTable {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+// The inverse frequencies [rope_dim / 2] in fp32 (default or YaRN).
+at::Tensor RopeInvFreq(const ModelConfig& config);
+RopeTable MakeRopeTable(const ModelConfig& config, int64_t start, int64_t length,
+                        at::ScalarType dtype, at::Device device);
+
+enum class RopeLayout {
+  kHalf,         // pairs (j, j + d/2): rotate_half (Qwen3, GLM-4.5)
+  kInterleaved,  // pairs (2i, 2i+1); the result is left in [evens | odds] order, like transformers
+};
+// Rotates the first 2 * cos.size(-1) dims of the last axis of `x`, passes the rest through.
+// `cos`/`sin` must broadcast against x[..., :rope_dim/2] (e.g. [S, d/2] for x [B, H, S, d]).
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     RopeLayout layout);
+
+// Per-layer KV cache views (see KvCache in decoder.h); undefined tensors where unused.
+struct LayerKv {
+  at::Tensor key;        // GQA [max_batch, kv_heads, max_len, head_dim]
+  at::Tensor value;      // GQA [max_batch, kv_heads, max_len, head_dim]
+  at::Tensor latent;     // MLA [max_batch, max_len, kv_lora_rank] (after kv_a_layernorm)
+  at::Tensor k_pe;       // MLA [max_batch, max_len, qk_rope_head_dim] (after RoPE)
+  at::Tensor index_key;  // DSA [max_batch, max_len, index_head_dim] (after k_norm and RoPE)
+};
+
+struct GqaWeights {
+  at::Tensor q_proj, q_bias, k_proj, k_bias, v_proj, v_bias;  // biases undefined when absent
+  at::Tensor q_norm, k_norm;                                  // undefined without q/k norm
+  at::Tensor o_proj, o_bias;
+};
+
+struct IndexerWeights {
+  at::Tensor wq_b;           // [index_heads * index_head_dim, q_lora_rank]; per head [rope | nope]
+  at::Tensor wk;             // [index_head_dim, hidden]
+  at::Tensor k_norm_weight;  // LayerNorm(index_head_dim, eps 1e-6)
+  at::Tensor k_norm_bias;
+  at::Tensor weights_proj;  // [index_heads, hidden]
+};
+
+struct MlaWeights {
+  at::Tensor q_a_proj, q_a_bias, q_a_norm, q_b_proj;  // with q_lora_rank
+  at::Tensor q_proj;                                  // without q_lora_rank
+  at::Tensor kv_a_proj, kv_a_bias, kv_a_norm, kv_b_proj;
+  at::Tensor o_proj, o_bias;
+  bool has_indexer = false;
+  IndexerWeights indexer;
+};
+
+struct MlpWeights {
+  at::Tensor gate_proj, up_proj, down_proj;
+};
+
+struct MoeWeights {
+  at::Tensor router;       // mlp.gate.weight [experts, hidden]
+  at::Tensor router_bias;  // e_score_correction_bias [experts] (sigmoid router only)
+  std::vector<MlpWeights> experts;
+  bool has_shared = false;
+  MlpWeights shared;
+};
+
+// What one attention call needs besides its weights.
+struct AttentionContext {
+  const ModelConfig* config = nullptr;
+  const RopeTable* rope = nullptr;  // positions [start, start + S)
+  int64_t start = 0;                // position of the first query
+  LayerKv* cache = nullptr;         // null: no cache, keys are the S new positions
+};
+
+at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
+                        const AttentionContext& ctx);
+
+// `topk` carries the DSA selection between layers: a layer with its own indexer overwrites it, a
+// shared layer reads it. It stays undefined while every key is selected (T <= index_topk), in
+// which case DSA equals dense causal attention and no mask is built.
+at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at::Tensor& x,
+                        const AttentionContext& ctx, at::Tensor& topk);
+
+// The DSA lightning indexer (reference §4.2): [B, S, min(index_topk, T)] int64 key positions, or an
+// undefined tensor when T <= index_topk. Writes the new indexer keys into ctx.cache when given.
+at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::Tensor& q_resid,
+                       const AttentionContext& ctx);
+
+at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x);
+
+struct Routing {
+  at::Tensor indices;  // [tokens, k] int64
+  at::Tensor weights;  // [tokens, k] fp32 (fp64 in an fp64 model), differentiable in the router
+};
+Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x /*[T, H]*/);
+
+at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x);
+
+}  // namespace rl::model
+
+#endif  // RL_TRAINER_MODEL_LAYERS_H_

@@ -1,0 +1,163 @@
+// The architecture of a decoder checkpoint, read from its Hugging Face `config.json`.
+//
+// One typed struct covers every model family the trainer runs (see
+// reference/model-architectures.md §5): Qwen3 and Qwen3-MoE (GQA, q/k norm, softmax router),
+// GLM-4.5 (GQA with partial rotary and qkv bias, sigmoid router), GLM-4.7-Flash, DeepSeek-V3 and
+// Kimi K2/K2.5 (MLA, sigmoid router, YaRN for DeepSeek/Kimi) and GLM-5/5.2 (MLA plus the DSA
+// lightning indexer). Everything the model code needs is a typed field here; nothing downstream
+// reads the JSON again.
+//
+// Two config.json dialects are read: the one real checkpoints carry (`rope_theta` and
+// `rope_scaling` at top level, `partial_rotary_factor` at top level) and the one transformers 5
+// writes (`rope_parameters` holding rope_theta, rope_type and the YaRN fields; per-layer lists such
+// as `mlp_layer_types` and `indexer_types`). Keys that define a tensor shape are required; keys
+// with a transformers default take that default when absent.
+//
+// The parsed document is kept (`hf_config`) so that a checkpoint the trainer saves carries the
+// same config.json it was loaded from; ToHfConfigJson() synthesises one for a config built in
+// code (tests, tools).
+//
+// Failures: a missing required key, a value of the wrong type, an unsupported model_type or
+// RoPE type, or inconsistent sizes throw rl::CheckpointError naming the file and the key.
+//
+// Thread safety: plain values; the free functions are stateless.
+#ifndef RL_TRAINER_MODEL_MODEL_CONFIG_H_
+#define RL_TRAINER_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "launch/json.h"
+
+namespace rl::model {
+
+enum class ModelType {
+  kQwen3,        // "qwen3"
+  kQwen3Moe,     // "qwen3_moe"
+  kGlm4Moe,      // "glm4_moe"        GLM-4.5/4.6/4.7
+  kGlm4MoeLite,  // "glm4_moe_lite"   GLM-4.7-Flash
+  kDeepseekV3,   // "deepseek_v3"     also "kimi_k2", and the text model of "kimi_k25"
+  kGlmMoeDsa,    // "glm_moe_dsa"     GLM-5, GLM-5.1, GLM-5.2
+};
+
+// The config.json spelling ("qwen3_moe", ...).
+std::string_view ModelTypeName(ModelType type);
+
+enum class AttentionKind { kGqa, kMla };
+enum class RouterKind {
+  kNone,            // dense model
+  kSoftmax,         // Qwen3-MoE: softmax over experts, top-k, optional renormalisation
+  kSigmoidNoauxTc,  // DeepSeek/GLM: sigmoid, bias-corrected group-limited selection, scaling
+};
+enum class MlpType { kDense, kSparse };
+enum class IndexerType {
+  kNone,    // no DSA indexer (every model but glm_moe_dsa)
+  kFull,    // the layer runs its own indexer
+  kShared,  // GLM-5.2 IndexShare: the layer reuses the previous full layer's top-k
+};
+enum class RopeType { kDefault, kYarn };
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  // YaRN only (reference §1.6).
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> mscale;
+  std::optional<double> mscale_all_dim;
+  std::optional<double> attention_factor;  // explicit override of the cos/sin multiplier
+  bool truncate = true;
+};
+
+struct ModelConfig {
+  ModelType model_type = ModelType::kQwen3;
+  // The config.json's own model_type string ("kimi_k2" reads as kDeepseekV3 and is written back).
+  std::string model_type_name;
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // dense MLP layers
+  int64_t num_hidden_layers = 0;  // without MTP layers
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // GQA; MLA: == num_attention_heads
+  int64_t head_dim = 0;             // GQA per-head size; MLA: qk_rope_head_dim (as transformers)
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // GQA: q/k/v (+o for Qwen3); MLA: q_a, kv_a and o projections
+  bool use_qk_norm = false;     // GQA q_norm/k_norm over head_dim before RoPE
+  RopeConfig rope;
+  // Main attention RoPE pairing: true = DeepSeek interleaved pairs (2i, 2i+1), false = half-rotate
+  // pairs (j, j + d/2). reference §1.5.
+  bool rope_interleave = false;
+
+  // MLA (reference §3).
+  std::optional<int64_t> q_lora_rank;  // nullopt: a plain q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+
+  // MoE (reference §2).
+  RouterKind router = RouterKind::kNone;
+  int64_t n_routed_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t n_shared_experts = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool norm_topk_prob = false;
+  std::vector<MlpType> mlp_layer_types;  // one per layer
+
+  // DSA indexer (reference §4).
+  int64_t index_n_heads = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_topk = 0;
+  std::vector<IndexerType> indexer_types;  // one per layer
+  bool indexer_rope_interleave = false;
+
+  std::optional<int64_t> pad_token_id;
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;
+
+  // Checkpoint tensor names carry this prefix (Kimi-K2.5: "language_model."); ListParams() names
+  // do not.
+  std::string weight_prefix;
+  // Where the config came from, for error messages ("ckpt/config.json").
+  std::string source_name;
+  // The parsed config.json, written back by ToHfConfigJson(); null for configs built in code.
+  json::Value hf_config;
+
+  AttentionKind attention_kind() const;
+  bool is_moe() const { return router != RouterKind::kNone; }
+  bool has_indexer() const { return !indexer_types.empty(); }
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // Dimensions RoPE rotates per head: GQA head_dim * partial_rotary_factor; MLA qk_rope_head_dim.
+  int64_t rope_dim() const;
+  // Softmax scale of the main attention: head_dim^-0.5 (GQA), qk_head_dim^-0.5 times the YaRN
+  // mscale^2 correction (MLA; reference §1.6).
+  double attention_scale() const;
+  // The multiplier transformers applies to cos and sin (1 except YaRN).
+  double rope_attention_factor() const;
+};
+
+// Parses a config.json document. `source_name` names the file in error messages.
+ModelConfig ParseModelConfig(const json::Value& doc, std::string_view source_name);
+
+// Reads `<checkpoint_dir>/config.json`.
+ModelConfig LoadModelConfig(const std::string& checkpoint_dir);
+
+// A config.json that transformers loads into the same architecture: the stored document when the
+// config was parsed from one, else one synthesised from the fields (transformers 5 dialect).
+json::Value ToHfConfigJson(const ModelConfig& config);
+
+}  // namespace rl::model
+
+#endif  // RL_TRAINER_MODEL_MODEL_CONFIG_H_

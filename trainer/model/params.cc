@@ -1,0 +1,405 @@
+#include "trainer/model/params.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_set>
+
+#include "launch/check.h"
+#include "launch/json.h"
+#include "trainer/model/safetensors.h"
+
+namespace rl::model {
+namespace {
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+std::string ShapeString(at::IntArrayRef shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Lists at most `limit` names, then how many more.
+std::string NameList(const std::vector<std::string>& names, size_t limit = 8) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) {
+    if (i) out += ", ";
+    out += names[i];
+  }
+  if (names.size() > limit) out += fmt::format(" and {} more", names.size() - limit);
+  return out;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> ListParams(const ModelConfig& c) {
+  std::vector<ParamSpec> out;
+  auto add = [&out](std::string name, std::vector<int64_t> shape,
+                    ParamRole role = ParamRole::kDense) {
+    out.push_back({std::move(name), std::move(shape), role});
+  };
+  const int64_t h = c.hidden_size;
+  const int64_t heads = c.num_attention_heads;
+  add("model.embed_tokens.weight", {c.vocab_size, h});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    add(p + "input_layernorm.weight", {h});
+    const std::string a = p + "self_attn.";
+    if (c.attention_kind() == AttentionKind::kGqa) {
+      const int64_t d = c.head_dim;
+      const int64_t kv = c.num_key_value_heads;
+      add(a + "q_proj.weight", {heads * d, h});
+      if (c.attention_bias) add(a + "q_proj.bias", {heads * d});
+      add(a + "k_proj.weight", {kv * d, h});
+      if (c.attention_bias) add(a + "k_proj.bias", {kv * d});
+      add(a + "v_proj.weight", {kv * d, h});
+      if (c.attention_bias) add(a + "v_proj.bias", {kv * d});
+      if (c.use_qk_norm) {
+        add(a + "q_norm.weight", {d});
+        add(a + "k_norm.weight", {d});
+      }
+      add(a + "o_proj.weight", {h, heads * d});
+      // Qwen3's o_proj follows attention_bias; GLM-4.5's never has a bias.
+      if (c.attention_bias && c.model_type != ModelType::kGlm4Moe) add(a + "o_proj.bias", {h});
+    } else {
+      const int64_t qk = c.qk_head_dim();
+      if (c.q_lora_rank) {
+        const int64_t r = *c.q_lora_rank;
+        add(a + "q_a_proj.weight", {r, h});
+        if (c.attention_bias) add(a + "q_a_proj.bias", {r});
+        add(a + "q_a_layernorm.weight", {r});
+        add(a + "q_b_proj.weight", {heads * qk, r});
+      } else {
+        add(a + "q_proj.weight", {heads * qk, h});
+      }
+      add(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h});
+      if (c.attention_bias)
+        add(a + "kv_a_proj_with_mqa.bias", {c.kv_lora_rank + c.qk_rope_head_dim});
+      add(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
+      add(a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+      if (c.has_indexer() && c.indexer_types[l] == IndexerType::kFull) {
+        const std::string ix = a + "indexer.";
+        add(ix + "wq_b.weight", {c.index_n_heads * c.index_head_dim, *c.q_lora_rank});
+        add(ix + "wk.weight", {c.index_head_dim, h});
+        add(ix + "k_norm.weight", {c.index_head_dim});
+        add(ix + "k_norm.bias", {c.index_head_dim});
+        add(ix + "weights_proj.weight", {c.index_n_heads, h});
+      }
+      add(a + "o_proj.weight", {h, heads * c.v_head_dim});
+      if (c.attention_bias) add(a + "o_proj.bias", {h});
+    }
+    add(p + "post_attention_layernorm.weight", {h});
+    const std::string m = p + "mlp.";
+    if (c.mlp_layer_types[l] == MlpType::kDense) {
+      add(m + "gate_proj.weight", {c.intermediate_size, h});
+      add(m + "up_proj.weight", {c.intermediate_size, h});
+      add(m + "down_proj.weight", {h, c.intermediate_size});
+      continue;
+    }
+    const int64_t e = c.n_routed_experts;
+    const int64_t im = c.moe_intermediate_size;
+    add(m + "gate.weight", {e, h});
+    if (c.router == RouterKind::kSigmoidNoauxTc) {
+      add(m + "gate.e_score_correction_bias", {e}, ParamRole::kFp32Extra);
+    }
+    for (int64_t x = 0; x < e; ++x) {
+      const std::string ex = fmt::format("{}experts.{}.", m, x);
+      add(ex + "gate_proj.weight", {im, h}, ParamRole::kRoutedExpert);
+      add(ex + "up_proj.weight", {im, h}, ParamRole::kRoutedExpert);
+      add(ex + "down_proj.weight", {h, im}, ParamRole::kRoutedExpert);
+    }
+    if (c.router == RouterKind::kSigmoidNoauxTc && c.n_shared_experts > 0) {
+      const int64_t is = im * c.n_shared_experts;
+      add(m + "shared_experts.gate_proj.weight", {is, h});
+      add(m + "shared_experts.up_proj.weight", {is, h});
+      add(m + "shared_experts.down_proj.weight", {h, is});
+    }
+  }
+  add("model.norm.weight", {h});
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h});
+  return out;
+}
+
+at::ScalarType ParamDtype(const ParamSpec& spec, at::ScalarType dtype) {
+  if (spec.role == ParamRole::kFp32Extra) {
+    return dtype == at::kDouble ? at::kDouble : at::kFloat;
+  }
+  return dtype;
+}
+
+TensorMap AllocateParams(const std::vector<ParamSpec>& specs, at::ScalarType dtype,
+                         at::Device device) {
+  TensorMap out;
+  out.reserve(specs.size());
+  for (const ParamSpec& s : specs) {
+    out.emplace(s.name,
+                at::zeros(s.shape, at::TensorOptions().dtype(ParamDtype(s, dtype)).device(device)));
+  }
+  return out;
+}
+
+void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (const ParamSpec& s : specs) {
+    auto it = params.find(s.name);
+    RL_CHECK(it != params.end(), Error, "InitParamsRandom: no tensor for parameter {}", s.name);
+    at::Tensor& t = it->second;
+    const bool norm_weight = EndsWith(s.name, "norm.weight");
+    const bool bias = EndsWith(s.name, ".bias") || EndsWith(s.name, "e_score_correction_bias");
+    at::NoGradGuard no_grad;
+    if (norm_weight) {
+      t.fill_(1.0);
+    } else if (bias || s.shape.size() < 2) {
+      t.zero_();
+    } else {
+      at::Tensor values = at::empty(s.shape, at::kFloat);
+      values.normal_(0.0, 0.02, gen);
+      t.copy_(values);
+    }
+  }
+}
+
+void CheckParams(const std::vector<ParamSpec>& specs, const TensorMap& params) {
+  std::vector<std::string> missing, mismatched, unexpected;
+  std::unordered_set<std::string> known;
+  std::optional<at::ScalarType> dtype;
+  std::optional<at::Device> device;
+  for (const ParamSpec& s : specs) {
+    known.insert(s.name);
+    auto it = params.find(s.name);
+    if (it == params.end() || !it->second.defined()) {
+      missing.push_back(s.name);
+      continue;
+    }
+    const at::Tensor& t = it->second;
+    if (t.sizes() != at::IntArrayRef(s.shape)) {
+      mismatched.push_back(fmt::format("{} (shape {}, expected {})", s.name, ShapeString(t.sizes()),
+                                       ShapeString(s.shape)));
+      continue;
+    }
+    if (!device) device = t.device();
+    if (t.device() != *device) {
+      mismatched.push_back(
+          fmt::format("{} (on {}, others on {})", s.name, t.device().str(), device->str()));
+    }
+    if (s.role == ParamRole::kFp32Extra) {
+      if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) {
+        mismatched.push_back(
+            fmt::format("{} (dtype {}, expected float32)", s.name, c10::toString(t.scalar_type())));
+      }
+      continue;
+    }
+    if (!dtype) dtype = t.scalar_type();
+    if (t.scalar_type() != *dtype || !at::isFloatingType(t.scalar_type())) {
+      mismatched.push_back(fmt::format("{} (dtype {}, expected {} like the other params)", s.name,
+                                       c10::toString(t.scalar_type()), c10::toString(*dtype)));
+    }
+  }
+  for (const auto& [name, t] : params) {
+    if (!known.count(name)) unexpected.push_back(name);
+  }
+  std::sort(unexpected.begin(), unexpected.end());
+  if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+  std::string msg = "model parameters do not match the architecture:";
+  if (!missing.empty()) msg += fmt::format(" missing {}: {};", missing.size(), NameList(missing));
+  if (!unexpected.empty()) {
+    msg += fmt::format(" unexpected {}: {};", unexpected.size(), NameList(unexpected));
+  }
+  if (!mismatched.empty()) {
+    msg += fmt::format(" mismatched {}: {};", mismatched.size(), NameList(mismatched));
+  }
+  throw Error(msg);
+}
+
+}  // namespace rl::model
+
+namespace rl::model {
+namespace {
+
+// "model.layers.7.mlp.experts.12.up_proj.weight" -> {"model.layers.7.mlp.experts.", 12, "up_proj"}
+struct ExpertName {
+  std::string prefix;
+  int64_t expert = -1;
+  std::string proj;
+};
+std::optional<ExpertName> ParseExpertName(const std::string& name) {
+  const size_t at = name.find(".mlp.experts.");
+  if (at == std::string::npos) return std::nullopt;
+  const size_t begin = at + std::string_view(".mlp.experts.").size();
+  const size_t dot = name.find('.', begin);
+  if (dot == std::string::npos || dot == begin) return std::nullopt;
+  ExpertName out;
+  out.prefix = name.substr(0, begin);
+  try {
+    out.expert = std::stoll(name.substr(begin, dot - begin));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const std::string rest = name.substr(dot + 1);
+  if (!EndsWith(rest, ".weight")) return std::nullopt;
+  out.proj = rest.substr(0, rest.size() - std::string_view(".weight").size());
+  return out;
+}
+
+// Layers at or past num_hidden_layers are MTP (next-n prediction) layers, which the policy does
+// not use (reference §6); transformers ignores them too.
+bool IsIgnoredCheckpointTensor(const std::string& name, const ModelConfig& config) {
+  if (!config.weight_prefix.empty() && !StartsWith(name, config.weight_prefix)) {
+    return true;  // Kimi-K2.5's vision tower and projector
+  }
+  const std::string n = name.substr(config.weight_prefix.size());
+  if (EndsWith(n, "rotary_emb.inv_freq")) return true;
+  if (config.tie_word_embeddings && n == "lm_head.weight") return true;
+  if (StartsWith(n, "model.layers.")) {
+    const size_t begin = std::string_view("model.layers.").size();
+    const size_t dot = n.find('.', begin);
+    try {
+      if (std::stoll(n.substr(begin, dot - begin)) >= config.num_hidden_layers) return true;
+    } catch (const std::exception&) {
+    }
+  }
+  return false;
+}
+
+// DeepSeek FP8 block quantisation: W = W8 * scale_inv[i / 128, j / 128] (reference §5.4).
+at::Tensor DequantizeFp8(const at::Tensor& w8, const at::Tensor& scale_inv) {
+  const int64_t rows = w8.size(0);
+  const int64_t cols = w8.size(1);
+  const int64_t block_rows = (rows + scale_inv.size(0) - 1) / scale_inv.size(0);
+  const int64_t block_cols = (cols + scale_inv.size(1) - 1) / scale_inv.size(1);
+  at::Tensor scale = scale_inv.to(at::kFloat)
+                         .repeat_interleave(block_rows, 0)
+                         .narrow(0, 0, rows)
+                         .repeat_interleave(block_cols, 1)
+                         .narrow(1, 0, cols);
+  return w8.to(at::kFloat) * scale;
+}
+
+void WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    RL_CHECK(out.good(), CheckpointError, "{}: cannot open for writing", tmp);
+    out << text;
+    out.flush();
+    RL_CHECK(out.good(), CheckpointError, "{}: write failed (disk full?)", tmp);
+  }
+  RL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, CheckpointError, "{}: cannot rename to {}",
+           tmp, path);
+}
+
+}  // namespace
+
+void LoadParams(const CheckpointReader& reader, const ModelConfig& config, TensorMap& params) {
+  const std::string& prefix = config.weight_prefix;
+  std::unordered_set<std::string> consumed;
+  std::vector<std::string> missing, mismatched, unexpected;
+  at::NoGradGuard no_grad;
+
+  // One source tensor for `name` (without prefix), or undefined.
+  auto source = [&](const std::string& name) -> at::Tensor {
+    const std::string full = prefix + name;
+    if (reader.Find(full) != nullptr) {
+      consumed.insert(full);
+      at::Tensor t = reader.Get(full);
+      const bool fp8 = t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2;
+      const std::string scale_name = full + "_scale_inv";
+      if (fp8 && reader.Find(scale_name) != nullptr) {
+        consumed.insert(scale_name);
+        t = DequantizeFp8(t, reader.Get(scale_name));
+      }
+      return t;
+    }
+    // transformers v5 fused experts: mlp.experts.gate_up_proj [E, 2I, H] (gate rows first),
+    // mlp.experts.down_proj [E, H, I].
+    const std::optional<ExpertName> ex = ParseExpertName(name);
+    if (!ex) return at::Tensor();
+    const bool down = ex->proj == "down_proj";
+    std::string fused = prefix + ex->prefix + (down ? "down_proj" : "gate_up_proj");
+    if (reader.Find(fused) == nullptr) fused += ".weight";
+    if (reader.Find(fused) == nullptr) return at::Tensor();
+    consumed.insert(fused);
+    at::Tensor all = reader.Get(fused);
+    if (all.dim() != 3 || ex->expert >= all.size(0)) return at::Tensor();
+    at::Tensor one = all.select(0, ex->expert);
+    if (down) return one;
+    const int64_t inter = one.size(0) / 2;
+    return ex->proj == "gate_proj" ? one.narrow(0, 0, inter) : one.narrow(0, inter, inter);
+  };
+
+  std::vector<std::string> names;
+  names.reserve(params.size());
+  for (const auto& [name, t] : params) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    at::Tensor& dst = params.at(name);
+    at::Tensor src = source(name);
+    if (!src.defined()) {
+      missing.push_back(prefix + name);
+      continue;
+    }
+    if (src.sizes() != dst.sizes()) {
+      mismatched.push_back(fmt::format("{} (checkpoint shape {}, model expects {})", prefix + name,
+                                       ShapeString(src.sizes()), ShapeString(dst.sizes())));
+      continue;
+    }
+    dst.copy_(src);
+  }
+  for (const std::string& name : reader.names()) {
+    if (!consumed.count(name) && !IsIgnoredCheckpointTensor(name, config)) {
+      unexpected.push_back(name);
+    }
+  }
+  if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+  std::string msg =
+      fmt::format("{}: checkpoint does not match the {} architecture of {}:", reader.dir(),
+                  ModelTypeName(config.model_type), config.source_name);
+  if (!missing.empty()) msg += fmt::format(" missing {}: {};", missing.size(), NameList(missing));
+  if (!unexpected.empty()) {
+    msg += fmt::format(" unexpected {}: {};", unexpected.size(), NameList(unexpected));
+  }
+  if (!mismatched.empty()) {
+    msg += fmt::format(" wrong shape {}: {};", mismatched.size(), NameList(mismatched));
+  }
+  throw CheckpointError(msg);
+}
+
+void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const TensorMap& params,
+                      int64_t max_shard_bytes) {
+  const std::vector<ParamSpec> specs = ListParams(config);
+  CheckParams(specs, params);
+  NamedTensors tensors;
+  tensors.reserve(specs.size());
+  for (const ParamSpec& s : specs) {
+    tensors.emplace_back(config.weight_prefix + s.name, params.at(s.name).detach());
+  }
+  WriteCheckpointShards(dir, tensors, max_shard_bytes);
+
+  json::Value hf = ToHfConfigJson(config);
+  const at::ScalarType dtype = params.at("model.embed_tokens.weight").scalar_type();
+  const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16"
+                           : dtype == at::kHalf   ? "float16"
+                           : dtype == at::kDouble ? "float64"
+                                                  : "float32";
+  if (config.weight_prefix.empty()) {
+    hf.Set(hf.Find("torch_dtype") != nullptr ? "torch_dtype" : "dtype",
+           json::Value::String(dtype_name));
+  }
+  WriteFileAtomically(dir + "/config.json", json::Dump(hf, 2) + "\n");
+}
+
+}  // namespace rl::model

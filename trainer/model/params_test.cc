@@ -1,0 +1,208 @@
+// Parameter names, roles, initialisation, and checkpoint load/save against the fixtures.
+#include "trainer/model/params.h"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <set>
+
+#include "launch/json.h"
+#include "launch/sha256.h"
+#include "trainer/model/safetensors.h"
+#include "trainer/model/test_fixtures.h"
+
+namespace rl::model {
+namespace {
+
+using testing::FixtureNames;
+using testing::FixturePath;
+using testing::LoadFixture;
+using testing::TempDir;
+
+TEST_CASE("ListParams names and shapes are exactly the fixtures' safetensors tensors") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    const ModelConfig config = LoadModelConfig(FixturePath(name));
+    const SafetensorsFile file = SafetensorsFile::Open(FixturePath(name) + "/model.safetensors");
+    std::set<std::string> in_file;
+    for (const TensorInfo& t : file.tensors()) in_file.insert(t.name);
+    std::set<std::string> listed;
+    for (const ParamSpec& spec : ListParams(config)) {
+      INFO(spec.name);
+      listed.insert(spec.name);
+      const TensorInfo* info = file.Find(spec.name);
+      REQUIRE(info != nullptr);
+      CHECK(info->shape == spec.shape);
+      // The only fp32-by-design tensor is the router bias, and it is the only extra.
+      const bool bias = spec.name.find("e_score_correction_bias") != std::string::npos;
+      CHECK((spec.role == ParamRole::kFp32Extra) == bias);
+      const bool routed = spec.name.find(".experts.") != std::string::npos &&
+                          spec.name.find(".shared_experts.") == std::string::npos;
+      CHECK((spec.role == ParamRole::kRoutedExpert) == routed);
+    }
+    CHECK(listed == in_file);
+    CHECK(listed.size() == ListParams(config).size());  // no duplicates
+  }
+}
+
+TEST_CASE("ListParams is in order of first use") {
+  const ModelConfig config = LoadModelConfig(FixturePath("glm_moe_dsa"));
+  const std::vector<ParamSpec> specs = ListParams(config);
+  CHECK(specs.front().name == "model.embed_tokens.weight");
+  CHECK(specs.back().name == "lm_head.weight");
+  auto pos = [&](const std::string& n) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].name == n) return i;
+    }
+    FAIL("no " << n);
+    return size_t{0};
+  };
+  CHECK(pos("model.layers.0.input_layernorm.weight") < pos("model.layers.0.self_attn.q_a_proj.weight"));
+  CHECK(pos("model.layers.0.self_attn.indexer.wq_b.weight") <
+        pos("model.layers.0.self_attn.o_proj.weight"));
+  CHECK(pos("model.layers.1.mlp.gate.weight") < pos("model.layers.1.mlp.experts.0.gate_proj.weight"));
+  CHECK(pos("model.layers.2.mlp.shared_experts.down_proj.weight") < pos("model.norm.weight"));
+}
+
+TEST_CASE("InitParamsRandom is deterministic and follows the init rules") {
+  const ModelConfig config = LoadModelConfig(FixturePath("glm4_moe"));
+  const std::vector<ParamSpec> specs = ListParams(config);
+  TensorMap a = AllocateParams(specs, at::kFloat, at::kCPU);
+  TensorMap b = AllocateParams(specs, at::kDouble, at::kCPU);
+  InitParamsRandom(specs, a, 42);
+  InitParamsRandom(specs, b, 42);
+  for (const ParamSpec& s : specs) {
+    INFO(s.name);
+    CHECK(at::equal(a.at(s.name), b.at(s.name).to(at::kFloat)));
+  }
+  CHECK(a.at("model.layers.1.mlp.gate.e_score_correction_bias").scalar_type() == at::kFloat);
+  CHECK(at::equal(a.at("model.norm.weight"), at::ones({config.hidden_size})));
+  CHECK(a.at("model.layers.0.self_attn.q_proj.bias").abs().max().item<float>() == 0);
+  const double std = a.at("model.embed_tokens.weight").std().item<double>();
+  CHECK(std == Approx(0.02).epsilon(0.2));
+  TensorMap c = AllocateParams(specs, at::kFloat, at::kCPU);
+  InitParamsRandom(specs, c, 43);
+  CHECK_FALSE(at::equal(a.at("model.embed_tokens.weight"), c.at("model.embed_tokens.weight")));
+}
+
+TEST_CASE("Save then load gives SHA256-identical tensors and the same config") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    const std::string dir = TempDir("roundtrip_" + name);
+    // Small shards, so the index path is exercised too.
+    SaveHfCheckpoint(dir, m.config, m.params, /*max_shard_bytes=*/64 * 1024);
+    CHECK(std::filesystem::exists(dir + "/model.safetensors.index.json"));
+    const ModelConfig reloaded_config = LoadModelConfig(dir);
+    CHECK(json::Dump(ToHfConfigJson(reloaded_config)) == json::Dump(ToHfConfigJson(m.config)));
+    TensorMap reloaded = AllocateParams(ListParams(reloaded_config), at::kFloat, at::kCPU);
+    LoadParams(CheckpointReader::Open(dir), reloaded_config, reloaded);
+    for (const auto& [param, t] : m.params) {
+      INFO(param);
+      CHECK(TensorSha256(reloaded.at(param)) == TensorSha256(t));
+    }
+    // And the original files hold the same bytes.
+    const CheckpointReader original = CheckpointReader::Open(FixturePath(name));
+    for (const std::string& tensor : original.names()) {
+      CHECK(TensorSha256(original.Get(tensor)) == TensorSha256(reloaded.at(tensor)));
+    }
+  }
+}
+
+TEST_CASE("A config built in code is saved with a synthesised config.json of the same model") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    m.config.hf_config = json::Value();  // as if built in code
+    const std::string dir = TempDir("synth_" + name);
+    SaveHfCheckpoint(dir, m.config, m.params);
+    const ModelConfig reloaded = LoadModelConfig(dir);
+    const std::vector<ParamSpec> a = ListParams(m.config);
+    const std::vector<ParamSpec> b = ListParams(reloaded);
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].name == b[i].name);
+      CHECK(a[i].shape == b[i].shape);
+    }
+    CHECK(reloaded.attention_scale() == m.config.attention_scale());
+    CHECK(reloaded.rope_attention_factor() == m.config.rope_attention_factor());
+    CHECK(reloaded.rope_dim() == m.config.rope_dim());
+    CHECK(reloaded.rope.theta == m.config.rope.theta);
+    CHECK(reloaded.rms_norm_eps == m.config.rms_norm_eps);
+    CHECK(reloaded.norm_topk_prob == m.config.norm_topk_prob);
+    CHECK(reloaded.routed_scaling_factor == m.config.routed_scaling_factor);
+    CHECK(reloaded.rope_interleave == m.config.rope_interleave);
+    CHECK(reloaded.index_topk == m.config.index_topk);
+  }
+}
+
+TEST_CASE("LoadParams names missing, unexpected and wrongly shaped tensors") {
+  testing::LoadedModel m = LoadFixture("qwen3_moe");
+  const std::vector<ParamSpec> specs = ListParams(m.config);
+  NamedTensors tensors;
+  for (const ParamSpec& s : specs) {
+    if (s.name == "model.layers.2.mlp.experts.5.down_proj.weight") continue;  // missing
+    at::Tensor t = m.params.at(s.name);
+    if (s.name == "model.norm.weight") t = at::zeros({7});  // wrong shape
+    tensors.emplace_back(s.name, t);
+  }
+  tensors.emplace_back("model.layers.1.self_attn.surprise.weight", at::zeros({2}));
+  tensors.emplace_back("model.layers.3.mtp_only.weight", at::zeros({2}));  // MTP layer: ignored
+  const std::string dir = TempDir("bad_ckpt");
+  WriteCheckpointShards(dir, tensors, int64_t{1} << 30);
+  TensorMap params = AllocateParams(specs, at::kFloat, at::kCPU);
+  try {
+    LoadParams(CheckpointReader::Open(dir), m.config, params);
+    FAIL("expected CheckpointError");
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Contains("missing 1: model.layers.2.mlp.experts.5.down_proj.weight"));
+    CHECK_THAT(msg, Catch::Contains("unexpected 1: model.layers.1.self_attn.surprise.weight"));
+    CHECK_THAT(msg, Catch::Contains("model.norm.weight (checkpoint shape [7], model expects [32])"));
+    CHECK_THAT(msg, Catch::Contains(dir));
+  }
+}
+
+TEST_CASE("LoadParams reads transformers-v5 fused experts and converts dtypes") {
+  testing::LoadedModel m = LoadFixture("deepseek_v3");
+  NamedTensors tensors;
+  const ModelConfig& c = m.config;
+  for (const ParamSpec& s : ListParams(c)) {
+    if (s.role != ParamRole::kRoutedExpert) tensors.emplace_back(s.name, m.params.at(s.name));
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.mlp_layer_types[l] != MlpType::kSparse) continue;
+    std::vector<at::Tensor> gate_up, down;
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      const std::string ex = p + std::to_string(e) + ".";
+      gate_up.push_back(at::cat({m.params.at(ex + "gate_proj.weight"),
+                                 m.params.at(ex + "up_proj.weight")}, 0));
+      down.push_back(m.params.at(ex + "down_proj.weight"));
+    }
+    tensors.emplace_back(p + "gate_up_proj", at::stack(gate_up));
+    tensors.emplace_back(p + "down_proj", at::stack(down));
+  }
+  const std::string dir = TempDir("fused_ckpt");
+  WriteCheckpointShards(dir, tensors, int64_t{1} << 30);
+  TensorMap params = AllocateParams(ListParams(c), at::kDouble, at::kCPU);
+  LoadParams(CheckpointReader::Open(dir), c, params);
+  for (const auto& [name, t] : m.params) {
+    INFO(name);
+    CHECK(at::equal(params.at(name), t.to(at::kDouble)));
+  }
+}
+
+TEST_CASE("CheckParams accepts the fixture params and rejects a foreign dtype") {
+  testing::LoadedModel m = LoadFixture("glm_moe_dsa_shared");
+  const std::vector<ParamSpec> specs = ListParams(m.config);
+  CHECK_NOTHROW(CheckParams(specs, m.params));
+  TensorMap params = m.params;
+  params["model.layers.0.input_layernorm.weight"] =
+      params.at("model.layers.0.input_layernorm.weight").to(at::kBFloat16);
+  CHECK_THROWS_WITH(CheckParams(specs, params),
+                    Catch::Contains("model.layers.0.input_layernorm.weight (dtype BFloat16"));
+}
+
+}  // namespace
+}  // namespace rl::model

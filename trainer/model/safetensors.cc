@@ -1,0 +1,726 @@
+#include "trainer/model/safetensors.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "launch/check.h"
+
+namespace rl::model {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors is little-endian; this code copies host bytes as they are");
+
+constexpr size_t kLengthBytes = 8;  // the uint64 header length that opens every file
+constexpr char kMetadataKey[] = "__metadata__";
+
+struct DtypeName {
+  std::string_view name;
+  at::ScalarType type;
+};
+
+constexpr DtypeName kDtypes[] = {
+    {"BOOL", c10::ScalarType::Bool},
+    {"U8", c10::ScalarType::Byte},
+    {"I8", c10::ScalarType::Char},
+    {"I16", c10::ScalarType::Short},
+    {"I32", c10::ScalarType::Int},
+    {"I64", c10::ScalarType::Long},
+    {"F16", c10::ScalarType::Half},
+    {"BF16", c10::ScalarType::BFloat16},
+    {"F32", c10::ScalarType::Float},
+    {"F64", c10::ScalarType::Double},
+    {"F8_E4M3", c10::ScalarType::Float8_e4m3fn},
+    {"F8_E5M2", c10::ScalarType::Float8_e5m2},
+};
+
+std::string KnownDtypes() {
+  std::string out;
+  for (const DtypeName& d : kDtypes) {
+    if (!out.empty()) out += ", ";
+    out += d.name;
+  }
+  return out;
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// A JSON value for an error message, cut short.
+std::string Quote(const json::Value& v) {
+  std::string text = json::Dump(v);
+  constexpr size_t kMaxBytes = 60;
+  if (text.size() > kMaxBytes) text = text.substr(0, kMaxBytes) + "...";
+  return text;
+}
+
+// Paths are handled with POSIX calls, not std::filesystem: libtorch.so exports its own copies of
+// the std::filesystem functions, built against another libstdc++, and those win at load time and
+// crash (seen with torch 2.11 and GCC 12: remove_all jumps to address 0).
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+std::string ParentDirectory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// False when nothing is at `path`; throws when it cannot be told (permissions, I/O).
+bool PathExists(const std::string& path) {
+  struct stat status {};
+  if (::stat(path.c_str(), &status) == 0) return true;
+  if (errno == ENOENT) return false;
+  throw CheckpointError(fmt::format("{}: cannot stat: {}", path, ErrnoText()));
+}
+
+// mkdir -p.
+void MakeDirectories(const std::string& dir) {
+  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+    const std::string prefix = dir.substr(0, slash);
+    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw CheckpointError(
+          fmt::format("{}: cannot create the directory: {}", prefix, ErrnoText()));
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat status {};
+  if (::stat(dir.c_str(), &status) != 0 || !S_ISDIR(status.st_mode)) {
+    throw CheckpointError(fmt::format("{}: not a directory", dir));
+  }
+}
+
+// The names in `dir`, without "." and "..".
+std::vector<std::string> ListDirectory(const std::string& dir) {
+  struct DirCloser {
+    void operator()(DIR* d) const { ::closedir(d); }
+  };
+  const std::unique_ptr<DIR, DirCloser> handle(::opendir(dir.c_str()));
+  if (handle == nullptr) {
+    throw CheckpointError(fmt::format("{}: cannot list the directory: {}", dir, ErrnoText()));
+  }
+  std::vector<std::string> names;
+  while (true) {
+    errno = 0;
+    const dirent* entry = ::readdir(handle.get());
+    if (entry == nullptr) break;
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  if (errno != 0) {
+    throw CheckpointError(fmt::format("{}: cannot list the directory: {}", dir, ErrnoText()));
+  }
+  return names;
+}
+
+// Owns a POSIX file descriptor.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+
+  int get() const { return fd_; }
+  // Closes now, reporting the error close() returns (which can be a delayed write error).
+  int Close() {
+    const int fd = fd_;
+    fd_ = -1;
+    return ::close(fd);
+  }
+
+ private:
+  int fd_;
+};
+
+// Writes `path` under a temporary name, `<path>.tmp.<pid>`, and moves it into place on Commit():
+// fsync, rename, fsync of the directory, so that after a crash `path` is either the old file or
+// the complete new one. Destroyed without Commit(), it removes the temporary file.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path)
+      : path_(std::move(path)),
+        temp_path_(fmt::format("{}.tmp.{}", path_, ::getpid())),
+        fd_(::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+    if (fd_.get() < 0) {
+      throw CheckpointError(fmt::format("{}: cannot create: {}", temp_path_, ErrnoText()));
+    }
+  }
+  ~AtomicFileWriter() {
+    if (!committed_) ::unlink(temp_path_.c_str());
+  }
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void Write(const void* data, size_t num_bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (num_bytes > 0) {
+      // One write() moves at most about 2 GiB on Linux; ask for 1 GiB at a time.
+      const ssize_t written = ::write(fd_.get(), p, std::min(num_bytes, size_t{1} << 30));
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        throw CheckpointError(fmt::format("{}: cannot write: {}", temp_path_, ErrnoText()));
+      }
+      p += written;
+      num_bytes -= static_cast<size_t>(written);
+    }
+  }
+
+  void Commit() {
+    if (::fsync(fd_.get()) != 0) {
+      throw CheckpointError(fmt::format("{}: cannot fsync: {}", temp_path_, ErrnoText()));
+    }
+    if (fd_.Close() != 0) {
+      throw CheckpointError(fmt::format("{}: cannot close: {}", temp_path_, ErrnoText()));
+    }
+    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+      throw CheckpointError(
+          fmt::format("{}: cannot rename {} into place: {}", path_, temp_path_, ErrnoText()));
+    }
+    committed_ = true;
+    const std::string dir = ParentDirectory(path_);
+    const FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) {
+      throw CheckpointError(
+          fmt::format("{}: wrote {}, but cannot fsync its directory: {}", dir, path_, ErrnoText()));
+    }
+  }
+
+ private:
+  std::string path_;
+  std::string temp_path_;
+  FileDescriptor fd_;
+  bool committed_ = false;
+};
+
+// a * b, or nullopt when it overflows int64.
+std::optional<int64_t> CheckedMultiply(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) return std::nullopt;
+  return product;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Validates one header entry. `data_bytes` is the size of the data section.
+TensorInfo ParseTensorEntry(const std::string& path, const std::string& name,
+                            const json::Value& entry, int64_t data_bytes) {
+  const auto fail = [&](const std::string& what) {
+    return CheckpointError(fmt::format("{}: tensor '{}': {}", path, name, what));
+  };
+  if (!entry.is_object()) throw fail("header entry is " + Quote(entry) + ", not an object");
+  for (const auto& [key, unused] : entry.AsObject()) {
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      throw fail(fmt::format("unknown field \"{}\" (expected dtype, shape, data_offsets)", key));
+    }
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (entry.Find(key) == nullptr) throw fail(fmt::format("missing field \"{}\"", key));
+  }
+
+  TensorInfo info;
+  info.name = name;
+  const json::Value& dtype = entry.at("dtype");
+  if (!dtype.is_string()) throw fail("dtype is " + Quote(dtype) + ", not a string");
+  info.dtype_name = dtype.AsString();
+  const std::optional<at::ScalarType> type = ScalarTypeFromSafetensorsDtype(info.dtype_name);
+  if (!type) {
+    throw fail(fmt::format("unknown dtype \"{}\" (known: {})", info.dtype_name, KnownDtypes()));
+  }
+  info.dtype = *type;
+
+  const json::Value& shape = entry.at("shape");
+  if (!shape.is_array()) throw fail("shape is " + Quote(shape) + ", not an array");
+  int64_t num_elements = 1;
+  for (const json::Value& dim : shape.AsArray()) {
+    if (!dim.is_integer()) {
+      throw fail("shape " + Quote(shape) + " holds " + Quote(dim) + ", not an integer");
+    }
+    if (dim.AsInt64() < 0) {
+      throw fail(fmt::format("shape {} has a negative dimension", Quote(shape)));
+    }
+    info.shape.push_back(dim.AsInt64());
+    const std::optional<int64_t> product = CheckedMultiply(num_elements, dim.AsInt64());
+    if (!product)
+      throw fail(fmt::format("shape {} has more elements than int64 counts", Quote(shape)));
+    num_elements = *product;
+  }
+  const std::optional<int64_t> needed_bytes =
+      CheckedMultiply(num_elements, static_cast<int64_t>(c10::elementSize(info.dtype)));
+  if (!needed_bytes) {
+    throw fail(fmt::format("shape {} of {} needs more bytes than int64 counts", Quote(shape),
+                           info.dtype_name));
+  }
+
+  const json::Value& offsets = entry.at("data_offsets");
+  if (!offsets.is_array() || offsets.AsArray().size() != 2 || !offsets.AsArray()[0].is_integer() ||
+      !offsets.AsArray()[1].is_integer() || offsets.AsArray()[0].AsInt64() < 0 ||
+      offsets.AsArray()[1].AsInt64() < 0) {
+    throw fail("data_offsets is " + Quote(offsets) +
+               ", not two non-negative integers [begin, end]");
+  }
+  info.data_begin = offsets.AsArray()[0].AsInt64();
+  info.data_end = offsets.AsArray()[1].AsInt64();
+  if (info.data_begin > info.data_end) {
+    throw fail(
+        fmt::format("data_offsets [{}, {}] begin after they end", info.data_begin, info.data_end));
+  }
+  if (info.data_end > data_bytes) {
+    throw fail(fmt::format(
+        "data_offsets [{}, {}] end beyond the {}-byte data section; the file is truncated",
+        info.data_begin, info.data_end, data_bytes));
+  }
+  if (info.num_bytes() != *needed_bytes) {
+    throw fail(fmt::format("data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {}",
+                           info.data_begin, info.data_end, info.num_bytes(), ShapeText(info.shape),
+                           info.dtype_name, *needed_bytes));
+  }
+  return info;
+}
+
+// The tensors' byte ranges must tile [0, data_bytes); see Note [Safetensors layout].
+void CheckTiling(const std::string& path, const std::vector<TensorInfo>& tensors,
+                 int64_t data_bytes) {
+  std::vector<const TensorInfo*> by_offset;
+  for (const TensorInfo& t : tensors) {
+    if (t.num_bytes() > 0) by_offset.push_back(&t);  // empty tensors occupy nothing
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->data_begin < b->data_begin; });
+  const TensorInfo* previous = nullptr;
+  int64_t covered_end = 0;
+  for (const TensorInfo* t : by_offset) {
+    if (t->data_begin < covered_end) {
+      throw CheckpointError(fmt::format(
+          "{}: tensors '{}' (data_offsets [{}, {}]) and '{}' (data_offsets [{}, {}]) overlap", path,
+          previous->name, previous->data_begin, previous->data_end, t->name, t->data_begin,
+          t->data_end));
+    }
+    if (t->data_begin > covered_end) {
+      throw CheckpointError(fmt::format(
+          "{}: bytes [{}, {}) of the data section belong to no tensor (before tensor '{}')", path,
+          covered_end, t->data_begin, t->name));
+    }
+    covered_end = t->data_end;
+    previous = t;
+  }
+  if (covered_end != data_bytes) {
+    throw CheckpointError(fmt::format(
+        "{}: the data section has {} bytes, but the tensors end at byte {}; {} trailing bytes "
+        "belong to no tensor",
+        path, data_bytes, covered_end, data_bytes - covered_end));
+  }
+}
+
+std::map<std::string, std::string> ParseMetadata(const std::string& path,
+                                                 const json::Value& metadata) {
+  if (!metadata.is_object()) {
+    throw CheckpointError(
+        fmt::format("{}: {} is {}, not an object", path, kMetadataKey, Quote(metadata)));
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : metadata.AsObject()) {
+    if (!value.is_string()) {
+      throw CheckpointError(
+          fmt::format("{}: {} \"{}\" is {}, not a string", path, kMetadataKey, key, Quote(value)));
+    }
+    out.emplace(key, value.AsString());
+  }
+  return out;
+}
+
+// A tensor ready to be written: its header entry and its row-major bytes.
+struct PreparedTensor {
+  const std::string* name;
+  std::string_view dtype_name;
+  at::Tensor tensor;  // on any device, any strides; made host-contiguous when written
+  int64_t num_bytes;
+};
+
+std::vector<PreparedTensor> PrepareTensors(const std::string& context,
+                                           const NamedTensors& tensors) {
+  std::vector<PreparedTensor> prepared;
+  std::set<std::string_view> names;
+  for (const auto& [name, tensor] : tensors) {
+    const auto fail = [&](const std::string& what) {
+      return CheckpointError(fmt::format("{}: cannot write tensor '{}': {}", context, name, what));
+    };
+    if (name == kMetadataKey) throw fail("the name is reserved for the metadata");
+    if (!names.insert(name).second) throw fail("the name appears twice");
+    if (!tensor.defined()) throw fail("the tensor is undefined");
+    if (tensor.layout() != at::kStrided || tensor.is_quantized()) {
+      throw fail("only dense (strided), unquantized tensors can be written");
+    }
+    const std::optional<std::string_view> dtype =
+        SafetensorsDtypeFromScalarType(tensor.scalar_type());
+    if (!dtype) {
+      throw fail(fmt::format("dtype {} has no safetensors name (known: {})",
+                             c10::toString(tensor.scalar_type()), KnownDtypes()));
+    }
+    prepared.push_back(
+        {&name, *dtype, tensor, tensor.numel() * static_cast<int64_t>(tensor.element_size())});
+  }
+  return prepared;
+}
+
+void WritePrepared(const std::string& path, const std::vector<PreparedTensor>& tensors,
+                   const std::map<std::string, std::string>& metadata) {
+  json::Value::Object header;
+  if (!metadata.empty()) {
+    json::Value::Object entries;
+    for (const auto& [key, value] : metadata) entries.emplace_back(key, json::Value::String(value));
+    header.emplace_back(kMetadataKey, json::Value::MakeObject(std::move(entries)));
+  }
+  int64_t offset = 0;
+  for (const PreparedTensor& t : tensors) {
+    json::Value::Array shape;
+    for (const int64_t size : t.tensor.sizes()) shape.push_back(json::Value::Int(size));
+    header.emplace_back(
+        *t.name,
+        json::Value::MakeObject({
+            {"dtype", json::Value::String(std::string(t.dtype_name))},
+            {"shape", json::Value::MakeArray(std::move(shape))},
+            {"data_offsets", json::Value::MakeArray({json::Value::Int(offset),
+                                                     json::Value::Int(offset + t.num_bytes)})},
+        }));
+    offset += t.num_bytes;
+  }
+  std::string header_text;
+  try {
+    header_text = json::Dump(json::Value::MakeObject(std::move(header)));
+  } catch (const json::TypeError& e) {
+    throw CheckpointError(fmt::format("{}: cannot write the header: {}", path, e.what()));
+  }
+  // Pad so that the data section starts 8-byte aligned, as the reference writer does.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const uint64_t header_bytes = header_text.size();
+
+  AtomicFileWriter file(path);
+  file.Write(&header_bytes, kLengthBytes);
+  file.Write(header_text.data(), header_text.size());
+  for (const PreparedTensor& t : tensors) {
+    if (t.num_bytes == 0) continue;
+    const at::Tensor host =
+        t.tensor.resolve_conj().resolve_neg().contiguous().to(at::kCPU).contiguous();
+    file.Write(host.const_data_ptr(), static_cast<size_t>(t.num_bytes));
+  }
+  file.Commit();
+}
+
+// True for `model-00001-of-00003.safetensors` and the like.
+bool IsShardFileName(const std::string& name) {
+  return name.size() == std::string_view("model-00001-of-00003.safetensors").size() &&
+         name.compare(0, 6, "model-") == 0 && name.compare(11, 4, "-of-") == 0 &&
+         name.compare(20, 12, ".safetensors") == 0;
+}
+
+}  // namespace
+
+std::optional<at::ScalarType> ScalarTypeFromSafetensorsDtype(std::string_view dtype) {
+  for (const DtypeName& d : kDtypes) {
+    if (d.name == dtype) return d.type;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string_view> SafetensorsDtypeFromScalarType(at::ScalarType type) {
+  for (const DtypeName& d : kDtypes) {
+    if (d.type == type) return d.name;
+  }
+  return std::nullopt;
+}
+
+// The read-only view of a whole file, private and copy-on-write; see the header's Ownership.
+struct SafetensorsFile::Mapping {
+  Mapping(void* address, size_t num_bytes) : address(address), num_bytes(num_bytes) {}
+  ~Mapping() { ::munmap(address, num_bytes); }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  uint8_t* bytes() const { return static_cast<uint8_t*>(address); }
+
+  void* address;
+  size_t num_bytes;
+};
+
+SafetensorsFile SafetensorsFile::Open(const std::string& path) {
+  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw CheckpointError(fmt::format("{}: cannot open: {}", path, ErrnoText()));
+  struct stat status {};
+  if (::fstat(fd.get(), &status) != 0) {
+    throw CheckpointError(fmt::format("{}: cannot stat: {}", path, ErrnoText()));
+  }
+  if (!S_ISREG(status.st_mode)) {
+    throw CheckpointError(fmt::format("{}: not a regular file", path));
+  }
+  const auto file_bytes = static_cast<uint64_t>(status.st_size);
+  if (file_bytes < kLengthBytes) {
+    throw CheckpointError(fmt::format(
+        "{}: the file has {} bytes, fewer than the 8-byte header length; it is truncated or not a "
+        "safetensors file",
+        path, file_bytes));
+  }
+  // MAP_NORESERVE: a private writable mapping would otherwise be charged against the commit limit
+  // for its full size, though pages are only copied when written.
+  void* address =
+      ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd.get(), 0);
+  if (address == MAP_FAILED) {
+    throw CheckpointError(
+        fmt::format("{}: cannot map {} bytes: {}", path, file_bytes, ErrnoText()));
+  }
+  SafetensorsFile file;
+  file.path_ = path;
+  file.mapping_ = std::make_shared<Mapping>(address, file_bytes);
+
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.mapping_->bytes(), kLengthBytes);
+  if (header_bytes > file_bytes - kLengthBytes) {
+    throw CheckpointError(fmt::format(
+        "{}: the header length {} goes beyond the end of the file ({} bytes); it is truncated or "
+        "not a safetensors file",
+        path, header_bytes, file_bytes));
+  }
+  if (header_bytes > static_cast<uint64_t>(kMaxSafetensorsHeaderBytes)) {
+    throw CheckpointError(fmt::format("{}: the header length {} exceeds the limit of {} bytes",
+                                      path, header_bytes, kMaxSafetensorsHeaderBytes));
+  }
+  file.header_bytes_ = static_cast<int64_t>(header_bytes);
+  const std::string_view header_text(
+      reinterpret_cast<const char*>(file.mapping_->bytes() + kLengthBytes), header_bytes);
+  json::Value header;
+  try {
+    header = json::Parse(header_text);
+  } catch (const json::ParseError& e) {
+    throw CheckpointError(fmt::format("{}: the header is not valid JSON: {}", path, e.what()));
+  }
+  if (!header.is_object()) {
+    throw CheckpointError(fmt::format("{}: the header is a JSON {}, not an object", path,
+                                      json::KindName(header.kind())));
+  }
+
+  const auto data_bytes = static_cast<int64_t>(file_bytes - kLengthBytes - header_bytes);
+  for (const auto& [name, entry] : header.AsObject()) {
+    if (name == kMetadataKey) {
+      file.metadata_ = ParseMetadata(path, entry);
+      continue;
+    }
+    file.index_.emplace(name, file.tensors_.size());
+    file.tensors_.push_back(ParseTensorEntry(path, name, entry, data_bytes));
+  }
+  CheckTiling(path, file.tensors_, data_bytes);
+  return file;
+}
+
+const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+int64_t SafetensorsFile::file_bytes() const { return static_cast<int64_t>(mapping_->num_bytes); }
+
+at::Tensor SafetensorsFile::Get(std::string_view name) const {
+  const TensorInfo* info = Find(name);
+  if (info == nullptr) {
+    throw CheckpointError(fmt::format("{}: no tensor named '{}'", path_, name));
+  }
+  const at::TensorOptions options = at::TensorOptions().dtype(info->dtype).device(at::kCPU);
+  if (info->num_bytes() == 0) return at::empty(info->shape, options);
+  uint8_t* data = mapping_->bytes() + kLengthBytes + header_bytes_ + info->data_begin;
+  if (reinterpret_cast<uintptr_t>(data) % c10::elementSize(info->dtype) != 0) {
+    at::Tensor copy = at::empty(info->shape, options);
+    std::memcpy(copy.mutable_data_ptr(), data, static_cast<size_t>(info->num_bytes()));
+    return copy;
+  }
+  // The deleter owns a reference to the mapping: the tensor keeps the file mapped.
+  return at::from_blob(
+      data, info->shape, [mapping = mapping_](void*) {}, options);
+}
+
+CheckpointReader CheckpointReader::Open(const std::string& dir) {
+  CheckpointReader reader;
+  reader.dir_ = dir;
+  const std::string index_path = JoinPath(dir, kSafetensorsIndexFileName);
+  const std::string single_path = JoinPath(dir, kSafetensorsFileName);
+  const bool has_index = PathExists(index_path);
+  const bool has_single = PathExists(single_path);
+  if (has_index && has_single) {
+    throw CheckpointError(fmt::format(
+        "{}: holds both {} and {}; it is unclear which is the checkpoint, remove the stale one",
+        dir, kSafetensorsIndexFileName, kSafetensorsFileName));
+  }
+  if (!has_index && !has_single) {
+    throw CheckpointError(fmt::format("{}: holds neither {} nor {}; not a checkpoint directory",
+                                      dir, kSafetensorsIndexFileName, kSafetensorsFileName));
+  }
+  if (has_single) {
+    reader.shards_.push_back(SafetensorsFile::Open(single_path));
+    for (const TensorInfo& t : reader.shards_[0].tensors()) reader.shard_of_.emplace(t.name, 0);
+    return reader;
+  }
+
+  const json::Value index = json::ParseFile(index_path);
+  const auto fail = [&](const std::string& what) {
+    return CheckpointError(fmt::format("{}: {}", index_path, what));
+  };
+  if (!index.is_object()) throw fail("the index is not a JSON object");
+  if (const json::Value* metadata = index.Find("metadata")) reader.index_metadata_ = *metadata;
+  const json::Value* weight_map = index.Find("weight_map");
+  if (weight_map == nullptr) throw fail("missing \"weight_map\"");
+  if (!weight_map->is_object()) throw fail("\"weight_map\" is not an object");
+
+  // Open each shard once, in order of first mention.
+  std::map<std::string, size_t> shard_position;
+  for (const auto& [name, file_value] : weight_map->AsObject()) {
+    if (!file_value.is_string()) {
+      throw fail(fmt::format("tensor '{}' maps to {}, not a file name", name, Quote(file_value)));
+    }
+    const std::string& file_name = file_value.AsString();
+    if (file_name.empty() || file_name == "." || file_name == ".." ||
+        file_name.find('/') != std::string::npos) {
+      throw fail(fmt::format("tensor '{}' maps to \"{}\", which is not a file name in {}", name,
+                             file_name, dir));
+    }
+    if (shard_position.count(file_name) != 0) continue;
+    const std::string shard_path = JoinPath(dir, file_name);
+    if (!PathExists(shard_path)) {
+      throw fail(fmt::format("shard {} (holding tensor '{}') is missing", shard_path, name));
+    }
+    shard_position.emplace(file_name, reader.shards_.size());
+    reader.shards_.push_back(SafetensorsFile::Open(shard_path));
+  }
+
+  for (size_t shard = 0; shard < reader.shards_.size(); ++shard) {
+    for (const TensorInfo& t : reader.shards_[shard].tensors()) {
+      const auto [it, inserted] = reader.shard_of_.emplace(t.name, shard);
+      if (!inserted) {
+        throw CheckpointError(fmt::format("{}: tensor '{}' is in two shards, {} and {}", dir,
+                                          t.name, reader.shards_[it->second].path(),
+                                          reader.shards_[shard].path()));
+      }
+    }
+  }
+  for (const auto& [name, file_value] : weight_map->AsObject()) {
+    const size_t shard = shard_position.at(file_value.AsString());
+    if (reader.shards_[shard].Find(name) == nullptr) {
+      throw fail(fmt::format("tensor '{}' is mapped to {}, which has no such tensor", name,
+                             reader.shards_[shard].path()));
+    }
+  }
+  for (const auto& [name, shard] : reader.shard_of_) {
+    if (weight_map->Find(name) == nullptr) {
+      throw fail(fmt::format("shard {} holds tensor '{}', which the weight_map does not list",
+                             reader.shards_[shard].path(), name));
+    }
+  }
+  return reader;
+}
+
+std::vector<std::string> CheckpointReader::names() const {
+  std::vector<std::string> out;
+  for (const SafetensorsFile& shard : shards_) {
+    for (const TensorInfo& t : shard.tensors()) out.push_back(t.name);
+  }
+  return out;
+}
+
+const TensorInfo* CheckpointReader::Find(std::string_view name) const {
+  const auto it = shard_of_.find(name);
+  return it == shard_of_.end() ? nullptr : shards_[it->second].Find(name);
+}
+
+at::Tensor CheckpointReader::Get(std::string_view name) const {
+  const auto it = shard_of_.find(name);
+  if (it == shard_of_.end()) {
+    throw CheckpointError(fmt::format("{}: the checkpoint has no tensor named '{}'", dir_, name));
+  }
+  return shards_[it->second].Get(name);
+}
+
+void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  WritePrepared(path, PrepareTensors(path, tensors), metadata);
+}
+
+std::vector<std::string> WriteCheckpointShards(const std::string& dir, const NamedTensors& tensors,
+                                               int64_t max_shard_bytes,
+                                               const std::map<std::string, std::string>& metadata) {
+  RL_CHECK(max_shard_bytes > 0, CheckpointError, "{}: max_shard_bytes must be positive, got {}",
+           dir, max_shard_bytes);
+  const std::vector<PreparedTensor> prepared = PrepareTensors(dir, tensors);
+
+  MakeDirectories(dir);
+  for (const std::string& name : ListDirectory(dir)) {
+    if (name == kSafetensorsFileName || name == kSafetensorsIndexFileName ||
+        IsShardFileName(name)) {
+      throw CheckpointError(fmt::format(
+          "{}: already holds a checkpoint ({}); write each checkpoint to a fresh directory", dir,
+          name));
+    }
+  }
+
+  // Greedy, in order: a shard is closed when the next tensor would take it past the limit.
+  std::vector<std::vector<PreparedTensor>> shards(1);
+  int64_t shard_bytes = 0;
+  int64_t total_bytes = 0;
+  for (const PreparedTensor& t : prepared) {
+    if (!shards.back().empty() && shard_bytes + t.num_bytes > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(t);
+    shard_bytes += t.num_bytes;
+    total_bytes += t.num_bytes;
+  }
+
+  std::map<std::string, std::string> shard_metadata = metadata;
+  shard_metadata.emplace("format", "pt");
+  if (shards.size() == 1) {
+    WritePrepared(JoinPath(dir, kSafetensorsFileName), shards[0], shard_metadata);
+    return {kSafetensorsFileName};
+  }
+
+  std::vector<std::string> written;
+  json::Value::Object weight_map;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string name =
+        fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    WritePrepared(JoinPath(dir, name), shards[i], shard_metadata);
+    for (const PreparedTensor& t : shards[i]) {
+      weight_map.emplace_back(*t.name, json::Value::String(name));
+    }
+    written.push_back(name);
+  }
+  const json::Value index = json::Value::MakeObject({
+      {"metadata", json::Value::MakeObject({{"total_size", json::Value::Int(total_bytes)}})},
+      {"weight_map", json::Value::MakeObject(std::move(weight_map))},
+  });
+  const std::string index_text = json::Dump(index, 2) + "\n";
+  AtomicFileWriter index_file(JoinPath(dir, kSafetensorsIndexFileName));
+  index_file.Write(index_text.data(), index_text.size());
+  index_file.Commit();
+  written.push_back(kSafetensorsIndexFileName);
+  return written;
+}
+
+}  // namespace rl::model
