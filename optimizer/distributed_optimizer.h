@@ -64,6 +64,9 @@ using Allocator = std::function<at::Tensor(std::string_view tag, int64_t numel, 
 // at::zeros on `device`.
 Allocator PlainAllocator(c10::Device device);
 
+// Allocations are carved at offsets aligned to this many bytes (see StorageBytes).
+constexpr int64_t kAllocationAlignmentBytes = 256;
+
 struct StepStats {
   double grad_norm = 0;  // before clipping
   double lr = 0;
@@ -86,6 +89,12 @@ class DistributedOptimizer {
                        const Allocator& allocate);
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  // Bytes the allocator will be asked for, per tag ("param_buffer", "grad_buffer",
+  // "optimizer"), each allocation rounded up to kAllocationAlignmentBytes: lets the caller size
+  // its memory regions before constructing the optimizer.
+  static std::map<std::string, int64_t> StorageBytes(
+      const std::vector<ParamDecl>& params_in_use_order, int dp_size, at::ScalarType param_dtype);
 
   // name -> tensor aliasing the param buffer (shaped; requires grad).
   const std::unordered_map<std::string, at::Tensor>& params() const { return params_; }

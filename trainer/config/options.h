@@ -30,6 +30,7 @@
   X(std::string, hf_checkpoint, "", "Hugging Face checkpoint directory of the policy.")           \
   X(std::string, model_config, "", "config.json describing the architecture (default: the one in --hf-checkpoint).") \
   X(std::string, init, "checkpoint", "checkpoint (load --hf-checkpoint) or random (from --model-config and --seed).") \
+  X(std::string, params_dtype, "bf16", "Dtype of the trained params and the engine weights: bf16 or fp32 (masters are fp32).") \
   X(std::string, ref_load, "", "Reference model checkpoint for the KL term (default: the initial actor weights).") \
   X(std::string, freeze_params, "", "Regex: parameters whose names match are frozen (not trained).") \
   X(int64_t, lora_rank, 0, "LoRA rank; 0 disables LoRA.")

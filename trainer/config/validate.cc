@@ -121,6 +121,7 @@ void ValidateRanges(Rules& rules, const Config& c) {
                 c.run.actor_num_nodes, c.run.actor_num_gpus_per_node);
 
   rules.Choice("--init", c.model.init, {"checkpoint", "random"});
+  rules.Choice("--params-dtype", c.model.params_dtype, {"bf16", "fp32"});
   if (c.model.init == "checkpoint") {
     rules.Require(!c.model.hf_checkpoint.empty(),
                   "--init checkpoint needs --hf-checkpoint DIR (or use --init random with "
@@ -221,6 +222,8 @@ void ValidateRanges(Rules& rules, const Config& c) {
   rules.Require(c.colocate.offload_train_target != "disk",
                 "--offload-train-target disk is not supported by this trainer yet; use cpu");
 
+  rules.Require(!c.colocate.debug_train_only || !c.data.load_debug_rollout_data.empty(),
+                "--debug-train-only trains on recorded data: pass --load-debug-rollout-data FILE");
   rules.Choice("--rm-type", c.data.rm_type, {"exact_match", "math"});
   rules.Choice("--log-level", c.logging.log_level, {"info", "debug"});
   rules.Require(c.logging.save_interval >= 0, "--save-interval must be >= 0; got {}",

@@ -35,9 +35,16 @@ TEST_CASE("the base rematerialize config validates") { CHECK(OnlyError(Remat()).
 
 // ---- §3.1 rematerialize rules ----------------------------------------------------------------
 
+TEST_CASE("rule: --debug-train-only needs recorded data") {
+  Config c = Remat();
+  c.colocate.debug_train_only = true;
+  CHECK(Mentions(OnlyError(c), "--debug-train-only trains on recorded data"));
+}
+
 TEST_CASE("rule: rematerialize with --debug-train-only is silently turned off") {
   Config c = Remat();
   c.colocate.debug_train_only = true;
+  c.data.load_debug_rollout_data = "recorded.jsonl";
   const ValidationResult r = Validate(c);
   CHECK(r.ok());
   CHECK_FALSE(r.resolved.config.colocate.rematerialize_param_from_master_weight);
@@ -178,6 +185,7 @@ TEST_CASE("derived: --ci-test with --debug-train-only has no weight-update check
   Config c = Remat();
   c.checks.ci_test = true;
   c.colocate.debug_train_only = true;
+  c.data.load_debug_rollout_data = "recorded.jsonl";
   const ValidationResult r = Validate(c);
   CHECK(r.ok());
   CHECK(r.resolved.config.weight_sync.check_weight_update_equal == false);
@@ -187,6 +195,7 @@ TEST_CASE("derived: --ci-test with --debug-train-only has no weight-update check
 TEST_CASE("rule: an explicit weight-update check with --debug-train-only is refused") {
   Config c = Remat();
   c.colocate.debug_train_only = true;
+  c.data.load_debug_rollout_data = "recorded.jsonl";
   c.weight_sync.check_weight_update_equal = true;
   CHECK(Mentions(OnlyError(c), "--check-weight-update-equal"));
 }

@@ -1,0 +1,351 @@
+#include "trainer/actor.h"
+
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <regex>
+
+#include "launch/check.h"
+#include "trainer/model/safetensors.h"
+#include "trainer/rl/advantages.h"
+
+namespace rl {
+namespace {
+
+at::ScalarType ParamsDtype(const std::string& name) {
+  return name == "fp32" ? at::kFloat : at::kBFloat16;
+}
+
+optimizer::AdamOptions AdamOptionsFrom(const config::Config& c) {
+  optimizer::AdamOptions o;
+  o.schedule.lr = c.optimizer.lr;
+  o.schedule.min_lr = c.optimizer.min_lr;
+  o.schedule.style = optimizer::ParseLrDecayStyle(c.optimizer.lr_decay_style);
+  o.schedule.warmup_steps = c.optimizer.lr_warmup_iters;
+  const int64_t total_steps = c.run.num_rollout * c.rollout.num_steps_per_rollout;
+  o.schedule.decay_steps = c.optimizer.lr_decay_iters > 0
+                               ? c.optimizer.lr_decay_iters
+                               : std::max<int64_t>(1, total_steps - c.optimizer.lr_warmup_iters);
+  o.beta1 = c.optimizer.adam_beta1;
+  o.beta2 = c.optimizer.adam_beta2;
+  o.eps = c.optimizer.adam_eps;
+  o.weight_decay = c.optimizer.weight_decay;
+  o.clip_grad = c.optimizer.clip_grad;
+  return o;
+}
+
+// The tokens of a micro-batch, right-padded with 0: [mb, max_len].
+struct MicroBatch {
+  at::Tensor tokens;
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> response_lengths;
+  int64_t max_response = 0;
+};
+
+MicroBatch Pack(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
+                c10::Device device) {
+  MicroBatch mb;
+  int64_t max_len = 0;
+  for (int64_t i : indices) {
+    const rl_algo::Sample& s = batch.samples.at(i);
+    mb.lengths.push_back(static_cast<int64_t>(s.tokens.size()));
+    mb.response_lengths.push_back(s.response_length);
+    max_len = std::max<int64_t>(max_len, s.tokens.size());
+    mb.max_response = std::max(mb.max_response, s.response_length);
+  }
+  at::Tensor tokens = at::zeros({static_cast<int64_t>(indices.size()), max_len}, at::kLong);
+  for (size_t row = 0; row < indices.size(); ++row) {
+    const rl_algo::Sample& s = batch.samples[indices[row]];
+    tokens[row].narrow(0, 0, s.tokens.size()).copy_(at::tensor(s.tokens, at::kLong));
+  }
+  mb.tokens = tokens.to(device);
+  return mb;
+}
+
+// Per-position values [mb, max_len - 1] (position p predicts token p + 1) -> response-aligned
+// [mb, max_response], zero-padded; keeps autograd.
+at::Tensor ResponseAligned(const at::Tensor& per_position, const MicroBatch& mb) {
+  std::vector<at::Tensor> rows;
+  for (size_t row = 0; row < mb.lengths.size(); ++row) {
+    const int64_t length = mb.lengths[row];
+    const int64_t response = mb.response_lengths[row];
+    at::Tensor r = per_position[row].narrow(0, length - response - 1, response);
+    rows.push_back(at::constant_pad_nd(r, {0, mb.max_response - response}, 0));
+  }
+  return at::stack(rows);
+}
+
+// A per-sample vector field, response-aligned and zero-padded: [mb, max_response].
+template <class T, class Field>
+at::Tensor PackField(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
+                     int64_t width, Field field, at::ScalarType dtype) {
+  at::Tensor out = at::zeros({static_cast<int64_t>(indices.size()), width}, dtype);
+  for (size_t row = 0; row < indices.size(); ++row) {
+    const std::vector<T>& values = field(batch.samples[indices[row]]);
+    std::vector<double> as_double(values.begin(), values.end());
+    out[row].narrow(0, 0, values.size()).copy_(at::tensor(as_double, at::kDouble));
+  }
+  return out;
+}
+
+}  // namespace
+
+TrainingPlan MakeTrainingPlan(int64_t num_samples, int64_t global_batch_size,
+                              int64_t micro_batch_size, int dp_rank, int dp_size) {
+  RL_CHECK(global_batch_size % dp_size == 0, ConfigError,
+           "--global-batch-size {} is not a multiple of the {} data-parallel ranks",
+           global_batch_size, dp_size);
+  RL_CHECK(num_samples % global_batch_size == 0, Error,
+           "the rollout has {} samples, not a multiple of --global-batch-size {}", num_samples,
+           global_batch_size);
+  std::vector<int64_t> local;
+  for (int64_t i = dp_rank; i < num_samples; i += dp_size) local.push_back(i);
+  const int64_t per_step = global_batch_size / dp_size;
+  TrainingPlan plan;
+  for (int64_t begin = 0; begin < static_cast<int64_t>(local.size()); begin += per_step) {
+    std::vector<std::vector<int64_t>> micro_batches;
+    for (int64_t mb = begin; mb < begin + per_step; mb += micro_batch_size) {
+      const int64_t end = std::min(mb + micro_batch_size, begin + per_step);
+      micro_batches.emplace_back(local.begin() + mb, local.begin() + end);
+    }
+    plan.steps.push_back(std::move(micro_batches));
+  }
+  return plan;
+}
+
+ParamSplit SplitParams(const std::vector<model::ParamSpec>& specs,
+                       const std::string& freeze_regex) {
+  ParamSplit split;
+  const std::regex freeze(freeze_regex.empty() ? std::string("$^") : freeze_regex);
+  for (const model::ParamSpec& spec : specs) {
+    if (spec.role == model::ParamRole::kFp32Extra) {
+      split.extras.push_back(spec);
+    } else if (!freeze_regex.empty() && std::regex_search(spec.name, freeze)) {
+      split.frozen.push_back(spec);
+    } else {
+      split.trained.push_back({spec.name, spec.shape,
+                               spec.role == model::ParamRole::kRoutedExpert
+                                   ? optimizer::BufferKind::kExpert
+                                   : optimizer::BufferKind::kDense});
+    }
+  }
+  return split;
+}
+
+std::map<std::string, int64_t> Actor::StorageBytes(const config::ResolvedConfig& resolved,
+                                                   const model::ModelConfig& model, int dp_size) {
+  const at::ScalarType dtype = ParamsDtype(resolved.config.model.params_dtype);
+  const ParamSplit split =
+      SplitParams(model::ListParams(model), resolved.config.model.freeze_params);
+  std::map<std::string, int64_t> bytes =
+      optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype);
+  int64_t extras = 0;
+  for (const model::ParamSpec& spec : split.extras) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    const int64_t b = numel * c10::elementSize(model::ParamDtype(spec, dtype));
+    extras += (b + optimizer::kAllocationAlignmentBytes - 1) /
+              optimizer::kAllocationAlignmentBytes * optimizer::kAllocationAlignmentBytes;
+  }
+  bytes["extras"] = extras;
+  return bytes;
+}
+
+Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
+             Communicator& comm, c10::Device device, const optimizer::Allocator& allocate)
+    : resolved_(resolved),
+      model_(std::move(model)),
+      comm_(comm),
+      device_(device),
+      dtype_(ParamsDtype(resolved.config.model.params_dtype)),
+      specs_(model::ListParams(model_)),
+      loss_options_(rl_algo::LossOptionsFrom(resolved.config)) {
+  const config::Config& c = resolved.config;
+  ParamSplit split = SplitParams(specs_, c.model.freeze_params);
+  for (const model::ParamSpec& spec : split.extras) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    extras_[spec.name] =
+        allocate("extras", numel, model::ParamDtype(spec, dtype_)).view(spec.shape);
+  }
+  for (const model::ParamSpec& spec : split.frozen) {
+    frozen_[spec.name] = at::zeros(
+        spec.shape, at::TensorOptions().dtype(model::ParamDtype(spec, dtype_)).device(device_));
+  }
+  if (!frozen_.empty()) {
+    spdlog::info("--freeze-params '{}': {} of {} parameters frozen", c.model.freeze_params,
+                 frozen_.size(), specs_.size());
+  }
+  optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
+      std::move(split.trained), comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
+  decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
+}
+
+model::TensorMap Actor::AllTensors() const {
+  model::TensorMap all(optimizer_->params().begin(), optimizer_->params().end());
+  all.insert(extras_.begin(), extras_.end());
+  all.insert(frozen_.begin(), frozen_.end());
+  return all;
+}
+
+backup::NamedTensors Actor::SourceTensors() const {
+  const model::TensorMap all = AllTensors();
+  backup::NamedTensors out;
+  for (const model::ParamSpec& spec : specs_) out.push_back({spec.name, all.at(spec.name)});
+  return out;
+}
+
+backup::NamedTensors Actor::Extras() const {
+  backup::NamedTensors out;
+  for (const model::ParamSpec& spec : specs_) {
+    const auto it = extras_.find(spec.name);
+    if (it != extras_.end()) out.push_back({spec.name, it->second});
+  }
+  return out;
+}
+
+std::unordered_set<const void*> Actor::ParamBufferIds() const {
+  std::unordered_set<const void*> ids;
+  for (const auto& [name, t] : optimizer_->params()) ids.insert(backup::Identity(t));
+  return ids;
+}
+
+void Actor::LoadInitialWeights() {
+  const config::ModelOptions& m = resolved_.config.model;
+  model::TensorMap all = AllTensors();
+  if (m.init == "random") {
+    model::InitParamsRandom(specs_, all, static_cast<uint64_t>(resolved_.config.run.seed));
+  } else {
+    model::LoadParams(model::CheckpointReader::Open(m.hf_checkpoint), model_, all);
+  }
+  optimizer_->InitMastersFromParams();
+}
+
+TrainingPlan Actor::PlanFor(const rl_algo::RolloutBatch& batch) const {
+  const config::RolloutOptions& r = resolved_.config.rollout;
+  return MakeTrainingPlan(static_cast<int64_t>(batch.samples.size()), r.global_batch_size,
+                          r.micro_batch_size, comm_.rank(), comm_.size());
+}
+
+PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
+                                     const TrainingPlan& plan) const {
+  c10::NoGradGuard no_grad;
+  PerMicroBatch out;
+  for (const auto& step : plan.steps) {
+    for (const std::vector<int64_t>& indices : step) {
+      const MicroBatch mb = Pack(batch, indices, device_);
+      const int64_t len = mb.tokens.size(1);
+      const model::TokenStats stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
+                                                              mb.tokens.narrow(1, 1, len - 1));
+      out.push_back(ResponseAligned(stats.log_probs, mb).to(at::kFloat));
+    }
+  }
+  return out;
+}
+
+TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
+                         const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs) {
+  const config::Config& c = resolved_.config;
+  // Rewards: group-normalised over the whole rollout (every rank holds it).
+  std::vector<double> raw;
+  for (const rl_algo::Sample& s : batch.samples) raw.push_back(s.reward);
+  const at::Tensor rewards = rl_algo::PostProcessRewards(
+      at::tensor(raw, at::kDouble),
+      rl_algo::GroupSizes(batch, c.rollout.n_samples_per_prompt),
+      rl_algo::RewardOptionsFrom(c));
+  const rl_algo::AdvantageOptions advantage_options = rl_algo::AdvantageOptionsFrom(c);
+  const rl_algo::AllReduceSum all_reduce = [this](const at::Tensor& t) {
+    at::Tensor sum = t.clone();
+    comm_.AllReduce(sum, ReduceOp::kSum);
+    return sum;
+  };
+
+  TrainResult result;
+  size_t mb_index = 0;
+  for (const auto& step : plan.steps) {
+    // Global count of trained tokens in this step (per-token aggregation).
+    at::Tensor tokens_in_step = at::zeros({1}, at::kLong);
+    for (const auto& indices : step) {
+      for (int64_t i : indices) {
+        for (int m : batch.samples[i].loss_mask) tokens_in_step += m;
+      }
+    }
+    comm_.AllReduce(tokens_in_step, ReduceOp::kSum);
+    rl_algo::LossScale scale;
+    scale.global_batch_size = c.rollout.global_batch_size;
+    scale.global_num_tokens = std::max<int64_t>(1, tokens_in_step.item<int64_t>());
+    scale.dp_size = comm_.size();
+
+    at::Tensor metric_sums;
+    for (const std::vector<int64_t>& indices : step) {
+      const MicroBatch mb = Pack(batch, indices, device_);
+      const int64_t width = mb.max_response;
+      const at::Tensor loss_mask =
+          PackField<int>(batch, indices, width, [](const rl_algo::Sample& s) -> const auto& {
+            return s.loss_mask;
+          }, at::kFloat).to(device_);
+      std::vector<int64_t> local(indices.begin(), indices.end());
+      const at::Tensor mb_rewards = rewards.index({at::tensor(local, at::kLong)}).to(device_);
+      const at::Tensor old = old_log_probs.at(mb_index).to(device_);
+      const at::Tensor ref =
+          ref_log_probs.empty() ? at::Tensor() : ref_log_probs.at(mb_index).to(device_);
+      at::Tensor kl;
+      if (advantage_options.kl_coef != 0 && ref.defined()) {
+        kl = rl_algo::ApproxKl(old, ref, loss_options_.kl_loss_type);
+      }
+      // Advantages per micro-batch: exact for GRPO-family estimators (a broadcast of the
+      // normalised reward); whitening, when on, is global through the all-reduce.
+      const rl_algo::AdvantagesAndReturns adv = rl_algo::ComputeAdvantagesAndReturns(
+          mb_rewards, loss_mask, kl, advantage_options, all_reduce);
+
+      const int64_t len = mb.tokens.size(1);
+      const model::TokenStats stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
+                                                              mb.tokens.narrow(1, 1, len - 1));
+      rl_algo::PolicyLossInputs inputs;
+      inputs.log_probs = ResponseAligned(stats.log_probs, mb).to(at::kFloat);
+      inputs.old_log_probs = old;
+      inputs.ref_log_probs = ref;
+      const bool have_rollout =
+          std::all_of(indices.begin(), indices.end(),
+                      [&](int64_t i) { return batch.samples[i].rollout_log_probs.has_value(); });
+      if (have_rollout) {
+        inputs.rollout_log_probs =
+            PackField<float>(batch, indices, width, [](const rl_algo::Sample& s) -> const auto& {
+              return *s.rollout_log_probs;
+            }, at::kFloat).to(device_);
+      }
+      inputs.advantages = adv.advantages.to(at::kFloat);
+      inputs.loss_mask = loss_mask;
+      if (loss_options_.entropy_coef != 0) {
+        inputs.entropy = ResponseAligned(stats.entropy, mb).to(at::kFloat);
+      }
+      const rl_algo::PolicyLossOutput out = rl_algo::PolicyLoss(inputs, loss_options_, scale);
+      out.loss.backward();
+      optimizer_->AccumulateGrads();
+      metric_sums = metric_sums.defined() ? metric_sums + out.metric_sums : out.metric_sums;
+      for (int64_t l : mb.lengths) result.tokens += l;
+      ++mb_index;
+    }
+    comm_.AllReduce(metric_sums, ReduceOp::kSum);
+    const optimizer::StepStats step_stats = optimizer_->Step();
+    const rl_algo::LossMetrics metrics = rl_algo::SummarizeLossMetrics(metric_sums.cpu());
+    if (result.steps == 0) result.first_step_metrics = metrics;
+    result.metrics = metrics;
+    result.grad_norm = step_stats.grad_norm;
+    result.lr = step_stats.lr;
+    ++result.steps;
+  }
+  return result;
+}
+
+void Actor::SaveHf(const std::string& dir) const {
+  if (comm_.rank() == 0) {
+    model::SaveHfCheckpoint(dir, model_, AllTensors());
+    spdlog::info("saved the actor as a Hugging Face checkpoint in {}", dir);
+  }
+  comm_.Barrier();
+}
+
+}  // namespace rl

@@ -1,0 +1,124 @@
+// The training actor of one rank: the policy model computing from the ZeRO-1 optimizer's param
+// buffers, and one rollout's training (old log-probs, advantages, micro-batches, optimizer steps).
+//
+// Ownership: the optimizer owns the trained params (views into its flat buffers); the actor owns
+// the fp32 extras (MoE e_score_correction_bias, not trained) and the frozen params
+// (--freeze-params, not in any buffer). The Decoder computes from all three through handles, so
+// every in-place write to the buffers (step, rebuild, restore) is seen.
+//
+// Data split (the reference's default): the rollout's samples are dealt to DP ranks strided
+// (sample i to rank i % dp); each optimizer step takes global_batch_size / dp of a rank's samples,
+// in micro-batches of micro_batch_size, right-padded (Note [Training plan]).
+//
+// Every public method that computes is collective over the DP communicator (Train's steps, the
+// metric and token-count all-reduces) and must be called on every rank in the same order.
+#ifndef RL_TRAINER_ACTOR_H_
+#define RL_TRAINER_ACTOR_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "backup/tensor_backuper.h"
+#include "launch/communicator.h"
+#include "optimizer/distributed_optimizer.h"
+#include "trainer/config/validate.h"
+#include "trainer/model/decoder.h"
+#include "trainer/model/model_config.h"
+#include "trainer/model/params.h"
+#include "trainer/rl/losses.h"
+#include "trainer/rl/rollout_data.h"
+
+namespace rl {
+
+// Note [Training plan]: which of the rollout's samples this rank trains on, step by step and
+// micro-batch by micro-batch. The same plan serves the no-grad log-prob passes and the training
+// pass, so that both see identical batch shapes (and, with deterministic kernels, identical
+// numbers: the first step's ppo_kl is exactly 0).
+struct TrainingPlan {
+  std::vector<std::vector<std::vector<int64_t>>> steps;  // step -> micro-batch -> sample index
+};
+TrainingPlan MakeTrainingPlan(int64_t num_samples, int64_t global_batch_size,
+                              int64_t micro_batch_size, int dp_rank, int dp_size);
+
+// Per micro-batch [mb, max_response_len] response-aligned tensors, in plan order.
+using PerMicroBatch = std::vector<at::Tensor>;
+
+struct TrainResult {
+  rl_algo::LossMetrics metrics;             // of the last step
+  rl_algo::LossMetrics first_step_metrics;  // of the first step (CI: ppo_kl == 0)
+  double grad_norm = 0;
+  double lr = 0;
+  int64_t steps = 0;
+  int64_t tokens = 0;  // tokens this rank trained on (prompt + response)
+};
+
+// How the model's parameters divide: trained (in the optimizer's buffers), fp32 extras, frozen.
+struct ParamSplit {
+  std::vector<optimizer::ParamDecl> trained;  // in order of first use
+  std::vector<model::ParamSpec> extras;
+  std::vector<model::ParamSpec> frozen;
+};
+ParamSplit SplitParams(const std::vector<model::ParamSpec>& specs, const std::string& freeze_regex);
+
+class Actor {
+ public:
+  // Bytes the actor asks its allocator for, per region tag (param_buffer, grad_buffer,
+  // optimizer, extras), so that the caller can size its memory regions first.
+  static std::map<std::string, int64_t> StorageBytes(const config::ResolvedConfig& resolved,
+                                                     const model::ModelConfig& model, int dp_size);
+
+  Actor(const config::ResolvedConfig& resolved, model::ModelConfig model, Communicator& comm,
+        c10::Device device, const optimizer::Allocator& allocate);
+
+  // Fills the params from --hf-checkpoint or randomly (--init random, --seed), then the masters.
+  void LoadInitialWeights();
+
+  const model::ModelConfig& model_config() const { return model_; }
+  const model::Decoder& decoder() const { return *decoder_; }
+  optimizer::DistributedOptimizer& optimizer() { return *optimizer_; }
+  at::ScalarType dtype() const { return dtype_; }
+
+  // Every model tensor in ListParams order (params, extras, frozen): the backuper's source.
+  backup::NamedTensors SourceTensors() const;
+  backup::NamedTensors Extras() const;
+  // Identities of the tensors that live in the optimizer's param buffers.
+  std::unordered_set<const void*> ParamBufferIds() const;
+  // Every model tensor by name (for saving).
+  model::TensorMap AllTensors() const;
+
+  // Log-probs [mb, T] of the plan's samples under the current weights, no autograd.
+  PerMicroBatch ComputeLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan) const;
+  TrainingPlan PlanFor(const rl_algo::RolloutBatch& batch) const;
+
+  // Trains on one rollout. `old_log_probs` and `ref_log_probs` come from ComputeLogProbs with the
+  // same plan (ref may be empty when there is no reference model).
+  TrainResult Train(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
+                    const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs);
+
+  // Writes the actor as a Hugging Face checkpoint (rank 0 writes; every rank holds the full
+  // params after the all-gather). Collective (a barrier at the end).
+  void SaveHf(const std::string& dir) const;
+
+ private:
+  const config::ResolvedConfig& resolved_;
+  model::ModelConfig model_;
+  Communicator& comm_;
+  c10::Device device_;
+  at::ScalarType dtype_;
+  std::vector<model::ParamSpec> specs_;
+  std::unique_ptr<optimizer::DistributedOptimizer> optimizer_;
+  model::TensorMap extras_;
+  model::TensorMap frozen_;
+  std::unique_ptr<model::Decoder> decoder_;
+  rl_algo::LossOptions loss_options_;
+};
+
+}  // namespace rl
+
+#endif  // RL_TRAINER_ACTOR_H_

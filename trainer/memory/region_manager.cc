@@ -1,0 +1,97 @@
+#include "trainer/memory/region_manager.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "launch/check.h"
+
+namespace rl::memory {
+
+RegionManager::RegionManager() = default;
+RegionManager::~RegionManager() = default;
+
+Region& RegionManager::Create(RegionTag tag, int64_t num_bytes, c10::Device device,
+                              HostBackup backup, FreshPages fresh_pages) {
+  std::unique_ptr<Region>& slot = regions_.at(static_cast<size_t>(tag));
+  RL_CHECK(slot == nullptr, Error,
+           "memory region '{}' exists already ({} bytes on {}); each region is created once",
+           RegionTagName(tag), slot->num_bytes(), slot->device().str());
+  slot = std::make_unique<Region>(tag, num_bytes, device, backup, fresh_pages);
+  return *slot;
+}
+
+const Region* RegionManager::Find(RegionTag tag) const {
+  return regions_.at(static_cast<size_t>(tag)).get();
+}
+
+bool RegionManager::Contains(RegionTag tag) const { return Find(tag) != nullptr; }
+
+const Region& RegionManager::GetOrThrow(RegionTag tag) const {
+  const Region* region = Find(tag);
+  RL_CHECK(region != nullptr, Error, "memory region '{}' was never created", RegionTagName(tag));
+  return *region;
+}
+
+Region& RegionManager::GetOrThrow(RegionTag tag) {
+  return const_cast<Region&>(std::as_const(*this).GetOrThrow(tag));
+}
+
+void RegionManager::Pause(RegionTag tag) { GetOrThrow(tag).Pause(); }
+
+void RegionManager::Resume(RegionTag tag) { GetOrThrow(tag).Resume(); }
+
+int64_t RegionManager::device_bytes(RegionTag tag) const {
+  const Region* region = Find(tag);
+  return region != nullptr ? region->device_bytes() : 0;
+}
+
+int64_t RegionManager::host_bytes(RegionTag tag) const {
+  const Region* region = Find(tag);
+  return region != nullptr ? region->host_bytes() : 0;
+}
+
+int64_t RegionManager::total_device_bytes() const {
+  int64_t total = 0;
+  for (RegionTag tag : kAllRegionTags) total += device_bytes(tag);
+  return total;
+}
+
+int64_t RegionManager::total_host_bytes() const {
+  int64_t total = 0;
+  for (RegionTag tag : kAllRegionTags) total += host_bytes(tag);
+  return total;
+}
+
+std::string RegionManager::Summary() const {
+  std::string text;
+  for (RegionTag tag : kAllRegionTags) {
+    const Region* region = Find(tag);
+    if (region == nullptr) continue;
+    text += fmt::format("{} {} {} dev", region->name(), RegionStateName(region->state()),
+                        FormatBytes(region->device_bytes()));
+    if (region->host_bytes() > 0) {
+      text += fmt::format(" {} host", FormatBytes(region->host_bytes()));
+    }
+    text += "; ";
+  }
+  text += fmt::format("total {} dev {} host", FormatBytes(total_device_bytes()),
+                      FormatBytes(total_host_bytes()));
+  return text;
+}
+
+std::string FormatBytes(int64_t num_bytes) {
+  constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (num_bytes < 1024 && num_bytes > -1024) {
+    return fmt::format("{} B", num_bytes);
+  }
+  double value = static_cast<double>(num_bytes);
+  int unit = -1;
+  while ((value >= 1024.0 || value <= -1024.0) && unit < 3) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", value, kUnits[unit]);
+}
+
+}  // namespace rl::memory

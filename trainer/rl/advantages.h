@@ -1,0 +1,111 @@
+// From rewards to per-token advantages: reward post-processing (GRPO group normalisation) and
+// the advantage estimators, exactly as the reference implements them
+// (reference/colocate-semantics.md §4.1 and §4.2).
+//
+// Shapes: per-sample values are [num_samples]; per-token values are response-aligned
+// (Note [Rollout sample layout] in trainer/rl/rollout_data.h) and padded to [num_samples,
+// max_response_length], with loss_mask 0 on the padding. The estimators fill every position,
+// padding included; the padding's values are meaningless and the loss never reads them (it forces
+// advantages to 0 where loss_mask is 0).
+//
+// Dtypes: results are in the promoted dtype of the inputs, at least fp32. The reference computes
+// reward normalisation in fp32 (pass fp32 rewards to match it bit for bit; tests use fp64).
+//
+// Distributed: only MaskedWhiten (--normalize-advantages) needs the other DP ranks; it takes the
+// all-reduce as a function, so one rank and tests pass IdentityAllReduce.
+//
+// Failures: inconsistent shapes or group sizes throw rl::Error; an unknown estimator name throws
+// rl::ConfigError naming --advantage-estimator.
+//
+// Thread safety: stateless pure functions.
+#ifndef RL_TRAINER_RL_ADVANTAGES_H_
+#define RL_TRAINER_RL_ADVANTAGES_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trainer/config/options.h"
+
+namespace rl::rl_algo {
+
+// --advantage-estimator. "ppo" needs a critic, which this trainer does not have.
+enum class AdvantageEstimator { kGrpo, kGspo, kReinforcePlusPlus, kReinforcePlusPlusBaseline };
+
+// "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"; anything else (ppo
+// included) throws rl::ConfigError.
+AdvantageEstimator ParseAdvantageEstimator(const std::string& name);
+
+// Added to the group std before dividing (the reference's constant).
+inline constexpr double kGroupStdEpsilon = 1e-6;
+// Added to the variance before the reciprocal square root in MaskedWhiten.
+inline constexpr double kWhitenEpsilon = 1e-8;
+
+struct RewardOptions {
+  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
+  bool rewards_normalization = true;   // subtract the group mean (GRPO, GSPO, REINFORCE++ baseline)
+  bool grpo_std_normalization = true;  // then divide by std + 1e-6 (GRPO, GSPO); off = Dr.GRPO
+};
+
+struct AdvantageOptions {
+  AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
+  double kl_coef = 0.0;               // KL penalty folded into REINFORCE++ token rewards
+  double gamma = 1.0;                 // REINFORCE++ discount (the reference's default)
+  bool normalize_advantages = false;  // whiten over all DP ranks' trainable tokens
+};
+
+// From the resolved config (trainer/config/validate.h); throws rl::ConfigError for an estimator
+// this trainer does not implement.
+RewardOptions RewardOptionsFrom(const config::Config& config);
+AdvantageOptions AdvantageOptionsFrom(const config::Config& config);
+
+// The reference's _post_process_rewards. `raw_rewards` [num_samples]; `group_sizes` are the GRPO
+// groups in batch order (trainer/rl/rollout_data.h GroupSizes()), summing to num_samples. For
+// GRPO, GSPO and REINFORCE++-baseline with rewards_normalization: each group's mean is
+// subtracted; for GRPO and GSPO with grpo_std_normalization, each group of two or more samples is
+// then divided by its unbiased std + kGroupStdEpsilon (a singleton group has no std: it is only
+// centred, to 0). Otherwise the raw rewards are returned (as a new tensor). Returns [num_samples].
+at::Tensor PostProcessRewards(const at::Tensor& raw_rewards,
+                              const std::vector<int64_t>& group_sizes,
+                              const RewardOptions& options);
+
+// Sums a small tensor (a handful of statistics) over the DP ranks and returns the sum; every
+// rank must call it. The identity on one rank.
+using AllReduceSum = std::function<at::Tensor(const at::Tensor&)>;
+at::Tensor IdentityAllReduce(const at::Tensor& t);
+
+// The reference's distributed_masked_whiten: with the global (all-reduced) masked mean and
+// variance of `values` (Bessel-corrected when the global count of mask-1 tokens is >= 2),
+// returns (values - mean) * rsqrt(var + kWhitenEpsilon) at every position. Statistics are
+// accumulated in fp64. Throws rl::Error when no rank has a mask-1 token. Shapes: values and mask
+// alike, any shape.
+at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
+                        const AllReduceSum& all_reduce_sum);
+
+struct AdvantagesAndReturns {
+  at::Tensor advantages;  // [num_samples, T]
+  at::Tensor returns;     // [num_samples, T]
+};
+
+// The reference's compute_advantages_and_returns, for one rank's samples (all its micro-batches):
+//   grpo, gspo:                    returns = reward, broadcast to every token;
+//                                  advantages = returns (kl_coef is not applied).
+//   reinforce_plus_plus:           token rewards -kl_coef * kl * mask, plus the reward at the last
+//                                  mask-1 token (none when the sample has no mask-1 token);
+//                                  returns G_t = r_t + gamma * G_{t+1}; advantages = returns.
+//   reinforce_plus_plus_baseline:  advantages = reward - kl_coef * kl; returns = advantages.
+// Then, with normalize_advantages, advantages = MaskedWhiten(advantages, loss_mask, all_reduce).
+// `rewards` [num_samples], post-processed; `loss_mask` [num_samples, T] (0 on padding); `kl`
+// [num_samples, T], the per-token KL(policy || reference) from ApproxKl (trainer/rl/losses.h) with
+// --kl-loss-type, or an undefined tensor, which means zeros (required when kl_coef != 0). The
+// results are not part of any autograd graph.
+AdvantagesAndReturns ComputeAdvantagesAndReturns(
+    const at::Tensor& rewards, const at::Tensor& loss_mask, const at::Tensor& kl,
+    const AdvantageOptions& options, const AllReduceSum& all_reduce_sum = IdentityAllReduce);
+
+}  // namespace rl::rl_algo
+
+#endif  // RL_TRAINER_RL_ADVANTAGES_H_

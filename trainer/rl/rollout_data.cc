@@ -1,0 +1,429 @@
+#include "trainer/rl/rollout_data.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+
+#include "launch/check.h"
+#include "launch/json.h"
+
+namespace rl::rl_algo {
+namespace {
+
+constexpr const char* kKnownKeys[] = {"tokens", "response_length",   "loss_mask",
+                                      "reward", "rollout_log_probs", "group"};
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// "/a/b/c.jsonl" -> "/a/b"; "c.jsonl" -> ".".
+std::string ParentDirectory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Owns a POSIX file descriptor.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+
+  int get() const { return fd_; }
+  // Closes now and returns close()'s result, which can carry a delayed write error.
+  int Close() {
+    const int fd = fd_;
+    fd_ = -1;
+    return ::close(fd);
+  }
+
+ private:
+  int fd_;
+};
+
+// Writes `<path>.tmp.<pid>` and moves it into place on Commit() (fsync, rename, fsync of the
+// directory), so that after a crash `path` is the old file or the whole new one. Destroyed
+// without Commit(), it removes the temporary file.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path)
+      : path_(std::move(path)),
+        temp_path_(fmt::format("{}.tmp.{}", path_, ::getpid())),
+        fd_(::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+    if (fd_.get() < 0) {
+      throw CheckpointError(fmt::format("{}: cannot create: {}", temp_path_, ErrnoText()));
+    }
+  }
+  ~AtomicFileWriter() {
+    if (!committed_) ::unlink(temp_path_.c_str());
+  }
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void Write(std::string_view bytes) {
+    const char* p = bytes.data();
+    size_t num_bytes = bytes.size();
+    while (num_bytes > 0) {
+      const ssize_t written = ::write(fd_.get(), p, std::min(num_bytes, size_t{1} << 30));
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        throw CheckpointError(fmt::format("{}: cannot write: {}", temp_path_, ErrnoText()));
+      }
+      p += written;
+      num_bytes -= static_cast<size_t>(written);
+    }
+  }
+
+  void Commit() {
+    if (::fsync(fd_.get()) != 0) {
+      throw CheckpointError(fmt::format("{}: cannot fsync: {}", temp_path_, ErrnoText()));
+    }
+    if (fd_.Close() != 0) {
+      throw CheckpointError(fmt::format("{}: cannot close: {}", temp_path_, ErrnoText()));
+    }
+    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+      throw CheckpointError(
+          fmt::format("{}: cannot rename {} into place: {}", path_, temp_path_, ErrnoText()));
+    }
+    committed_ = true;
+    const std::string dir = ParentDirectory(path_);
+    const FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) {
+      throw CheckpointError(
+          fmt::format("{}: wrote {}, but cannot fsync its directory: {}", dir, path_, ErrnoText()));
+    }
+  }
+
+ private:
+  std::string path_;
+  std::string temp_path_;
+  FileDescriptor fd_;
+  bool committed_ = false;
+};
+
+std::string ReadWholeFile(const std::string& path) {
+  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    throw CheckpointError(fmt::format("{}: cannot open rollout data: {}", path, ErrnoText()));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(fmt::format("{}: cannot read: {}", path, ErrnoText()));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+// A short description of a JSON value for messages: `-1.5`, `"abc"`, `an array`.
+std::string Describe(const json::Value& v) {
+  switch (v.kind()) {
+    case json::Value::Kind::kArray:
+      return "an array";
+    case json::Value::Kind::kObject:
+      return "an object";
+    default: {
+      std::string text = json::Dump(v);
+      if (text.size() > 40) text = text.substr(0, 37) + "...";
+      return text;
+    }
+  }
+}
+
+// A field of one line is wrong; the caller adds "<path>:<line>: ".
+class FieldError : public Error {
+ public:
+  FieldError(std::string_view field, const std::string& what)
+      : Error(fmt::format("field \"{}\": {}", field, what)) {}
+};
+
+int64_t IntegerOf(const json::Value& v, std::string_view field, const std::string& where) {
+  if (v.is_number()) {
+    try {
+      return v.AsInt64();
+    } catch (const json::TypeError&) {
+      // Falls through to the message below (1.5, 1e30).
+    }
+  }
+  throw FieldError(field, fmt::format("{}is {}, not an integer", where, Describe(v)));
+}
+
+const json::Value::Array& ArrayOf(const json::Value& v, std::string_view field) {
+  if (!v.is_array()) throw FieldError(field, fmt::format("is {}, not an array", Describe(v)));
+  return v.AsArray();
+}
+
+std::string EntryText(size_t i) { return fmt::format("entry {} ", i); }
+
+Sample ParseSample(const json::Value& line) {
+  if (!line.is_object()) {
+    throw Error(
+        fmt::format("expected a JSON object (one sample per line), found {}", Describe(line)));
+  }
+  for (const auto& [key, unused] : line.AsObject()) {
+    bool known = false;
+    for (const char* k : kKnownKeys) known = known || key == k;
+    if (!known) {
+      throw FieldError(key,
+                       "unknown field (expected tokens, response_length, loss_mask, "
+                       "reward, and optionally rollout_log_probs, group)");
+    }
+  }
+  const auto required = [&](const char* key) -> const json::Value& {
+    const json::Value* v = line.Find(key);
+    if (v == nullptr) throw FieldError(key, "missing");
+    return *v;
+  };
+
+  Sample sample;
+  const json::Value::Array& tokens = ArrayOf(required("tokens"), "tokens");
+  sample.tokens.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    sample.tokens.push_back(IntegerOf(tokens[i], "tokens", EntryText(i)));
+  }
+  sample.response_length = IntegerOf(required("response_length"), "response_length", "");
+  const json::Value::Array& mask = ArrayOf(required("loss_mask"), "loss_mask");
+  sample.loss_mask.reserve(mask.size());
+  for (size_t i = 0; i < mask.size(); ++i) {
+    const int64_t m = IntegerOf(mask[i], "loss_mask", EntryText(i));
+    if (m != 0 && m != 1) {
+      throw FieldError("loss_mask", fmt::format("entry {} is {}; a loss mask holds 0 or 1", i, m));
+    }
+    sample.loss_mask.push_back(static_cast<int>(m));
+  }
+  const json::Value& reward = required("reward");
+  if (!reward.is_number()) {
+    throw FieldError("reward", fmt::format("is {}, not a number", Describe(reward)));
+  }
+  sample.reward = reward.AsDouble();
+
+  const json::Value* log_probs = line.Find("rollout_log_probs");
+  if (log_probs != nullptr && !log_probs->is_null()) {
+    const json::Value::Array& values = ArrayOf(*log_probs, "rollout_log_probs");
+    std::vector<float> parsed;
+    parsed.reserve(values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!values[i].is_number()) {
+        throw FieldError("rollout_log_probs",
+                         fmt::format("entry {} is {}, not a number", i, Describe(values[i])));
+      }
+      const double value = values[i].AsDouble();
+      if (std::abs(value) > std::numeric_limits<float>::max()) {
+        throw FieldError("rollout_log_probs",
+                         fmt::format("entry {} is {}, beyond the range of a float", i, value));
+      }
+      parsed.push_back(static_cast<float>(value));
+    }
+    sample.rollout_log_probs = std::move(parsed);
+  }
+  const json::Value* group = line.Find("group");
+  if (group != nullptr && !group->is_null()) sample.group_index = IntegerOf(*group, "group", "");
+  return sample;
+}
+
+json::Value SampleToJson(const Sample& sample) {
+  json::Value::Array tokens;
+  tokens.reserve(sample.tokens.size());
+  for (const int64_t t : sample.tokens) tokens.push_back(json::Value::Int(t));
+  json::Value::Array mask;
+  mask.reserve(sample.loss_mask.size());
+  for (const int m : sample.loss_mask) mask.push_back(json::Value::Int(m));
+  json::Value::Object object;
+  object.emplace_back("tokens", json::Value::MakeArray(std::move(tokens)));
+  object.emplace_back("response_length", json::Value::Int(sample.response_length));
+  object.emplace_back("loss_mask", json::Value::MakeArray(std::move(mask)));
+  object.emplace_back("reward", json::Value::Double(sample.reward));
+  if (sample.rollout_log_probs.has_value()) {
+    json::Value::Array log_probs;
+    log_probs.reserve(sample.rollout_log_probs->size());
+    // float -> double is exact, and Dump writes the shortest text that reads back to that double.
+    for (const float lp : *sample.rollout_log_probs) {
+      log_probs.push_back(json::Value::Double(static_cast<double>(lp)));
+    }
+    object.emplace_back("rollout_log_probs", json::Value::MakeArray(std::move(log_probs)));
+  }
+  if (sample.group_index.has_value()) {
+    object.emplace_back("group", json::Value::Int(*sample.group_index));
+  }
+  return json::Value::MakeObject(std::move(object));
+}
+
+}  // namespace
+
+bool operator==(const Sample& a, const Sample& b) {
+  return a.tokens == b.tokens && a.response_length == b.response_length &&
+         a.loss_mask == b.loss_mask && a.reward == b.reward &&
+         a.rollout_log_probs == b.rollout_log_probs && a.group_index == b.group_index;
+}
+
+std::string SampleProblem(const Sample& sample) {
+  const int64_t num_tokens = static_cast<int64_t>(sample.tokens.size());
+  for (size_t i = 0; i < sample.tokens.size(); ++i) {
+    if (sample.tokens[i] < 0) {
+      return fmt::format("field \"tokens\": entry {} is {}; token ids must be >= 0", i,
+                         sample.tokens[i]);
+    }
+  }
+  if (sample.response_length < 1) {
+    return fmt::format(
+        "field \"response_length\": is {}; a sample needs at least one response "
+        "token",
+        sample.response_length);
+  }
+  if (sample.response_length > num_tokens) {
+    return fmt::format("field \"response_length\": is {}, but \"tokens\" has only {} entries",
+                       sample.response_length, num_tokens);
+  }
+  if (static_cast<int64_t>(sample.loss_mask.size()) != sample.response_length) {
+    return fmt::format("field \"loss_mask\": has {} entries, but response_length is {}",
+                       sample.loss_mask.size(), sample.response_length);
+  }
+  for (size_t i = 0; i < sample.loss_mask.size(); ++i) {
+    if (sample.loss_mask[i] != 0 && sample.loss_mask[i] != 1) {
+      return fmt::format("field \"loss_mask\": entry {} is {}; a loss mask holds 0 or 1", i,
+                         sample.loss_mask[i]);
+    }
+  }
+  if (!std::isfinite(sample.reward)) {
+    return fmt::format("field \"reward\": is {}; rewards must be finite", sample.reward);
+  }
+  if (sample.rollout_log_probs.has_value()) {
+    const std::vector<float>& lp = *sample.rollout_log_probs;
+    if (static_cast<int64_t>(lp.size()) != sample.response_length) {
+      return fmt::format("field \"rollout_log_probs\": has {} entries, but response_length is {}",
+                         lp.size(), sample.response_length);
+    }
+    for (size_t i = 0; i < lp.size(); ++i) {
+      if (!std::isfinite(lp[i])) {
+        return fmt::format("field \"rollout_log_probs\": entry {} is {}; log-probs must be finite",
+                           i, lp[i]);
+      }
+    }
+  }
+  if (sample.group_index.has_value() && *sample.group_index < 0) {
+    return fmt::format("field \"group\": is {}; group ids must be >= 0", *sample.group_index);
+  }
+  return "";
+}
+
+RolloutBatch ReadRolloutData(const std::string& path) {
+  const std::string text = ReadWholeFile(path);
+  RolloutBatch batch;
+  size_t begin = 0;
+  int64_t line_number = 0;
+  while (begin < text.size()) {
+    ++line_number;
+    size_t end = text.find('\n', begin);
+    const bool has_newline = end != std::string::npos;
+    if (!has_newline) end = text.size();
+    const std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
+
+    const auto fail = [&](const std::string& what) {
+      return CheckpointError(fmt::format("{}:{}: {}", path, line_number, what));
+    };
+    json::Value value;
+    try {
+      value = json::Parse(line);
+    } catch (const json::ParseError& e) {
+      if (!has_newline) {
+        throw fail(
+            fmt::format("the last line is cut short (no newline at the end, and it is not "
+                        "valid JSON: column {}: {}); the file looks truncated, so record "
+                        "it again",
+                        e.column(), e.reason()));
+      }
+      throw fail(fmt::format("not valid JSON: column {}: {}", e.column(), e.reason()));
+    }
+    Sample sample;
+    try {
+      sample = ParseSample(value);
+    } catch (const Error& e) {
+      throw fail(e.what());
+    }
+    const std::string problem = SampleProblem(sample);
+    if (!problem.empty()) throw fail(problem);
+    batch.samples.push_back(std::move(sample));
+  }
+  return batch;
+}
+
+void WriteRolloutData(const std::string& path, const RolloutBatch& batch) {
+  for (size_t i = 0; i < batch.samples.size(); ++i) {
+    const std::string problem = SampleProblem(batch.samples[i]);
+    if (!problem.empty()) {
+      throw CheckpointError(
+          fmt::format("{}: cannot write sample {} (line {}): {}", path, i, i + 1, problem));
+    }
+  }
+  AtomicFileWriter writer(path);
+  std::string chunk;
+  for (const Sample& sample : batch.samples) {
+    chunk += json::Dump(SampleToJson(sample));
+    chunk += '\n';
+    if (chunk.size() >= (size_t{1} << 20)) {
+      writer.Write(chunk);
+      chunk.clear();
+    }
+  }
+  writer.Write(chunk);
+  writer.Commit();
+}
+
+std::vector<int64_t> GroupSizes(const RolloutBatch& batch, int64_t n_samples_per_prompt) {
+  const std::vector<Sample>& samples = batch.samples;
+  const int64_t num_samples = static_cast<int64_t>(samples.size());
+  int64_t num_with_group = 0;
+  for (const Sample& s : samples) num_with_group += s.group_index.has_value() ? 1 : 0;
+
+  std::vector<int64_t> sizes;
+  if (num_with_group == 0) {
+    RL_CHECK(n_samples_per_prompt >= 1 && num_samples % n_samples_per_prompt == 0, Error,
+             "grouping {} samples without group ids needs --n-samples-per-prompt to divide them; "
+             "it is {}",
+             num_samples, n_samples_per_prompt);
+    sizes.assign(static_cast<size_t>(num_samples / n_samples_per_prompt), n_samples_per_prompt);
+    return sizes;
+  }
+  for (int64_t i = 0; i < num_samples; ++i) {
+    RL_CHECK(samples[i].group_index.has_value(), Error,
+             "sample {} has no group id, but other samples of the batch have one; give every "
+             "sample a \"group\" or none",
+             i);
+  }
+  std::unordered_set<int64_t> seen;  // group ids already started
+  for (int64_t i = 0; i < num_samples; ++i) {
+    const int64_t group = *samples[i].group_index;
+    if (i > 0 && group == *samples[i - 1].group_index) {
+      ++sizes.back();
+      continue;
+    }
+    RL_CHECK(seen.insert(group).second, Error,
+             "sample {} belongs to group {}, which ended earlier in the batch; the samples of one "
+             "prompt must be consecutive",
+             i, group);
+    sizes.push_back(1);
+  }
+  return sizes;
+}
+
+}  // namespace rl::rl_algo

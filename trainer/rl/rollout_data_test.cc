@@ -1,0 +1,215 @@
+// The rollout-data file reads back exactly what was written, and every bad line is reported with
+// the file, its line number and the field, never a crash.
+#include "trainer/rl/rollout_data.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "launch/check.h"
+
+namespace rl::rl_algo {
+namespace {
+
+// A fresh directory for one test, under Bazel's TEST_TMPDIR when there is one.
+std::string MakeTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/rollout_data_XXXXXX";
+  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+  return pattern;
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  REQUIRE(out.good());
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// The message ReadRolloutData throws for `text`, or "" when it reads.
+std::string ReadError(const std::string& text) {
+  const std::string path = MakeTempDir() + "/bad.jsonl";
+  WriteText(path, text);
+  try {
+    ReadRolloutData(path);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+constexpr const char* kGoodLine =
+    R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1], "reward": 1.0})"
+    "\n";
+
+Sample MakeSample(std::vector<int64_t> tokens, int64_t response_length, double reward) {
+  Sample s;
+  s.tokens = std::move(tokens);
+  s.response_length = response_length;
+  s.loss_mask.assign(static_cast<size_t>(response_length), 1);
+  s.reward = reward;
+  return s;
+}
+
+TEST_CASE("write then read gives back the same batch, bit for bit", "[rollout_data]") {
+  RolloutBatch batch;
+  Sample a = MakeSample({151644, 872, 0, 9223372036854775807LL}, 3, 0.1);
+  a.loss_mask = {1, 0, 1};
+  // Values with no short decimal form: the writer must print enough digits.
+  a.rollout_log_probs = std::vector<float>{-0.1f, std::nextafter(-1.0f, 0.0f), -1e-38f};
+  a.group_index = 0;
+  Sample b = MakeSample({1, 2}, 1, -1.0 / 3.0);
+  b.rollout_log_probs = std::vector<float>{-std::numeric_limits<float>::denorm_min()};
+  b.group_index = 0;
+  Sample c = MakeSample({3, 4, 5}, 3, 5e-324);  // smallest double, and no log-probs
+  c.group_index = 7;
+  Sample d = MakeSample({8}, 1, 1e300);  // no group either
+  d.group_index = std::nullopt;
+  batch.samples = {a, b, c, d};
+
+  const std::string path = MakeTempDir() + "/rollout.jsonl";
+  WriteRolloutData(path, batch);
+  const RolloutBatch back = ReadRolloutData(path);
+  REQUIRE(back.samples.size() == batch.samples.size());
+  for (size_t i = 0; i < batch.samples.size(); ++i) {
+    INFO("sample " << i);
+    CHECK(back.samples[i] == batch.samples[i]);
+  }
+  CHECK_FALSE(FileExists(path + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST_CASE("an empty batch round-trips to an empty file", "[rollout_data]") {
+  const std::string path = MakeTempDir() + "/empty.jsonl";
+  WriteRolloutData(path, RolloutBatch{});
+  CHECK(ReadRolloutData(path).samples.empty());
+}
+
+TEST_CASE("blank lines are skipped and line numbers still count them", "[rollout_data]") {
+  const std::string error = ReadError(std::string(kGoodLine) + "\n" + kGoodLine + "[1]\n");
+  CHECK_THAT(error, Catch::Contains("bad.jsonl:4: expected a JSON object"));
+}
+
+TEST_CASE("each kind of bad line is reported with its line number and field", "[rollout_data]") {
+  struct Case {
+    const char* line;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1], "reward": 1.0,})",
+       ":2: not valid JSON: column"},
+      {R"({"tokens": [5, 6, 7], "loss_mask": [1, 1], "reward": 1.0})",
+       ":2: field \"response_length\": missing"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1]})",
+       ":2: field \"reward\": missing"},
+      {R"({"tokens": "5 6 7", "response_length": 2, "loss_mask": [1, 1], "reward": 1.0})",
+       ":2: field \"tokens\": is \"5 6 7\", not an array"},
+      {R"({"tokens": [5, 6.5, 7], "response_length": 2, "loss_mask": [1, 1], "reward": 1.0})",
+       ":2: field \"tokens\": entry 1 is 6.5, not an integer"},
+      {R"({"tokens": [5, 6, 7], "response_length": "2", "loss_mask": [1, 1], "reward": 1.0})",
+       ":2: field \"response_length\": is \"2\", not an integer"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1], "reward": "1"})",
+       ":2: field \"reward\": is \"1\", not a number"},
+      {R"({"tokens": [5, 6, 7], "response_length": 4, "loss_mask": [1, 1, 1, 1], "reward": 1})",
+       ":2: field \"response_length\": is 4, but \"tokens\" has only 3 entries"},
+      {R"({"tokens": [5, 6, 7], "response_length": 0, "loss_mask": [], "reward": 1})",
+       ":2: field \"response_length\": is 0; a sample needs at least one response token"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1, 1], "reward": 1})",
+       ":2: field \"loss_mask\": has 3 entries, but response_length is 2"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 2], "reward": 1})",
+       ":2: field \"loss_mask\": entry 1 is 2; a loss mask holds 0 or 1"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1], "reward": 1,
+           "rollout_log_probs": [-0.5]})",
+       ":2: field \"rollout_log_probs\": has 1 entries, but response_length is 2"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1], "reward": 1,
+           "rollout_log_probs": [-0.5, 1e300]})",
+       ":2: field \"rollout_log_probs\": entry 1 is 1e+300, beyond the range of a float"},
+      {R"({"tokens": [5, -6, 7], "response_length": 2, "loss_mask": [1, 1], "reward": 1})",
+       ":2: field \"tokens\": entry 1 is -6; token ids must be >= 0"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1], "rewards": 1})",
+       ":2: field \"rewards\": unknown field"},
+      {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1], "reward": 1,
+           "group": -1})",
+       ":2: field \"group\": is -1; group ids must be >= 0"},
+      {R"([5, 6, 7])", ":2: expected a JSON object (one sample per line), found an array"},
+  };
+  for (const Case& c : cases) {
+    // Multi-line raw strings above are for reading; a JSONL line has no newline inside.
+    std::string line = c.line;
+    for (char& ch : line) {
+      if (ch == '\n') ch = ' ';
+    }
+    INFO(line);
+    const std::string error = ReadError(std::string(kGoodLine) + line + "\n" + kGoodLine);
+    CHECK_THAT(error, Catch::Contains("bad.jsonl" + std::string(c.message)));
+  }
+}
+
+TEST_CASE("a non-finite reward is refused (JSON cannot hold one; the writer checks)",
+          "[rollout_data]") {
+  // JSON has no spelling for inf or NaN; a value that overflows a double is not valid JSON.
+  CHECK_THAT(ReadError(R"({"tokens": [5, 6], "response_length": 1, "loss_mask": [1], )"
+                       R"("reward": 1e999})"
+                       "\n"),
+             Catch::Contains("bad.jsonl:1: not valid JSON"));
+  RolloutBatch batch;
+  batch.samples = {MakeSample({1, 2}, 1, 0.0), MakeSample({1, 2}, 1, std::nan(""))};
+  const std::string path = MakeTempDir() + "/nan.jsonl";
+  try {
+    WriteRolloutData(path, batch);
+    FAIL("wrote a NaN reward");
+  } catch (const CheckpointError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("nan.jsonl: cannot write sample 1 (line 2): field "
+                                         "\"reward\": is nan; rewards must be finite"));
+  }
+  CHECK_FALSE(FileExists(path));
+}
+
+TEST_CASE("a truncated last line is reported as truncation, never a crash", "[rollout_data]") {
+  const std::string whole = std::string(kGoodLine) + kGoodLine;
+  // Every cut inside the second line that leaves it invalid JSON.
+  for (size_t cut = std::string(kGoodLine).size() + 1; cut < whole.size() - 1; ++cut) {
+    INFO("cut at byte " << cut);
+    const std::string error = ReadError(whole.substr(0, cut));
+    CHECK_THAT(error, Catch::Contains("bad.jsonl:2: the last line is cut short"));
+  }
+  // Without its newline but complete, the last line reads.
+  CHECK(ReadError(whole.substr(0, whole.size() - 1)).empty());
+}
+
+TEST_CASE("a missing file names the file", "[rollout_data]") {
+  CHECK_THROWS_WITH(ReadRolloutData("/nonexistent/rollout.jsonl"),
+                    Catch::Contains("/nonexistent/rollout.jsonl: cannot open rollout data"));
+}
+
+TEST_CASE("groups come from group ids, or from position", "[rollout_data]") {
+  RolloutBatch batch;
+  for (const int64_t g : {3, 3, 1, 1, 1, 9}) {
+    Sample s = MakeSample({1, 2}, 1, 0.0);
+    s.group_index = g;
+    batch.samples.push_back(s);
+  }
+  CHECK(GroupSizes(batch, 8) == std::vector<int64_t>{2, 3, 1});
+
+  batch.samples[5].group_index = 3;  // group 3 comes back after group 1
+  CHECK_THROWS_WITH(GroupSizes(batch, 2), Catch::Contains("must be consecutive"));
+  batch.samples[5].group_index = std::nullopt;
+  CHECK_THROWS_WITH(GroupSizes(batch, 2), Catch::Contains("give every sample a \"group\""));
+
+  for (Sample& s : batch.samples) s.group_index = std::nullopt;
+  CHECK(GroupSizes(batch, 3) == std::vector<int64_t>{3, 3});
+  CHECK_THROWS_WITH(GroupSizes(batch, 4), Catch::Contains("--n-samples-per-prompt"));
+}
+
+}  // namespace
+}  // namespace rl::rl_algo

@@ -1,0 +1,255 @@
+#include "trainer/rollout/engine.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "launch/check.h"
+#include "trainer/rollout/sampler.h"
+
+namespace rl::rollout {
+namespace {
+
+constexpr std::string_view kWeightsTag = "rollout_weights";
+constexpr std::string_view kKvCacheTag = "kv_cache";
+
+at::Tensor AllocateChecked(const StorageAllocator& allocator, std::string_view tag,
+                           int64_t num_bytes, at::Device device) {
+  at::Tensor storage = allocator(tag, num_bytes);
+  RL_CHECK(storage.defined() && storage.dim() == 1 && storage.scalar_type() == at::kByte &&
+               storage.is_contiguous() && storage.numel() >= num_bytes,
+           Error,
+           "rollout engine: the allocator must return a contiguous 1-D uint8 tensor of at least "
+           "{} bytes for \"{}\"; got {}",
+           num_bytes, tag,
+           storage.defined() ? fmt::format("{} of shape [{}]", c10::toString(storage.scalar_type()),
+                                           fmt::join(storage.sizes(), ", "))
+                             : std::string("an undefined tensor"));
+  RL_CHECK(storage.device().type() == device.type() &&
+               (!device.has_index() || storage.device() == device),
+           Error, "rollout engine: the allocator returned \"{}\" on {}, the engine runs on {}", tag,
+           storage.device().str(), device.str());
+  return storage;
+}
+
+// The cache tensors of one layer with the dimension that indexes positions.
+std::vector<std::pair<at::Tensor, int64_t>> CacheTensors(model::LayerKv& kv) {
+  std::vector<std::pair<at::Tensor, int64_t>> out;
+  if (kv.key.defined()) out.emplace_back(kv.key, 2);              // [B, kv_heads, L, head_dim]
+  if (kv.value.defined()) out.emplace_back(kv.value, 2);          // [B, kv_heads, L, head_dim]
+  if (kv.latent.defined()) out.emplace_back(kv.latent, 1);        // [B, L, kv_lora]
+  if (kv.k_pe.defined()) out.emplace_back(kv.k_pe, 1);            // [B, L, rope]
+  if (kv.index_key.defined()) out.emplace_back(kv.index_key, 1);  // [B, L, index_head_dim]
+  return out;
+}
+
+// Moves cache rows `keep` (ascending indices into rows [0, old_batch)) to rows [0, keep.size()),
+// positions [0, length) only.
+void CompactCache(model::KvCache& cache, int64_t num_layers, const std::vector<int64_t>& keep,
+                  int64_t old_batch, int64_t length) {
+  const at::Tensor index =
+      at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(cache.storage().device());
+  const int64_t new_batch = static_cast<int64_t>(keep.size());
+  for (int64_t l = 0; l < num_layers; ++l) {
+    for (auto& [tensor, position_dim] : CacheTensors(cache.layer(l))) {
+      const at::Tensor used = tensor.narrow(0, 0, old_batch).narrow(position_dim, 0, length);
+      const at::Tensor moved = used.index_select(0, index);  // a copy: safe to write back
+      tensor.narrow(0, 0, new_batch).narrow(position_dim, 0, length).copy_(moved);
+    }
+  }
+}
+
+}  // namespace
+
+StorageAllocator PlainAllocator(at::Device device) {
+  return [device](std::string_view, int64_t num_bytes) {
+    return at::zeros({num_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  };
+}
+
+RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype,
+                             at::Device device, int64_t max_batch, int64_t max_length,
+                             const StorageAllocator& allocator)
+    : config_(std::move(config)),
+      dtype_(param_dtype),
+      device_(device),
+      max_batch_(max_batch),
+      max_length_(max_length) {
+  RL_CHECK(max_batch >= 1 && max_length >= 2, ConfigError,
+           "rollout engine: max_batch must be >= 1 and max_length >= 2; got {} and {}", max_batch,
+           max_length);
+  RL_CHECK(at::isFloatingType(param_dtype), ConfigError,
+           "rollout engine: the param dtype must be floating; got {}", c10::toString(param_dtype));
+  std::vector<weight_sync::TensorDecl> decls;
+  for (const model::ParamSpec& spec : model::ListParams(config_)) {
+    decls.push_back({spec.name, spec.shape, model::ParamDtype(spec, dtype_)});
+  }
+  layout_ = weight_sync::MakeEngineLayout(decls);
+  weight_storage_ = AllocateChecked(allocator, kWeightsTag, layout_.total_bytes, device_);
+  const auto views = weight_sync::HfViews(layout_, weight_storage_);
+  weights_ = model::TensorMap(views.begin(), views.end());
+  decoder_ = std::make_unique<model::Decoder>(config_, weights_);
+
+  const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
+  const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
+  kv_storage_ = AllocateChecked(allocator, kKvCacheTag, kv_bytes, device_)
+                    .narrow(0, 0, kv_bytes)
+                    .view(dtype_);
+}
+
+void RolloutEngine::LoadWeights(const model::TensorMap& params) {
+  std::vector<std::string> missing;
+  std::vector<std::string> mismatched;
+  std::vector<std::string> unexpected;
+  for (const auto& [name, view] : weights_) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      missing.push_back(name);
+    } else if (it->second.sizes() != view.sizes()) {
+      mismatched.push_back(fmt::format("{} [{}] (engine [{}])", name,
+                                       fmt::join(it->second.sizes(), ", "),
+                                       fmt::join(view.sizes(), ", ")));
+    }
+  }
+  for (const auto& [name, tensor] : params) {
+    if (weights_.count(name) == 0) unexpected.push_back(name);
+  }
+  std::sort(missing.begin(), missing.end());
+  std::sort(mismatched.begin(), mismatched.end());
+  std::sort(unexpected.begin(), unexpected.end());
+  RL_CHECK(missing.empty() && mismatched.empty() && unexpected.empty(), Error,
+           "rollout engine LoadWeights: the tensors do not match the model; missing: [{}]; wrong "
+           "shape: [{}]; unexpected: [{}]",
+           fmt::join(missing, ", "), fmt::join(mismatched, ", "), fmt::join(unexpected, ", "));
+  for (auto& [name, view] : weights_) view.copy_(params.at(name));
+}
+
+void RolloutEngine::SetMemoryHooks(std::function<void()> pause, std::function<void()> resume) {
+  pause_hook_ = std::move(pause);
+  resume_hook_ = std::move(resume);
+}
+
+void RolloutEngine::Sleep() {
+  RL_CHECK(!asleep_, Error, "rollout engine: Sleep() called while already asleep");
+  if (pause_hook_) pause_hook_();
+  asleep_ = true;
+}
+
+void RolloutEngine::WakeUp() {
+  RL_CHECK(asleep_, Error, "rollout engine: WakeUp() called while already awake");
+  if (resume_hook_) resume_hook_();
+  asleep_ = false;
+}
+
+std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<int64_t>>& prompts,
+                                                const SamplingParams& params) {
+  RL_CHECK(!asleep_, Error,
+           "rollout engine is asleep: call WakeUp() (and restore the weights) before Generate()");
+  CheckSamplerConfig({params.temperature, params.top_p, params.top_k});
+  RL_CHECK(params.max_new_tokens >= 1, ConfigError, "sampling max_new_tokens must be >= 1; got {}",
+           params.max_new_tokens);
+  // Prompts grouped by length (Note [Rollout batching]); std::map orders groups by length.
+  std::map<size_t, std::vector<size_t>> by_length;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<int64_t>& prompt = prompts[i];
+    RL_CHECK(!prompt.empty(), Error, "rollout engine: prompt {} is empty", i);
+    RL_CHECK(static_cast<int64_t>(prompt.size()) < max_length_, Error,
+             "rollout engine: prompt {} has {} tokens, which leaves no room for a response under "
+             "max_length {}; raise the engine's max_length or shorten the prompt",
+             i, prompt.size(), max_length_);
+    for (int64_t token : prompt) {
+      RL_CHECK(token >= 0 && token < config_.vocab_size, Error,
+               "rollout engine: prompt {} holds token id {}, outside the vocabulary [0, {})", i,
+               token, config_.vocab_size);
+    }
+    by_length[prompt.size()].push_back(i);
+  }
+  std::vector<Generation> out(prompts.size());
+  for (const auto& [length, rows] : by_length) {
+    for (size_t begin = 0; begin < rows.size(); begin += static_cast<size_t>(max_batch_)) {
+      const size_t end = std::min(rows.size(), begin + static_cast<size_t>(max_batch_));
+      GenerateGroup(prompts, std::vector<size_t>(rows.begin() + begin, rows.begin() + end), params,
+                    out);
+    }
+  }
+  return out;
+}
+
+void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& prompts,
+                                  const std::vector<size_t>& rows, const SamplingParams& params,
+                                  std::vector<Generation>& out) {
+  const SamplerConfig sampler{params.temperature, params.top_p, params.top_k};
+  const bool greedy = IsGreedy(sampler);
+  const int64_t batch = static_cast<int64_t>(rows.size());
+  const int64_t prompt_length = static_cast<int64_t>(prompts[rows[0]].size());
+  const int64_t limit = std::min(params.max_new_tokens, max_length_ - prompt_length);
+  const std::unordered_set<int64_t> stop(params.stop_token_ids.begin(),
+                                         params.stop_token_ids.end());
+
+  std::vector<at::Generator> generators;  // Note [Rollout seeds]
+  std::vector<int64_t> flat;              // [batch, prompt_length]
+  for (size_t row : rows) {
+    generators.push_back(MakeGenerator(params.seed + static_cast<uint64_t>(row)));
+    flat.insert(flat.end(), prompts[row].begin(), prompts[row].end());
+    out[row].prompt = prompts[row];
+  }
+  model::KvCache cache(config_, kv_storage_, batch, max_length_);
+  const at::Tensor prompt_tokens =
+      at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({batch, prompt_length});
+  // [live, vocab]: the next-token logits of each live row.
+  at::Tensor logits = decoder_->ForwardStep(prompt_tokens, cache, 0).select(1, prompt_length - 1);
+
+  std::vector<int64_t> live(static_cast<size_t>(batch));  // indices into rows, in cache-row order
+  for (int64_t j = 0; j < batch; ++j) live[static_cast<size_t>(j)] = j;
+  int64_t position = prompt_length;
+  for (int64_t step = 0; step < limit; ++step) {
+    at::Tensor uniforms;
+    if (!greedy) {
+      std::vector<at::Tensor> draws;
+      for (int64_t j : live) {
+        draws.push_back(at::rand({1}, generators[static_cast<size_t>(j)],
+                                 at::TensorOptions().dtype(at::kDouble)));
+      }
+      uniforms = at::cat(draws);
+    }
+    const SampledTokens sampled = SampleWithUniforms(logits, sampler, uniforms);
+    const at::Tensor tokens = sampled.tokens.to(at::kCPU).contiguous();
+    const at::Tensor log_probs = sampled.log_probs.to(at::kCPU).contiguous();
+    const int64_t* token_data = tokens.data_ptr<int64_t>();
+    const float* log_prob_data = log_probs.data_ptr<float>();
+
+    std::vector<int64_t> keep;  // cache rows (indices into `live`) that go on
+    std::vector<int64_t> next_live;
+    std::vector<int64_t> next_tokens;
+    for (size_t r = 0; r < live.size(); ++r) {
+      Generation& gen = out[rows[static_cast<size_t>(live[r])]];
+      gen.response.push_back(token_data[r]);
+      gen.log_probs.push_back(log_prob_data[r]);
+      const bool stopped = stop.count(token_data[r]) > 0;
+      const bool full = static_cast<int64_t>(gen.response.size()) >= limit;
+      if (!stopped && full) gen.truncated = true;
+      if (!stopped && !full) {
+        keep.push_back(static_cast<int64_t>(r));
+        next_live.push_back(live[r]);
+        next_tokens.push_back(token_data[r]);
+      }
+    }
+    if (next_live.empty()) break;
+    if (next_live.size() < live.size()) {
+      CompactCache(cache, config_.num_hidden_layers, keep, static_cast<int64_t>(live.size()),
+                   position);
+    }
+    live = std::move(next_live);
+    const at::Tensor step_tokens = at::tensor(next_tokens, at::TensorOptions().dtype(at::kLong))
+                                       .view({static_cast<int64_t>(live.size()), 1});
+    logits = decoder_->ForwardStep(step_tokens, cache, position).select(1, 0);
+    ++position;
+  }
+}
+
+}  // namespace rl::rollout

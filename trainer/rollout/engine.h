@@ -1,0 +1,149 @@
+// The rollout engine: generates responses with per-token log-probs from a Decoder whose weights
+// live in the engine's own storage, in the engine layout that weight sync writes into.
+//
+// Ownership: the engine owns two storages, each obtained once, at construction, from the
+// caller's allocator: "rollout_weights" (weight_sync::EngineLayout::total_bytes) and "kv_cache"
+// (KvCache::NumElements(config, max_batch, max_length) elements of the param dtype). The trainer
+// backs them with pausable memory regions (DESIGN.md "Memory: pausable regions"); the views the
+// Decoder and the caches use stay valid across pause/resume. The Decoder runs directly on the HF
+// views of the weight storage (weight_sync::HfViews), so a write through weight_storage() (weight
+// sync) or LoadWeights() is seen by the next Generate without telling the engine.
+//
+// Sleep/WakeUp call the caller's hooks (SetMemoryHooks) and track the state. The engine does not
+// decide which regions a hook pauses: DESIGN.md steps 9-10 resume the weights, sync them, then
+// resume the KV cache, so the trainer's resume hook may bring back only what is still paused.
+// After WakeUp the KV cache contents are garbage, which is fine (every Generate prefills); the
+// weights are whatever the caller restored or synced.
+//
+// Note [Rollout batching]
+// Decoder::ForwardStep takes one start position for the whole batch, and left padding is not free
+// with RoPE and a cache (positions would shift). Generate therefore groups prompts by length: the
+// rows of a group are at equal positions for the whole generation (each step appends one token to
+// every live row), so each group is prefilled in one ForwardStep and decoded step by step as one
+// batch over cache rows [0, group size). Groups larger than max_batch are split; groups run one
+// after another. When rows finish (stop token or length limit), the live rows' cache entries are
+// moved to the front (one index_select + copy per cache tensor) and the finished rows stop being
+// computed. Cost: with G distinct prompt lengths, G sequential decode loops instead of one; GRPO
+// sends n_samples_per_prompt copies of each prompt, so groups are at least that large. The cache
+// compaction copies the live rows' full cache rows once per step in which some row finished.
+//
+// Note [Rollout seeds]
+// Prompt i of a Generate call samples with its own CPU generator seeded with `seed + i`, one
+// uniform per generated token, so a row's tokens do not depend on the batch it ran in:
+// Generate({prompts[i]}, params with seed + i) reproduces row i of Generate(prompts, params)
+// (tokens exactly up to near-ties of u with a CDF boundary; log-probs to float rounding, since
+// matmuls of different batch sizes may round differently). A trainer must advance `seed` between
+// calls (e.g. by the number of prompts) to get fresh samples.
+//
+// Response rules: a response ends at the first stop token (included, with its log-prob, as the
+// reference does) or after min(max_new_tokens, max_length - prompt length) tokens; `truncated` is
+// true when it ended by length without a stop token.
+//
+// Failures: Generate while asleep throws rl::Error("rollout engine is asleep ..."); empty prompts,
+// prompts that leave no room under max_length, token ids outside the vocabulary and bad sampling
+// values throw rl::Error / rl::ConfigError naming the prompt or the field. An allocator that
+// returns the wrong size, dtype or device throws rl::Error naming the tag. LoadWeights throws
+// rl::Error listing missing and mismatched tensors.
+//
+// Thread safety: none; one thread drives an engine.
+#ifndef RL_TRAINER_ROLLOUT_ENGINE_H_
+#define RL_TRAINER_ROLLOUT_ENGINE_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "trainer/model/decoder.h"
+#include "trainer/model/model_config.h"
+#include "trainer/model/params.h"
+#include "weight_sync/engine_layout.h"
+
+namespace rl::rollout {
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0 = greedy
+  double top_p = 1.0;        // 1 = off
+  int64_t top_k = -1;        // -1 = off
+  int64_t max_new_tokens = 0;
+  std::vector<int64_t> stop_token_ids;
+  uint64_t seed = 0;  // Note [Rollout seeds]
+};
+
+struct Generation {
+  std::vector<int64_t> prompt;
+  std::vector<int64_t> response;  // includes the stop token when one ended it
+  std::vector<float> log_probs;   // one per response token; Note [Rollout log-probs] (sampler.h)
+  bool truncated = false;         // ended by the length limit, not by a stop token
+};
+
+// Returns 1-D uint8 storage of at least `num_bytes` bytes on the engine's device for `tag`
+// ("rollout_weights" or "kv_cache").
+using StorageAllocator = std::function<at::Tensor(std::string_view tag, int64_t num_bytes)>;
+
+// An allocator of plain zero-filled tensors (tests and tools).
+StorageAllocator PlainAllocator(at::Device device);
+
+class RolloutEngine {
+ public:
+  RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype, at::Device device,
+                int64_t max_batch, int64_t max_length, const StorageAllocator& allocator);
+
+  RolloutEngine(const RolloutEngine&) = delete;
+  RolloutEngine& operator=(const RolloutEngine&) = delete;
+
+  const model::ModelConfig& config() const { return config_; }
+  int64_t max_batch() const { return max_batch_; }
+  int64_t max_length() const { return max_length_; }
+
+  // Weight sync writes into weight_storage() at layout() offsets.
+  const weight_sync::EngineLayout& layout() const { return layout_; }
+  const at::Tensor& weight_storage() const { return weight_storage_; }
+  // HF-named views of weight_storage() (what the Decoder computes with).
+  const model::TensorMap& weights() const { return weights_; }
+
+  // Copies every parameter of the model from `params` (HF names, any dtype/device; converted).
+  void LoadWeights(const model::TensorMap& params);
+
+  int64_t weight_version() const { return weight_version_; }
+  void set_weight_version(int64_t version) { weight_version_ = version; }
+
+  // One Generation per prompt, in prompt order (Notes [Rollout batching], [Rollout seeds]).
+  std::vector<Generation> Generate(const std::vector<std::vector<int64_t>>& prompts,
+                                   const SamplingParams& params);
+
+  // Hooks called by Sleep (pause) and WakeUp (resume); default no-ops.
+  void SetMemoryHooks(std::function<void()> pause, std::function<void()> resume);
+  // Throws rl::Error when already asleep / already awake.
+  void Sleep();
+  void WakeUp();
+  bool asleep() const { return asleep_; }
+
+ private:
+  // Generates rows `rows` (indices into prompts/out) that share one prompt length.
+  void GenerateGroup(const std::vector<std::vector<int64_t>>& prompts,
+                     const std::vector<size_t>& rows, const SamplingParams& params,
+                     std::vector<Generation>& out);
+
+  model::ModelConfig config_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  int64_t max_batch_;
+  int64_t max_length_;
+  weight_sync::EngineLayout layout_;
+  at::Tensor weight_storage_;  // [total_bytes] uint8
+  model::TensorMap weights_;   // HF-named views of weight_storage_
+  at::Tensor kv_storage_;      // [NumElements] of dtype_, a view of the "kv_cache" bytes
+  std::unique_ptr<model::Decoder> decoder_;
+  int64_t weight_version_ = 0;
+  bool asleep_ = false;
+  std::function<void()> pause_hook_;
+  std::function<void()> resume_hook_;
+};
+
+}  // namespace rl::rollout
+
+#endif  // RL_TRAINER_ROLLOUT_ENGINE_H_

@@ -1,0 +1,300 @@
+// The rollout engine on the tiny reference checkpoints (tests/fixtures, fp32, CPU).
+//
+// Properties: greedy generation reproduces transformers' greedy `generated` tokens; sampled
+// rollout log-probs equal a fresh full forward's log_softmax(logits / T) at the response tokens;
+// a batch of prompts of different lengths gives what each prompt gives alone (Note [Rollout
+// seeds]); a stop token ends a sequence and is included; Generate while asleep throws.
+//
+// Tolerance for log-probs, 1e-5 absolute: the rollout's logits come from KV-cache steps and the
+// reference's from one full forward, in fp32; they differ by rounding only (the fixtures' manifest
+// records KV-cache vs full-forward max |Δlogits| <= ~1e-6 with logits O(1)), and log_softmax moves
+// by at most 2 max|Δlogits| / T, i.e. a few 1e-6 at T = 0.8. A wrong position, temperature or
+// token would move them by O(0.1).
+#include "trainer/rollout/engine.h"
+
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "launch/check.h"
+#include "trainer/model/decoder.h"
+#include "trainer/model/model_config.h"
+#include "trainer/model/params.h"
+#include "trainer/model/safetensors.h"
+
+namespace rl::rollout {
+namespace {
+
+// Same lookup as trainer/model/test_fixtures.h, without std::filesystem.
+std::string FixturePath(const std::string& name) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  const std::string root = srcdir != nullptr
+                               ? std::string(srcdir) + "/" +
+                                     (workspace != nullptr ? workspace : "rl") + "/tests/fixtures"
+                               : "tests/fixtures";
+  return root + "/" + name;
+}
+
+struct Fixture {
+  model::ModelConfig config;
+  model::TensorMap params;
+};
+
+Fixture LoadFixture(const std::string& name) {
+  Fixture f;
+  f.config = model::LoadModelConfig(FixturePath(name));
+  f.params = model::AllocateParams(model::ListParams(f.config), at::kFloat, at::kCPU);
+  model::LoadParams(model::CheckpointReader::Open(FixturePath(name)), f.config, f.params);
+  return f;
+}
+
+at::Tensor GenerateTensor(const std::string& name, const std::string& tensor) {
+  return model::SafetensorsFile::Open(FixturePath(name) + "/generate.safetensors")
+      .Get(tensor)
+      .clone();
+}
+
+std::vector<int64_t> Row(const at::Tensor& t, int64_t row, int64_t begin, int64_t length) {
+  const at::Tensor r = t[row].narrow(0, begin, length).to(at::kLong).contiguous();
+  return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + length);
+}
+
+std::unique_ptr<RolloutEngine> MakeEngine(const Fixture& f, int64_t max_batch, int64_t max_length) {
+  auto engine =
+      std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), max_batch,
+                                      max_length, PlainAllocator(at::Device(at::kCPU)));
+  engine->LoadWeights(f.params);
+  return engine;
+}
+
+// Prompts of lengths 3, 5, 3, 7, 6 cut from the fixture's reference tokens.
+std::vector<std::vector<int64_t>> MixedPrompts(const std::string& name) {
+  const at::Tensor tokens =
+      model::SafetensorsFile::Open(FixturePath(name) + "/reference.safetensors")
+          .Get("tokens_long")
+          .clone();  // [2, 16]
+  return {Row(tokens, 0, 0, 3), Row(tokens, 1, 2, 5), Row(tokens, 1, 0, 3), Row(tokens, 0, 4, 7),
+          Row(tokens, 1, 9, 6)};
+}
+
+// log_softmax(Logits(prompt + response) / T) at the response tokens, from a fresh Decoder.
+std::vector<float> FullForwardLogProbs(const model::Decoder& decoder, const Generation& g,
+                                       double temperature) {
+  std::vector<int64_t> all = g.prompt;
+  all.insert(all.end(), g.response.begin(), g.response.end());
+  const int64_t n = static_cast<int64_t>(all.size());
+  const int64_t p = static_cast<int64_t>(g.prompt.size());
+  const int64_t r = static_cast<int64_t>(g.response.size());
+  const at::Tensor tokens = at::tensor(all, at::TensorOptions().dtype(at::kLong)).view({1, n});
+  const at::Tensor logits = decoder.Logits(tokens)[0].narrow(0, p - 1, r);  // [r, V]
+  const at::Tensor targets = tokens[0].narrow(0, p, r).unsqueeze(1);
+  const at::Tensor lp =
+      at::log_softmax(logits.to(at::kFloat) / temperature, -1).gather(1, targets).squeeze(1);
+  return std::vector<float>(lp.data_ptr<float>(), lp.data_ptr<float>() + r);
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+const std::vector<std::string> kAllFixtures = {
+    "qwen3",       "qwen3_moe",   "glm4_moe",          "glm4_moe_lite",
+    "deepseek_v3", "glm_moe_dsa", "glm_moe_dsa_shared"};
+
+TEST_CASE("Greedy generation reproduces transformers' greedy tokens") {
+  for (const std::string& name : kAllFixtures) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    auto engine = MakeEngine(f, 4, 16);
+    const at::Tensor generated = GenerateTensor(name, "generated");  // [2, 10]
+    const at::Tensor prompt = GenerateTensor(name, "prompt");        // [2, 4]
+    const int64_t p = prompt.size(1);
+    const int64_t n = generated.size(1) - p;
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_new_tokens = n;
+    const std::vector<Generation> out =
+        engine->Generate({Row(prompt, 0, 0, p), Row(prompt, 1, 0, p)}, params);
+    REQUIRE(out.size() == 2);
+    for (int64_t b = 0; b < 2; ++b) {
+      CHECK(out[b].prompt == Row(prompt, b, 0, p));
+      CHECK(out[b].response == Row(generated, b, p, n));
+      CHECK(out[b].log_probs.size() == static_cast<size_t>(n));
+      CHECK(out[b].truncated);
+    }
+  }
+}
+
+TEST_CASE("Sampled rollout log-probs equal a full forward's log_softmax(logits / T)") {
+  for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    auto engine = MakeEngine(f, 8, 24);
+    const model::Decoder fresh(f.config, f.params);
+    SamplingParams params;
+    params.temperature = 0.8;
+    params.top_k = 40;
+    params.top_p = 0.95;
+    params.max_new_tokens = 12;
+    params.seed = 77;
+    const std::vector<Generation> out = engine->Generate(MixedPrompts(name), params);
+    double worst = 0;
+    for (const Generation& g : out) {
+      REQUIRE(g.response.size() == 12);
+      worst = std::max(worst, MaxAbsDiff(g.log_probs, FullForwardLogProbs(fresh, g, 0.8)));
+    }
+    fmt::print("{:12s} rollout vs full-forward log-probs max|diff| {:.3g} (tolerance 1e-5)\n", name,
+               worst);
+    CHECK(worst <= 1e-5);
+  }
+}
+
+TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
+  for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    // max_batch 2 splits the groups; stop tokens end rows at different steps, which compacts the
+    // cache mid-group.
+    auto engine = MakeEngine(f, 2, 20);
+    SamplingParams params;
+    params.temperature = 1.0;
+    params.max_new_tokens = 10;
+    params.seed = 1000;
+    for (int64_t t = 0; t < 128; t += 9) params.stop_token_ids.push_back(t);
+    const std::vector<std::vector<int64_t>> prompts = MixedPrompts(name);
+    const std::vector<std::vector<int64_t>> batch_prompts = {
+        prompts[0], prompts[1], prompts[2], prompts[3], prompts[4], prompts[0], prompts[2]};
+    const std::vector<Generation> batched = engine->Generate(batch_prompts, params);
+    int64_t stopped = 0;
+    double worst = 0;
+    for (size_t i = 0; i < batch_prompts.size(); ++i) {
+      INFO("prompt " << i);
+      SamplingParams alone_params = params;
+      alone_params.seed = params.seed + i;
+      const std::vector<Generation> alone = engine->Generate({batch_prompts[i]}, alone_params);
+      CHECK(batched[i].prompt == batch_prompts[i]);
+      CHECK(batched[i].response == alone[0].response);
+      CHECK(batched[i].truncated == alone[0].truncated);
+      worst = std::max(worst, MaxAbsDiff(batched[i].log_probs, alone[0].log_probs));
+      if (!batched[i].truncated) ++stopped;
+    }
+    // Same prompt, different seeds (rows 0 and 5): different samples.
+    CHECK(batched[0].response != batched[5].response);
+    fmt::print("{:12s} batched vs alone: {} of {} rows stopped early, log-probs max|diff| {:.3g}\n",
+               name, stopped, batch_prompts.size(), worst);
+    CHECK(stopped >= 2);  // the compaction path ran
+    CHECK(worst <= 1e-5);
+  }
+}
+
+TEST_CASE("A stop token ends the sequence and is included with its log-prob") {
+  for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    auto engine = MakeEngine(f, 4, 16);
+    const at::Tensor generated = GenerateTensor(name, "generated");  // [2, 10]
+    const std::vector<int64_t> prompt = Row(generated, 0, 0, 4);
+    const std::vector<int64_t> greedy = Row(generated, 0, 4, 6);
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_new_tokens = 6;
+    const Generation full = engine->Generate({prompt}, params)[0];
+    params.stop_token_ids = {greedy[2]};
+    const Generation stopped = engine->Generate({prompt}, params)[0];
+    const size_t end = static_cast<size_t>(std::find(greedy.begin(), greedy.end(), greedy[2]) -
+                                           greedy.begin() + 1);
+    CHECK(stopped.response == std::vector<int64_t>(greedy.begin(), greedy.begin() + end));
+    CHECK(!stopped.truncated);
+    CHECK(stopped.log_probs ==
+          std::vector<float>(full.log_probs.begin(), full.log_probs.begin() + end));
+  }
+}
+
+TEST_CASE("Sleep and WakeUp call the hooks; Generate while asleep throws") {
+  const Fixture f = LoadFixture("qwen3");
+  auto engine = MakeEngine(f, 2, 12);
+  int pauses = 0;
+  int resumes = 0;
+  engine->SetMemoryHooks([&] { ++pauses; }, [&] { ++resumes; });
+  SamplingParams params;
+  params.max_new_tokens = 2;
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}};
+  engine->Sleep();
+  CHECK(engine->asleep());
+  CHECK(pauses == 1);
+  CHECK_THROWS_WITH(engine->Generate(prompts, params), Catch::Contains("rollout engine is asleep"));
+  CHECK_THROWS_AS(engine->Generate(prompts, params), Error);
+  CHECK_THROWS_AS(engine->Sleep(), Error);
+  engine->WakeUp();
+  CHECK(resumes == 1);
+  CHECK_FALSE(engine->asleep());
+  CHECK(engine->Generate(prompts, params).size() == 1);
+  CHECK_THROWS_AS(engine->WakeUp(), Error);
+}
+
+TEST_CASE("Weights live in one engine-layout storage that the Decoder reads") {
+  const Fixture f = LoadFixture("qwen3");
+  auto engine = MakeEngine(f, 2, 12);
+  CHECK(engine->weight_storage().scalar_type() == at::kByte);
+  CHECK(engine->weight_storage().numel() >= engine->layout().total_bytes);
+  const at::Tensor& q = engine->weights().at("model.layers.0.self_attn.q_proj.weight");
+  CHECK(at::equal(q, f.params.at("model.layers.0.self_attn.q_proj.weight")));
+  CHECK(q.data_ptr() >= engine->weight_storage().data_ptr());
+  engine->set_weight_version(3);
+  CHECK(engine->weight_version() == 3);
+
+  model::TensorMap incomplete = f.params;
+  incomplete.erase("model.norm.weight");
+  CHECK_THROWS_WITH(engine->LoadWeights(incomplete), Catch::Contains("model.norm.weight"));
+}
+
+TEST_CASE("Bad prompts and settings are refused with a message") {
+  const Fixture f = LoadFixture("qwen3");
+  auto engine = MakeEngine(f, 2, 8);
+  SamplingParams params;
+  params.max_new_tokens = 4;
+  CHECK_THROWS_AS(engine->Generate(std::vector<std::vector<int64_t>>(1), params), Error);
+  CHECK_THROWS_AS(engine->Generate({{1, 2, 3, 4, 5, 6, 7, 8}}, params), Error);
+  CHECK_THROWS_AS(engine->Generate({{1, 128}}, params), Error);
+  params.max_new_tokens = 0;
+  CHECK_THROWS_AS(engine->Generate({{1, 2}}, params), ConfigError);
+  // A long prompt is cut by max_length: 8 - 6 = 2 tokens, truncated.
+  params.max_new_tokens = 4;
+  const Generation g = engine->Generate({{1, 2, 3, 4, 5, 6}}, params)[0];
+  CHECK(g.response.size() == 2);
+  CHECK(g.truncated);
+}
+
+TEST_CASE("A bf16 engine (the production dtype) generates, with fp32 router extras") {
+  for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    RolloutEngine engine(f.config, at::kBFloat16, at::Device(at::kCPU), 2, 16,
+                         PlainAllocator(at::Device(at::kCPU)));
+    engine.LoadWeights(f.params);  // converts fp32 -> bf16 (extras stay fp32)
+    for (const auto& [n, view] : engine.weights()) {
+      INFO(n);
+      CHECK(view.scalar_type() ==
+            (n.find("e_score_correction_bias") != std::string::npos ? at::kFloat : at::kBFloat16));
+    }
+    SamplingParams params;
+    params.max_new_tokens = 6;
+    params.seed = 3;
+    const std::vector<Generation> out = engine.Generate(MixedPrompts(name), params);
+    for (const Generation& g : out) {
+      CHECK(g.response.size() == 6);
+      for (float lp : g.log_probs) CHECK((std::isfinite(lp) && lp <= 0));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rl::rollout

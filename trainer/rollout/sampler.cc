@@ -1,0 +1,93 @@
+#include "trainer/rollout/sampler.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "launch/check.h"
+
+namespace rl::rollout {
+
+void CheckSamplerConfig(const SamplerConfig& config) {
+  RL_CHECK(std::isfinite(config.temperature) && config.temperature >= 0, ConfigError,
+           "sampling temperature must be >= 0 (0 = greedy); got {}", config.temperature);
+  RL_CHECK(config.top_p > 0 && config.top_p <= 1, ConfigError,
+           "sampling top_p must be in (0, 1] (1 = off); got {}", config.top_p);
+  RL_CHECK(config.top_k == -1 || config.top_k >= 1, ConfigError,
+           "sampling top_k must be -1 (off) or >= 1; got {}", config.top_k);
+}
+
+bool IsGreedy(const SamplerConfig& config) { return config.greedy || config.temperature == 0; }
+
+double LogProbTemperature(const SamplerConfig& config) {
+  return config.temperature > 0 ? config.temperature : 1.0;
+}
+
+at::Generator MakeGenerator(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& config,
+                                 const at::Tensor& uniforms) {
+  CheckSamplerConfig(config);
+  RL_CHECK(logits.dim() == 2 && at::isFloatingType(logits.scalar_type()) && logits.size(1) > 0,
+           Error, "sampler: logits must be floating [batch, vocab]; got {} of shape [{}]",
+           c10::toString(logits.scalar_type()), fmt::join(logits.sizes(), ", "));
+  const int64_t batch = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  // Note [Rollout log-probs]: the scaled, untruncated distribution.
+  const at::Tensor scaled = logits.to(at::kFloat) / LogProbTemperature(config);  // [B, V]
+  const at::Tensor log_probs_all = at::log_softmax(scaled, -1);                  // [B, V]
+
+  at::Tensor tokens;  // [B] int64
+  if (IsGreedy(config)) {
+    tokens = logits.to(at::kFloat).argmax(-1);
+  } else {
+    RL_CHECK(uniforms.dim() == 1 && uniforms.size(0) == batch, Error,
+             "sampler: need one uniform per row ({}); got shape [{}]", batch,
+             fmt::join(uniforms.sizes(), ", "));
+    const auto sorted = at::sort(scaled, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+    const at::Tensor& sorted_logits = std::get<0>(sorted);                    // [B, V]
+    const at::Tensor& sorted_index = std::get<1>(sorted);                     // [B, V]
+    const at::Tensor probs = at::softmax(sorted_logits.to(at::kDouble), -1);  // [B, V] fp64
+    const at::Tensor position =
+        at::arange(vocab, at::TensorOptions().dtype(at::kLong).device(logits.device()));
+    const int64_t k = config.top_k == -1 ? vocab : std::min(config.top_k, vocab);
+    at::Tensor keep = (position < k).unsqueeze(0).expand({batch, vocab});  // [B, V] bool
+    if (config.top_p < 1) {
+      const at::Tensor topk_probs = probs * keep;
+      const at::Tensor renorm = topk_probs / topk_probs.sum(-1, /*keepdim=*/true);
+      const at::Tensor mass_before = at::cumsum(renorm, -1) - renorm;
+      keep = keep.logical_and(mass_before < config.top_p);
+    }
+    // Kept positions are a prefix of the sorted order (both filters keep prefixes).
+    const at::Tensor kept = probs * keep;                  // [B, V]
+    const at::Tensor cdf = at::cumsum(kept, -1);           // [B, V]
+    const at::Tensor total = cdf.narrow(1, vocab - 1, 1);  // [B, 1]
+    const at::Tensor threshold =
+        uniforms.to(logits.device()).to(at::kDouble).unsqueeze(1) * total;  // [B, 1]
+    const at::Tensor last_kept = keep.sum(-1, /*keepdim=*/true) - 1;        // [B, 1]
+    const at::Tensor choice = at::minimum((cdf <= threshold).sum(-1, /*keepdim=*/true), last_kept);
+    tokens = sorted_index.gather(1, choice).squeeze(1);
+  }
+  SampledTokens out;
+  out.log_probs = log_probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1);
+  out.tokens = tokens;
+  return out;
+}
+
+SampledTokens Sample(const at::Tensor& logits, const SamplerConfig& config,
+                     at::Generator& generator) {
+  at::Tensor uniforms;
+  if (!IsGreedy(config)) {
+    RL_CHECK(logits.dim() == 2, Error, "sampler: logits must be [batch, vocab]; got {} dims",
+             logits.dim());
+    uniforms = at::rand({logits.size(0)}, generator, at::TensorOptions().dtype(at::kDouble));
+  }
+  return SampleWithUniforms(logits, config, uniforms);
+}
+
+}  // namespace rl::rollout
