@@ -191,7 +191,7 @@ void RematerializeBackuper::Verify() const {
            "tensors (restore cycle {}): {}",
            backup_count_, differ.size(), expected_hashes_.size(), restore_count_,
            FirstNames(differ, kNamesInMessages));
-  spdlog::debug("rematerialize restore #{}: {} tensors SHA256-identical to backup #{}",
+  spdlog::info("rematerialize restore #{}: {} tensors SHA256-identical to backup #{}",
                 restore_count_, expected_hashes_.size(), backup_count_);
 }
 

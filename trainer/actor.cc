@@ -178,6 +178,15 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
     spdlog::info("--freeze-params '{}': {} of {} parameters frozen", c.model.freeze_params,
                  frozen_.size(), specs_.size());
   }
+  int64_t trained_numel = 0;
+  for (const optimizer::ParamDecl& p : split.trained) {
+    int64_t numel = 1;
+    for (int64_t d : p.shape) numel *= d;
+    trained_numel += numel;
+  }
+  spdlog::info("actor: {} trained parameters in {} tensors, {} fp32 extras, {} frozen; params {}",
+               trained_numel, split.trained.size(), split.extras.size(), split.frozen.size(),
+               c.model.params_dtype);
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
       std::move(split.trained), comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
