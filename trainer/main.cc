@@ -22,6 +22,7 @@
 #include "launch/logging.h"
 #include "launch/mpi_session.h"
 #include "trainer/colocated_loop.h"
+#include "trainer/engine_rollout.h"
 #include "trainer/config/config.h"
 #include "trainer/config/validate.h"
 #include "trainer/model/model_config.h"
@@ -134,10 +135,9 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
   const model::ModelConfig model = LoadArchitecture(cfg.model);
   std::unique_ptr<Rollout> rollout;
   if (!cfg.colocate.debug_train_only) {
-    RL_CHECK(!cfg.data.load_debug_rollout_data.empty(), ConfigError,
-             "generation needs the rollout engine, which this build does not have yet: pass "
-             "--load-debug-rollout-data FILE to replay recorded data");
-    rollout = MakeReplayRollout(resolved);
+    rollout = cfg.data.load_debug_rollout_data.empty()
+                  ? MakeEngineRollout(resolved, model, device)
+                  : MakeReplayRollout(resolved);
   }
   RunColocated(resolved, model, *comm, device, std::move(rollout));
   comm->Barrier();

@@ -122,7 +122,7 @@
   X(std::string, input_key, "prompt", "Key of the prompt in each JSONL line.")                     \
   X(std::string, label_key, "label", "Key of the label (the verifier's answer) in each JSONL line.") \
   X(bool, apply_chat_template, false, "Wrap prompts in the tokenizer's chat template.")           \
-  X(std::string, rm_type, "math", "Reward: exact_match or math (\\boxed{} / final number).")       \
+  X(std::string, rm_type, "math", "Reward: exact_match, math (\\boxed{} / final number) or toy (the embedded task).")       \
   X(std::string, load_debug_rollout_data, "", "Replay recorded rollout data (JSONL) instead of generating.") \
   X(std::string, save_debug_rollout_data, "", "Record each rollout's data to this JSONL file.")
 

@@ -224,7 +224,7 @@ void ValidateRanges(Rules& rules, const Config& c) {
 
   rules.Require(!c.colocate.debug_train_only || !c.data.load_debug_rollout_data.empty(),
                 "--debug-train-only trains on recorded data: pass --load-debug-rollout-data FILE");
-  rules.Choice("--rm-type", c.data.rm_type, {"exact_match", "math"});
+  rules.Choice("--rm-type", c.data.rm_type, {"exact_match", "math", "toy"});
   rules.Choice("--log-level", c.logging.log_level, {"info", "debug"});
   rules.Require(c.logging.save_interval >= 0, "--save-interval must be >= 0; got {}",
                 c.logging.save_interval);

@@ -31,7 +31,10 @@ double ToyTaskReward(std::string_view response, std::string_view label) {
   if (label.empty()) return 0.0;
   const size_t eos = response.find(ByteTokenizer::kEosToken);
   const std::string_view answer = response.substr(0, eos);
-  return answer.substr(0, label.size()) == label ? 1.0 : 0.0;
+  if (answer.substr(0, label.size()) == label) return 1.0;
+  // Shaping: a wrong digit earns kToyTaskWrongDigitReward, so that a fresh model, which rarely
+  // hits the right digit, first learns to answer with a digit at all.
+  return !answer.empty() && answer[0] >= '0' && answer[0] <= '9' ? kToyTaskWrongDigitReward : 0.0;
 }
 
 }  // namespace rl::data

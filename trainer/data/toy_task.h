@@ -8,11 +8,13 @@
 //
 // Reward (ToyTaskReward, --rm-type toy): 1.0 when the decoded response, cut at its first
 // "<eos>", starts with the label; what follows the answer is ignored, so a response length of 2-4
-// does not make the task harder. ("4<eos>", "4", "4x" score 1; "x4", "" score 0.)
+// does not make the task harder. ("4<eos>", "4", "4x" score 1; "x4", "" score 0.) A response that
+// starts with a wrong digit scores 0.1 (shaping: a fresh model first learns to answer a digit).
 //
-// Chance level: a policy that answers a uniformly random digit scores 0.1; a freshly initialised
-// model, whose first token is close to uniform over all 259 ids, scores about 1/259 = 0.004. A
-// model that has learned the task scores 1.0, so a mean reward >= 0.9 means it has learned it.
+// Chance level: a policy that answers a uniformly random digit scores 0.1 + 0.9 x 0.1 = 0.19; a
+// freshly initialised model, whose first token is close to uniform over all 259 ids, scores
+// about 10/259 x 0.19 = 0.007. Only the right digit scores 1, so a mean reward >= 0.9 means the
+// task is learned.
 //
 // Thread safety: stateless.
 #ifndef RL_TRAINER_DATA_TOY_TASK_H_
@@ -26,8 +28,10 @@
 
 namespace rl::data {
 
+// Reward of a response that starts with a wrong digit.
+inline constexpr double kToyTaskWrongDigitReward = 0.1;
 // Reward of a policy answering uniformly random digits (see above).
-inline constexpr double kToyTaskChanceReward = 0.1;
+inline constexpr double kToyTaskChanceReward = 0.19;
 
 // `count` examples (count >= 0), a deterministic function of `seed` on every platform. The
 // prompts are plain strings (no chat template) and line is 0.

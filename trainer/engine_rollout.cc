@@ -1,0 +1,201 @@
+#include "trainer/engine_rollout.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+#include "launch/check.h"
+#include "trainer/data/chat_template.h"
+#include "trainer/data/prompt_dataset.h"
+#include "trainer/data/rewards.h"
+#include "trainer/data/tokenizer.h"
+#include "trainer/memory/region_manager.h"
+#include "trainer/rollout/engine.h"
+#include "weight_sync/weight_sync.h"
+
+namespace rl {
+namespace {
+
+using memory::RegionTag;
+
+std::vector<int64_t> ParseIds(const std::string& csv) {
+  std::vector<int64_t> ids;
+  std::stringstream in(csv);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) ids.push_back(std::stoll(item));
+  }
+  return ids;
+}
+
+class EngineRollout final : public Rollout {
+ public:
+  EngineRollout(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
+                c10::Device device)
+      : resolved_(resolved),
+        tokenizer_(model.hf_config.is_null() || resolved.config.model.hf_checkpoint.empty()
+                       ? std::unique_ptr<data::Tokenizer>(new data::ByteTokenizer())
+                       : data::LoadTokenizer(resolved.config.model.hf_checkpoint)),
+        reward_(data::MakeRewardFn(resolved.config.data.rm_type)) {
+    const config::Config& c = resolved.config;
+    RL_CHECK(!c.data.prompt_data.empty(), ConfigError,
+             "generation needs prompts: pass --prompt-data FILE (JSONL), or replay recorded data "
+             "with --load-debug-rollout-data FILE");
+    RL_CHECK(tokenizer_->vocab_size() <= model.vocab_size, ConfigError,
+             "the tokenizer has {} tokens but the model's vocabulary is {}",
+             tokenizer_->vocab_size(), model.vocab_size);
+    data::PromptDatasetOptions options;
+    options.input_key = c.data.input_key;
+    options.label_key = c.data.label_key;
+    options.seed = static_cast<uint64_t>(c.run.seed);
+    dataset_ = std::make_unique<data::PromptDataset>(
+        data::PromptDataset::LoadJsonl(c.data.prompt_data, options));
+    if (c.data.apply_chat_template) {
+      template_ = std::make_unique<data::ChatTemplate>(
+          data::ChatTemplate::Recognize(tokenizer_->chat_template()));
+    }
+    int64_t longest_prompt = 1;
+    for (int64_t i = 0; i < dataset_->size(); ++i) {
+      longest_prompt =
+          std::max<int64_t>(longest_prompt, Encode(dataset_->at(i)).size());
+    }
+    const int64_t max_batch = c.rollout.rollout_batch_size * c.rollout.n_samples_per_prompt;
+    const int64_t max_length = longest_prompt + c.rollout.rollout_max_response_len;
+    stop_ids_ = tokenizer_->stop_ids();
+    for (int64_t id : ParseIds(c.rollout.rollout_stop_token_ids)) stop_ids_.push_back(id);
+
+    const auto allocate = [this, device](std::string_view tag, int64_t bytes) {
+      const RegionTag region_tag = memory::ParseRegionTagOrThrow(tag);
+      memory::Region& region = regions_.Create(
+          region_tag, std::max<int64_t>(bytes, 256), device, memory::HostBackup::kNone,
+          resolved_.config.checks.ci_test ? memory::FreshPages::kPoison
+                                          : memory::FreshPages::kAsMapped);
+      return region.View(at::kByte, 0, {bytes});
+    };
+    const at::ScalarType dtype =
+        c.model.params_dtype == "fp32" ? at::kFloat : at::kBFloat16;
+    engine_ = std::make_unique<rollout::RolloutEngine>(model, dtype, device, max_batch,
+                                                       max_length, allocate);
+    engine_->SetMemoryHooks(
+        [this] {
+          regions_.Pause(RegionTag::kKvCache);
+          if (!regions_.GetOrThrow(RegionTag::kRolloutWeights).is_paused()) {
+            regions_.Pause(RegionTag::kRolloutWeights);
+          }
+        },
+        [this] { regions_.Resume(RegionTag::kKvCache); });
+    spdlog::info("rollout engine: {} prompts, batch {} x {} tokens, stop ids {}, reward {}",
+                 dataset_->size(), max_batch, max_length, fmt::join(stop_ids_, ","),
+                 c.data.rm_type);
+  }
+
+  rl_algo::RolloutBatch Generate(int64_t iteration) override {
+    const config::Config& c = resolved_.config;
+    const std::vector<data::PromptExample> prompts =
+        dataset_->NextBatch(c.rollout.rollout_batch_size);
+    std::vector<std::vector<int64_t>> inputs;
+    for (const data::PromptExample& p : prompts) {
+      const std::vector<int64_t> ids = Encode(p);
+      for (int64_t k = 0; k < c.rollout.n_samples_per_prompt; ++k) inputs.push_back(ids);
+    }
+    rollout::SamplingParams sampling;
+    sampling.temperature = c.rollout.rollout_temperature;
+    sampling.top_p = c.rollout.rollout_top_p;
+    sampling.top_k = c.rollout.rollout_top_k;
+    sampling.max_new_tokens = c.rollout.rollout_max_response_len;
+    sampling.stop_token_ids = stop_ids_;
+    // Per prompt i the engine seeds seed + i; keep iterations apart.
+    sampling.seed = static_cast<uint64_t>(c.run.seed) * 1000003u +
+                    static_cast<uint64_t>(iteration) * static_cast<uint64_t>(inputs.size() + 1);
+    const std::vector<rollout::Generation> generations = engine_->Generate(inputs, sampling);
+
+    rl_algo::RolloutBatch batch;
+    for (size_t i = 0; i < generations.size(); ++i) {
+      const rollout::Generation& g = generations[i];
+      const int64_t group = static_cast<int64_t>(i) / c.rollout.n_samples_per_prompt;
+      rl_algo::Sample s;
+      s.tokens = g.prompt;
+      s.tokens.insert(s.tokens.end(), g.response.begin(), g.response.end());
+      s.response_length = static_cast<int64_t>(g.response.size());
+      s.loss_mask.assign(g.response.size(), 1);
+      s.reward = reward_(tokenizer_->Decode(g.response, data::SkipSpecial::kYes),
+                         prompts[group].label);
+      s.rollout_log_probs = g.log_probs;
+      s.group_index = group;
+      batch.samples.push_back(std::move(s));
+    }
+    return batch;
+  }
+
+  void Sleep() override { engine_->Sleep(); }
+  void WakeWeights() override {
+    if (regions_.GetOrThrow(RegionTag::kRolloutWeights).is_paused()) {
+      regions_.Resume(RegionTag::kRolloutWeights);
+    }
+  }
+  void WakeKvCache() override {
+    if (engine_->asleep()) engine_->WakeUp();
+  }
+
+  WeightSyncStats ReceiveWeights(const backup::NamedTensors& weights, int64_t version) override {
+    const weight_sync::NamedTensors tensors = Pairs(weights);
+    const weight_sync::SyncStats s =
+        weight_sync::Sync(tensors, engine_->layout(), engine_->weight_storage(),
+                          resolved_.update_weight_buffer_bytes);
+    engine_->set_weight_version(version);
+    WeightSyncStats stats;
+    stats.bytes = s.num_bytes;
+    stats.tensors = s.num_tensors;
+    stats.seconds = s.elapsed.count();
+    return stats;
+  }
+
+  void CheckWeights(const backup::NamedTensors& weights, int64_t version) override {
+    RL_CHECK(engine_->weight_version() == version, Error,
+             "weight version mismatch: actor {}, engine {}", version, engine_->weight_version());
+    weight_sync::CheckWeightsEqual(Pairs(weights), engine_->layout(), engine_->weight_storage());
+  }
+
+  int64_t DeviceBytes() const override { return regions_.total_device_bytes(); }
+
+ private:
+  static weight_sync::NamedTensors Pairs(const backup::NamedTensors& weights) {
+    weight_sync::NamedTensors out;
+    out.reserve(weights.size());
+    for (const backup::NamedTensor& w : weights) out.emplace_back(w.name, w.tensor);
+    return out;
+  }
+
+  std::vector<int64_t> Encode(const data::PromptExample& p) const {
+    if (template_) {
+      std::vector<data::ChatMessage> messages = p.messages;
+      if (!p.is_chat()) messages = {{"user", p.text}};
+      return tokenizer_->Encode(template_->Apply(messages));
+    }
+    RL_CHECK(!p.is_chat(), ConfigError,
+             "prompt on line {} is a chat (a list of messages): pass --apply-chat-template",
+             p.line);
+    return tokenizer_->Encode(p.text);
+  }
+
+  const config::ResolvedConfig& resolved_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  data::RewardFn reward_;
+  std::unique_ptr<data::PromptDataset> dataset_;
+  std::unique_ptr<data::ChatTemplate> template_;
+  std::vector<int64_t> stop_ids_;
+  memory::RegionManager regions_;
+  std::unique_ptr<rollout::RolloutEngine> engine_;
+};
+
+}  // namespace
+
+std::unique_ptr<Rollout> MakeEngineRollout(const config::ResolvedConfig& resolved,
+                                           const model::ModelConfig& model, c10::Device device) {
+  return std::make_unique<EngineRollout>(resolved, model, device);
+}
+
+}  // namespace rl
