@@ -7,20 +7,10 @@
 #include <unordered_map>
 
 #include "launch/check.h"
+#include "weight_sync/names.h"
 
 namespace rl::weight_sync {
 namespace {
-
-constexpr size_t kMaxNamesInMessage = 10;
-
-std::string FirstNames(const std::vector<std::string>& names) {
-  std::vector<std::string> shown(names.begin(),
-                                 names.begin() + std::min(names.size(), kMaxNamesInMessage));
-  std::string text = fmt::format("{}", fmt::join(shown, ", "));
-  if (names.size() > shown.size())
-    text += fmt::format(", ... ({} more)", names.size() - shown.size());
-  return text;
-}
 
 // One atomic unit: the tensors of one engine tensor present in the input.
 struct Unit {

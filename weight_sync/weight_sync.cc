@@ -12,21 +12,10 @@
 
 #include "launch/check.h"
 #include "launch/sha256.h"
+#include "weight_sync/names.h"
 
 namespace rl::weight_sync {
 namespace {
-
-constexpr size_t kMaxNamesInMessage = 10;
-
-std::string FirstNames(const std::vector<std::string>& names) {
-  std::vector<std::string> shown(names.begin(),
-                                 names.begin() + std::min(names.size(), kMaxNamesInMessage));
-  std::string text = fmt::format("{}", fmt::join(shown, ", "));
-  if (names.size() > shown.size()) {
-    text += fmt::format(", ... ({} more)", names.size() - shown.size());
-  }
-  return text;
-}
 
 // The shape the layout declares for HF tensor `name` (its rows of the engine tensor).
 std::vector<int64_t> HfShape(const EngineLayout& layout, const EngineLayout::Location& location) {

@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 
 namespace rl::model {
@@ -57,8 +58,6 @@ std::string KnownDtypes() {
   return out;
 }
 
-std::string ErrnoText() { return std::strerror(errno); }
-
 // A JSON value for an error message, cut short.
 std::string Quote(const json::Value& v) {
   std::string text = json::Dump(v);
@@ -74,13 +73,6 @@ std::string Quote(const json::Value& v) {
 std::string JoinPath(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
   return dir.back() == '/' ? dir + name : dir + "/" + name;
-}
-
-std::string ParentDirectory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 // False when nothing is at `path`; throws when it cannot be told (permissions, I/O).
@@ -129,88 +121,6 @@ std::vector<std::string> ListDirectory(const std::string& dir) {
   }
   return names;
 }
-
-// Owns a POSIX file descriptor.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-
-  int get() const { return fd_; }
-  // Closes now, reporting the error close() returns (which can be a delayed write error).
-  int Close() {
-    const int fd = fd_;
-    fd_ = -1;
-    return ::close(fd);
-  }
-
- private:
-  int fd_;
-};
-
-// Writes `path` under a temporary name, `<path>.tmp.<pid>`, and moves it into place on Commit():
-// fsync, rename, fsync of the directory, so that after a crash `path` is either the old file or
-// the complete new one. Destroyed without Commit(), it removes the temporary file.
-class AtomicFileWriter {
- public:
-  explicit AtomicFileWriter(std::string path)
-      : path_(std::move(path)),
-        temp_path_(fmt::format("{}.tmp.{}", path_, ::getpid())),
-        fd_(::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
-    if (fd_.get() < 0) {
-      throw CheckpointError(fmt::format("{}: cannot create: {}", temp_path_, ErrnoText()));
-    }
-  }
-  ~AtomicFileWriter() {
-    if (!committed_) ::unlink(temp_path_.c_str());
-  }
-  AtomicFileWriter(const AtomicFileWriter&) = delete;
-  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-
-  void Write(const void* data, size_t num_bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (num_bytes > 0) {
-      // One write() moves at most about 2 GiB on Linux; ask for 1 GiB at a time.
-      const ssize_t written = ::write(fd_.get(), p, std::min(num_bytes, size_t{1} << 30));
-      if (written < 0) {
-        if (errno == EINTR) continue;
-        throw CheckpointError(fmt::format("{}: cannot write: {}", temp_path_, ErrnoText()));
-      }
-      p += written;
-      num_bytes -= static_cast<size_t>(written);
-    }
-  }
-
-  void Commit() {
-    if (::fsync(fd_.get()) != 0) {
-      throw CheckpointError(fmt::format("{}: cannot fsync: {}", temp_path_, ErrnoText()));
-    }
-    if (fd_.Close() != 0) {
-      throw CheckpointError(fmt::format("{}: cannot close: {}", temp_path_, ErrnoText()));
-    }
-    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-      throw CheckpointError(
-          fmt::format("{}: cannot rename {} into place: {}", path_, temp_path_, ErrnoText()));
-    }
-    committed_ = true;
-    const std::string dir = ParentDirectory(path_);
-    const FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) {
-      throw CheckpointError(
-          fmt::format("{}: wrote {}, but cannot fsync its directory: {}", dir, path_, ErrnoText()));
-    }
-  }
-
- private:
-  std::string path_;
-  std::string temp_path_;
-  FileDescriptor fd_;
-  bool committed_ = false;
-};
 
 // a * b, or nullopt when it overflows int64.
 std::optional<int64_t> CheckedMultiply(int64_t a, int64_t b) {

@@ -4,15 +4,14 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string_view>
 #include <unordered_set>
 #include <utility>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/json.h"
 
@@ -21,98 +20,6 @@ namespace {
 
 constexpr const char* kKnownKeys[] = {"tokens", "response_length",   "loss_mask",
                                       "reward", "rollout_log_probs", "group"};
-
-std::string ErrnoText() { return std::strerror(errno); }
-
-// "/a/b/c.jsonl" -> "/a/b"; "c.jsonl" -> ".".
-std::string ParentDirectory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// Owns a POSIX file descriptor.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-
-  int get() const { return fd_; }
-  // Closes now and returns close()'s result, which can carry a delayed write error.
-  int Close() {
-    const int fd = fd_;
-    fd_ = -1;
-    return ::close(fd);
-  }
-
- private:
-  int fd_;
-};
-
-// Writes `<path>.tmp.<pid>` and moves it into place on Commit() (fsync, rename, fsync of the
-// directory), so that after a crash `path` is the old file or the whole new one. Destroyed
-// without Commit(), it removes the temporary file.
-class AtomicFileWriter {
- public:
-  explicit AtomicFileWriter(std::string path)
-      : path_(std::move(path)),
-        temp_path_(fmt::format("{}.tmp.{}", path_, ::getpid())),
-        fd_(::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
-    if (fd_.get() < 0) {
-      throw CheckpointError(fmt::format("{}: cannot create: {}", temp_path_, ErrnoText()));
-    }
-  }
-  ~AtomicFileWriter() {
-    if (!committed_) ::unlink(temp_path_.c_str());
-  }
-  AtomicFileWriter(const AtomicFileWriter&) = delete;
-  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-
-  void Write(std::string_view bytes) {
-    const char* p = bytes.data();
-    size_t num_bytes = bytes.size();
-    while (num_bytes > 0) {
-      const ssize_t written = ::write(fd_.get(), p, std::min(num_bytes, size_t{1} << 30));
-      if (written < 0) {
-        if (errno == EINTR) continue;
-        throw CheckpointError(fmt::format("{}: cannot write: {}", temp_path_, ErrnoText()));
-      }
-      p += written;
-      num_bytes -= static_cast<size_t>(written);
-    }
-  }
-
-  void Commit() {
-    if (::fsync(fd_.get()) != 0) {
-      throw CheckpointError(fmt::format("{}: cannot fsync: {}", temp_path_, ErrnoText()));
-    }
-    if (fd_.Close() != 0) {
-      throw CheckpointError(fmt::format("{}: cannot close: {}", temp_path_, ErrnoText()));
-    }
-    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-      throw CheckpointError(
-          fmt::format("{}: cannot rename {} into place: {}", path_, temp_path_, ErrnoText()));
-    }
-    committed_ = true;
-    const std::string dir = ParentDirectory(path_);
-    const FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) {
-      throw CheckpointError(
-          fmt::format("{}: wrote {}, but cannot fsync its directory: {}", dir, path_, ErrnoText()));
-    }
-  }
-
- private:
-  std::string path_;
-  std::string temp_path_;
-  FileDescriptor fd_;
-  bool committed_ = false;
-};
 
 std::string ReadWholeFile(const std::string& path) {
   const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));

@@ -1,0 +1,131 @@
+// AtomicFileWriter: a committed write reads back byte for byte, an uncommitted one leaves
+// nothing behind, and a failure names the file.
+#include "launch/atomic_file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "launch/check.h"
+
+namespace rl {
+namespace {
+
+// A fresh directory for one test, under Bazel's TEST_TMPDIR when there is one.
+std::string MakeTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/atomic_file.XXXXXX";
+  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+  return pattern;
+}
+
+std::vector<std::string> ListDirectory(const std::string& dir) {
+  DIR* handle = ::opendir(dir.c_str());
+  REQUIRE(handle != nullptr);
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(handle)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(handle);
+  return names;
+}
+
+std::string ReadFile(const std::string& path) {
+  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(fd.get() >= 0);
+  std::string text;
+  char buffer[4096];
+  ssize_t n = 0;
+  while ((n = ::read(fd.get(), buffer, sizeof(buffer))) > 0) text.append(buffer, n);
+  REQUIRE(n == 0);
+  return text;
+}
+
+bool Exists(const std::string& path) {
+  struct stat status {};
+  return ::stat(path.c_str(), &status) == 0;
+}
+
+TEST_CASE("a committed write reads back with the exact bytes, through both overloads") {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/data.bin";
+  // Embedded NUL and high bytes: nothing may treat this as a C string.
+  const std::string first("ab\0c\xff", 5);
+  const unsigned char second[] = {0x00, 0x01, 0x80, 0xfe};
+  {
+    AtomicFileWriter writer(path);
+    writer.Write(first);
+    writer.Write(second, sizeof(second));
+    writer.Write(std::string_view());
+    writer.Commit();
+  }
+  const std::string expected = first + std::string(reinterpret_cast<const char*>(second), 4);
+  CHECK(ReadFile(path) == expected);
+  CHECK(ListDirectory(dir) == std::vector<std::string>{"data.bin"});
+}
+
+TEST_CASE("a commit replaces an existing file") {
+  const std::string path = MakeTempDir() + "/data.txt";
+  for (const std::string text : {"old contents, longer", "new"}) {
+    AtomicFileWriter writer(path);
+    writer.Write(text);
+    writer.Commit();
+  }
+  CHECK(ReadFile(path) == "new");
+}
+
+TEST_CASE("a writer destroyed without Commit leaves neither the file nor its temp file") {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/data.txt";
+  {
+    AtomicFileWriter writer(path);
+    writer.Write("partial");
+    CHECK(Exists(writer.temp_path()));
+  }
+  CHECK_FALSE(Exists(path));
+  CHECK(ListDirectory(dir).empty());
+}
+
+TEST_CASE("an uncommitted writer leaves the old file as it was") {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/data.txt";
+  {
+    AtomicFileWriter writer(path);
+    writer.Write("old");
+    writer.Commit();
+  }
+  {
+    AtomicFileWriter writer(path);
+    writer.Write("new, never committed");
+  }
+  CHECK(ReadFile(path) == "old");
+  CHECK(ListDirectory(dir) == std::vector<std::string>{"data.txt"});
+}
+
+TEST_CASE("a write into a missing directory throws CheckpointError naming the path") {
+  const std::string path = MakeTempDir() + "/missing/data.txt";
+  try {
+    AtomicFileWriter writer(path);
+    FAIL("expected CheckpointError");
+  } catch (const CheckpointError& e) {
+    const std::string message = e.what();
+    CHECK(message.find(path) != std::string::npos);
+    CHECK(message.find("No such file or directory") != std::string::npos);
+  }
+}
+
+TEST_CASE("ParentDirectory") {
+  CHECK(ParentDirectory("/a/b/c.jsonl") == "/a/b");
+  CHECK(ParentDirectory("/c") == "/");
+  CHECK(ParentDirectory("c.jsonl") == ".");
+}
+
+}  // namespace
+}  // namespace rl
