@@ -275,12 +275,15 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
   size_t mb_index = 0;
   for (const auto& step : plan.steps) {
     // Global count of trained tokens in this step (per-token aggregation).
-    at::Tensor tokens_in_step = at::zeros({1}, at::kLong);
+    int64_t local_tokens = 0;
     for (const auto& indices : step) {
       for (int64_t i : indices) {
-        for (int m : batch.samples[i].loss_mask) tokens_in_step += m;
+        for (int m : batch.samples[i].loss_mask) local_tokens += m;
       }
     }
+    // Collectives run on the communicator's device (NCCL needs CUDA tensors).
+    at::Tensor tokens_in_step =
+        at::full({1}, local_tokens, at::TensorOptions().dtype(at::kLong).device(device_));
     comm_.AllReduce(tokens_in_step, ReduceOp::kSum);
     rl_algo::LossScale scale;
     scale.global_batch_size = c.rollout.global_batch_size;
@@ -337,6 +340,7 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
       for (int64_t l : mb.lengths) result.tokens += l;
       ++mb_index;
     }
+    metric_sums = metric_sums.to(device_);
     comm_.AllReduce(metric_sums, ReduceOp::kSum);
     const optimizer::StepStats step_stats = optimizer_->Step();
     const rl_algo::LossMetrics metrics = rl_algo::SummarizeLossMetrics(metric_sums.cpu());

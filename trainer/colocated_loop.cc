@@ -9,10 +9,12 @@
 #include <map>
 #include <utility>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/json.h"
 #include "launch/sha256.h"
 #include "trainer/actor.h"
+#include "trainer/config/config.h"
 #include "trainer/memory/process_memory.h"
 #include "trainer/memory/region_manager.h"
 #include "trainer/model/safetensors.h"
@@ -339,6 +341,12 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
       backuper->Restore(backup::kActorTag);
     }
     actor.SaveHf(c.logging.save_hf);
+    if (comm.rank() == 0) {
+      // The resolved config travels with the weights it produced.
+      AtomicFileWriter writer(c.logging.save_hf + "/trainer_config.toml");
+      writer.Write(config::DumpToml(c));
+      writer.Commit();
+    }
   }
 }
 

@@ -227,6 +227,7 @@ TEST_CASE("rule: --debug-rollout-only and --debug-train-only exclude each other"
   c.model.hf_checkpoint = "ckpt";
   c.colocate.debug_rollout_only = true;
   c.colocate.debug_train_only = true;
+  c.data.load_debug_rollout_data = "recorded.jsonl";
   CHECK(Mentions(OnlyError(c), "exclude each other"));
 }
 
