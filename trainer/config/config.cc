@@ -117,15 +117,19 @@ std::string Format(const std::string& v) { return Quote(v); }
 
 CLI::Option* AddFlag(CLI::App& app, const OptionInfo& info, bool& member) {
   const std::string flag = FlagName(info.key);
-  return app.add_flag_function(
-      flag + ",!--no-" + flag.substr(2), [&member](int64_t count) { member = count > 0; },
-      info.help);
+  return app
+      .add_flag_function(
+          flag + ",!--no-" + flag.substr(2), [&member](int64_t count) { member = count > 0; },
+          info.help)
+      ->default_str(member ? "true" : "false");
 }
 CLI::Option* AddFlag(CLI::App& app, const OptionInfo& info, std::optional<bool>& member) {
   const std::string flag = FlagName(info.key);
-  return app.add_flag_function(
-      flag + ",!--no-" + flag.substr(2), [&member](int64_t count) { member = count > 0; },
-      info.help);
+  return app
+      .add_flag_function(
+          flag + ",!--no-" + flag.substr(2), [&member](int64_t count) { member = count > 0; },
+          info.help)
+      ->default_str(member.has_value() ? (*member ? "true" : "false") : "derived");
 }
 template <class T>
 CLI::Option* AddFlag(CLI::App& app, const OptionInfo& info, T& member) {
