@@ -4,6 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -142,6 +145,20 @@ class ReplayRollout final : public Rollout {
   int64_t version_ = 0;
 };
 
+// Note [Fault injection]: RL_FAULT_HANG="RANK:ITERATION" makes that rank stop responding at the
+// start of that iteration (1-based), as a stuck kernel or a dead host looks to its peers. Tests use
+// it to check that the others end the job within the communicator timeout instead of hanging.
+void MaybeHang(int rank, int64_t iteration) {
+  const char* spec = std::getenv("RL_FAULT_HANG");
+  if (spec == nullptr) return;
+  int hang_rank = -1;
+  long long hang_iteration = -1;
+  if (std::sscanf(spec, "%d:%lld", &hang_rank, &hang_iteration) != 2) return;
+  if (hang_rank != rank || hang_iteration != iteration) return;
+  spdlog::warn("RL_FAULT_HANG: rank {} stops responding at iteration {}", rank, iteration);
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 double Mean(const std::vector<double>& v) {
   double sum = 0;
   for (double x : v) sum += x;
@@ -257,6 +274,7 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
 
   for (int64_t iteration = 0; iteration < c.run.num_rollout; ++iteration) {
     phases.Reset();
+    MaybeHang(comm.rank(), iteration + 1);
     spdlog::info("iteration {} / {}", iteration + 1, c.run.num_rollout);
     rl_algo::RolloutBatch batch;
     phases.Run("rollout", [&] {

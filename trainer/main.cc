@@ -162,8 +162,15 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
                   ? MakeEngineRollout(resolved, model, device)
                   : MakeReplayRollout(resolved);
   }
-  RunColocated(resolved, model, *comm, device, std::move(rollout));
-  comm->Barrier();
+  try {
+    RunColocated(resolved, model, *comm, device, std::move(rollout));
+    comm->Barrier();
+  } catch (const CommError& e) {
+    // End the job now, while the communicator (and its pending collective) still exists: a peer
+    // is dead or hung, so waiting for anything else would only delay the end.
+    spdlog::error("fatal: {}; ending the job", e.what());
+    session.AbortJob(1);
+  }
   return 0;
 }
 
