@@ -9,22 +9,13 @@
 #include <algorithm>
 
 #include "launch/check.h"
+#include "launch/names.h"
 #include "launch/sha256.h"
 
 namespace rl::backup {
 namespace {
 
 constexpr int64_t kCheckedBackups = 2;  // backups #1 and #2 arm the rebuild check
-constexpr size_t kNamesInMessages = 10;
-
-std::string FirstNames(const std::vector<std::string>& names, size_t limit) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < limit; ++i) {
-    out += fmt::format("{}{}", i == 0 ? "" : ", ", names[i]);
-  }
-  if (names.size() > limit) out += fmt::format(", ... ({} more)", names.size() - limit);
-  return out;
-}
 
 // Copies may be asynchronous (pinned memory, CUDA); one synchronisation ends a batch of them.
 void SynchronizeIfCuda(const NamedTensors& tensors) {
@@ -128,7 +119,7 @@ RematerializeBackuper::RematerializeBackuper(SourceGetter source, MainCastContex
            "frozen parameter (--freeze-params, LoRA base) has no fp32 master to rebuild from. "
            "Drop --rematerialize-param-from-master-weight (the pinned backup covers them) or stop "
            "freezing them",
-           uncovered.size(), FirstNames(uncovered, kNamesInMessages));
+           uncovered.size(), FirstNames(uncovered));
 }
 
 std::map<std::string, std::string> RematerializeBackuper::Hashes() const {
@@ -185,12 +176,12 @@ void RematerializeBackuper::Verify() const {
   }
   RL_CHECK(missing.empty() && extra.empty(), Error,
            "rematerialize restore changed the tensor set: missing=[{}] extra=[{}]",
-           FirstNames(missing, kNamesInMessages), FirstNames(extra, kNamesInMessages));
+           FirstNames(missing), FirstNames(extra));
   RL_CHECK(differ.empty(), Error,
            "rematerialize restore is not bit-identical to the weights at backup #{} for {}/{} "
            "tensors (restore cycle {}): {}",
            backup_count_, differ.size(), expected_hashes_.size(), restore_count_,
-           FirstNames(differ, kNamesInMessages));
+           FirstNames(differ));
   spdlog::info("rematerialize restore #{}: {} tensors SHA256-identical to backup #{}",
                 restore_count_, expected_hashes_.size(), backup_count_);
 }

@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "launch/check.h"
-#include "weight_sync/names.h"
+#include "launch/names.h"
 
 namespace rl::weight_sync {
 namespace {

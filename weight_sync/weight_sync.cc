@@ -12,7 +12,7 @@
 
 #include "launch/check.h"
 #include "launch/sha256.h"
-#include "weight_sync/names.h"
+#include "launch/names.h"
 
 namespace rl::weight_sync {
 namespace {
