@@ -48,10 +48,6 @@ std::map<std::string, int64_t> DistributedOptimizer::StorageBytes(
     const std::vector<ParamDecl>& params_in_use_order, int dp_size, at::ScalarType param_dtype) {
   const int64_t param_bytes = c10::elementSize(param_dtype);
   const int64_t grad_bytes = param_dtype == at::kDouble ? 8 : 4;
-  auto rounded = [](int64_t bytes) {
-    return (bytes + kAllocationAlignmentBytes - 1) / kAllocationAlignmentBytes *
-           kAllocationAlignmentBytes;
-  };
   std::map<std::string, int64_t> bytes;
   int64_t state_numel = 0;
   for (BufferKind kind : kBufferKinds) {
@@ -60,11 +56,11 @@ std::map<std::string, int64_t> DistributedOptimizer::StorageBytes(
       if (p.kind == kind) shapes.push_back({p.name, p.shape});
     }
     const BufferLayout layout = MakeBufferLayout(shapes, dp_size);
-    bytes["param_buffer"] += rounded(layout.numel * param_bytes);
-    bytes["grad_buffer"] += rounded(layout.numel * grad_bytes);
+    bytes["param_buffer"] += AlignedAllocationBytes(layout.numel * param_bytes);
+    bytes["grad_buffer"] += AlignedAllocationBytes(layout.numel * grad_bytes);
     state_numel += kStateParts * layout.shard_numel();
   }
-  bytes["optimizer"] = rounded(state_numel * grad_bytes);
+  bytes["optimizer"] = AlignedAllocationBytes(state_numel * grad_bytes);
   return bytes;
 }
 

@@ -47,6 +47,12 @@ struct ParamDecl {
   std::string name;
   std::vector<int64_t> shape;
   BufferKind kind = BufferKind::kDense;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
 
 struct AdamOptions {
@@ -66,6 +72,11 @@ Allocator PlainAllocator(c10::Device device);
 
 // Allocations are carved at offsets aligned to this many bytes (see StorageBytes).
 constexpr int64_t kAllocationAlignmentBytes = 256;
+// `bytes` rounded up to kAllocationAlignmentBytes: what one allocation of that size occupies.
+constexpr int64_t AlignedAllocationBytes(int64_t bytes) {
+  return (bytes + kAllocationAlignmentBytes - 1) / kAllocationAlignmentBytes *
+         kAllocationAlignmentBytes;
+}
 
 struct StepStats {
   double grad_norm = 0;  // before clipping

@@ -143,11 +143,8 @@ std::map<std::string, int64_t> Actor::StorageBytes(const config::ResolvedConfig&
       optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype);
   int64_t extras = 0;
   for (const model::ParamSpec& spec : split.extras) {
-    int64_t numel = 1;
-    for (int64_t d : spec.shape) numel *= d;
-    const int64_t b = numel * c10::elementSize(model::ParamDtype(spec, dtype));
-    extras += (b + optimizer::kAllocationAlignmentBytes - 1) /
-              optimizer::kAllocationAlignmentBytes * optimizer::kAllocationAlignmentBytes;
+    extras += optimizer::AlignedAllocationBytes(
+        spec.numel() * c10::elementSize(model::ParamDtype(spec, dtype)));
   }
   bytes["extras"] = extras;
   return bytes;
@@ -165,10 +162,8 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
   const config::Config& c = resolved.config;
   ParamSplit split = SplitParams(specs_, c.model.freeze_params);
   for (const model::ParamSpec& spec : split.extras) {
-    int64_t numel = 1;
-    for (int64_t d : spec.shape) numel *= d;
     extras_[spec.name] =
-        allocate("extras", numel, model::ParamDtype(spec, dtype_)).view(spec.shape);
+        allocate("extras", spec.numel(), model::ParamDtype(spec, dtype_)).view(spec.shape);
   }
   for (const model::ParamSpec& spec : split.frozen) {
     frozen_[spec.name] = at::zeros(
@@ -179,11 +174,7 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
                  frozen_.size(), specs_.size());
   }
   int64_t trained_numel = 0;
-  for (const optimizer::ParamDecl& p : split.trained) {
-    int64_t numel = 1;
-    for (int64_t d : p.shape) numel *= d;
-    trained_numel += numel;
-  }
+  for (const optimizer::ParamDecl& p : split.trained) trained_numel += p.numel();
   spdlog::info("actor: {} trained parameters in {} tensors, {} fp32 extras, {} frozen; params {}",
                trained_numel, split.trained.size(), split.extras.size(), split.frozen.size(),
                c.model.params_dtype);

@@ -28,10 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using memory::RegionTag;
 
-int64_t RoundUp(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 // Carves the actor's allocations out of its regions, in order (Note [Param buffer layout] needs
 // nothing more than contiguous zeroed storage per allocation).
 class RegionAllocator {
@@ -46,7 +42,7 @@ class RegionAllocator {
              region.num_bytes());
     at::Tensor view = region.View(dtype, cursor, {numel});
     view.zero_();
-    cursor += RoundUp(bytes, optimizer::kAllocationAlignmentBytes);
+    cursor += optimizer::AlignedAllocationBytes(bytes);
     return view;
   }
 

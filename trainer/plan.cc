@@ -34,8 +34,7 @@ std::vector<int64_t> StageLayers(int64_t num_layers, int64_t pp, int64_t last_st
 // Elements of `shape` one rank holds under the sharding model of plan.h.
 int64_t LocalNumel(const model::ParamSpec& spec, const model::ModelConfig& m,
                    const config::ParallelOptions& p) {
-  int64_t numel = 1;
-  for (int64_t d : spec.shape) numel *= d;
+  const int64_t numel = spec.numel();
   const std::string& name = spec.name;
   if (spec.role == model::ParamRole::kRoutedExpert) {
     return numel / p.expert_tensor_parallel_size;  // whole experts are counted per EP rank below
@@ -79,17 +78,13 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
   MemoryPlan plan;
   std::vector<ParamCounts> per_stage(pp);
   const std::regex layer_re(R"(^model\.layers\.(\d+)\.)");
+  const std::regex expert_re(R"(\.experts\.(\d+)\.)");
   const int64_t experts_per_rank =
       m.n_routed_experts > 0
           ? std::max<int64_t>(1, m.n_routed_experts / p.expert_model_parallel_size)
           : 0;
   for (const model::ParamSpec& spec : specs) {
-    int64_t numel = 1;
-    for (int64_t d : spec.shape) numel *= d;
-    ParamCounts* whole = &plan.model;
-    (spec.role == model::ParamRole::kRoutedExpert ? whole->expert
-     : spec.role == model::ParamRole::kFp32Extra  ? whole->extra
-                                                  : whole->dense) += numel;
+    plan.model.Of(spec.role) += spec.numel();
 
     int64_t stage = 0;
     std::smatch match;
@@ -102,16 +97,12 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
     int64_t local = LocalNumel(spec, m, p);
     if (spec.role == model::ParamRole::kRoutedExpert) {
       // Count this expert only if it is one of the first experts_per_rank experts (EP rank 0).
-      const std::regex expert_re(R"(\.experts\.(\d+)\.)");
       if (std::regex_search(spec.name, match, expert_re) &&
           std::stoll(match[1]) >= experts_per_rank) {
         local = 0;
       }
     }
-    ParamCounts& counts = per_stage[stage];
-    (spec.role == model::ParamRole::kRoutedExpert ? counts.expert
-     : spec.role == model::ParamRole::kFp32Extra  ? counts.extra
-                                                  : counts.dense) += local;
+    per_stage[stage].Of(spec.role) += local;
   }
 
   const auto heaviest = std::max_element(

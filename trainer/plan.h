@@ -28,6 +28,7 @@
 
 #include "trainer/config/validate.h"
 #include "trainer/model/model_config.h"
+#include "trainer/model/params.h"
 
 namespace rl {
 
@@ -36,6 +37,12 @@ struct ParamCounts {
   int64_t expert = 0;  // trained, routed-expert param buffer
   int64_t extra = 0;   // fp32, not trained
   int64_t total() const { return dense + expert + extra; }
+  // The counter a parameter of `role` adds to.
+  int64_t& Of(model::ParamRole role) {
+    return role == model::ParamRole::kRoutedExpert ? expert
+           : role == model::ParamRole::kFp32Extra  ? extra
+                                                   : dense;
+  }
 };
 
 struct RegionBytes {

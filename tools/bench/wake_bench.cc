@@ -86,11 +86,7 @@ int main(int argc, char** argv) {
   }
   optimizer.InitMastersFromParams();
   int64_t params = 0;
-  for (const auto& p : trained) {
-    int64_t n = 1;
-    for (int64_t d : p.shape) n *= d;
-    params += n;
-  }
+  for (const auto& p : trained) params += p.numel();
   const int64_t param_buffer_bytes =
       optimizer.param_buffer(rl::optimizer::BufferKind::kDense).nbytes() +
       optimizer.param_buffer(rl::optimizer::BufferKind::kExpert).nbytes();

@@ -47,6 +47,12 @@ struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   ParamRole role = ParamRole::kDense;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
 
 using TensorMap = std::unordered_map<std::string, at::Tensor>;
