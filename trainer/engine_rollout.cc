@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <sstream>
+#include <unordered_map>
 
 #include "launch/check.h"
 #include "trainer/data/chat_template.h"
@@ -57,10 +58,14 @@ class EngineRollout final : public Rollout {
       template_ = std::make_unique<data::ChatTemplate>(
           data::ChatTemplate::Recognize(tokenizer_->chat_template()));
     }
+    // Every prompt is tokenised once, here: the engine's KV cache is sized by the longest, and
+    // Generate reuses the ids.
     int64_t longest_prompt = 1;
     for (int64_t i = 0; i < dataset_->size(); ++i) {
-      longest_prompt =
-          std::max<int64_t>(longest_prompt, Encode(dataset_->at(i)).size());
+      const data::PromptExample& p = dataset_->at(i);
+      const auto [it, inserted] = prompt_ids_.emplace(p.line, Encode(p));
+      RL_CHECK(inserted, Error, "{}: two prompts share line {}", c.data.prompt_data, p.line);
+      longest_prompt = std::max<int64_t>(longest_prompt, it->second.size());
     }
     const int64_t max_batch = c.rollout.rollout_batch_size * c.rollout.n_samples_per_prompt;
     const int64_t max_length = longest_prompt + c.rollout.rollout_max_response_len;
@@ -98,7 +103,7 @@ class EngineRollout final : public Rollout {
         dataset_->NextBatch(c.rollout.rollout_batch_size);
     std::vector<std::vector<int64_t>> inputs;
     for (const data::PromptExample& p : prompts) {
-      const std::vector<int64_t> ids = Encode(p);
+      const std::vector<int64_t>& ids = prompt_ids_.at(p.line);
       for (int64_t k = 0; k < c.rollout.n_samples_per_prompt; ++k) inputs.push_back(ids);
     }
     rollout::SamplingParams sampling;
@@ -187,6 +192,7 @@ class EngineRollout final : public Rollout {
   std::unique_ptr<data::PromptDataset> dataset_;
   std::unique_ptr<data::ChatTemplate> template_;
   std::vector<int64_t> stop_ids_;
+  std::unordered_map<int64_t, std::vector<int64_t>> prompt_ids_;  // line -> token ids
   memory::RegionManager regions_;
   std::unique_ptr<rollout::RolloutEngine> engine_;
 };
