@@ -313,12 +313,14 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
       rewards.push_back(s.reward);
       lengths.push_back(static_cast<double>(s.response_length));
     }
-    const double train_seconds = phases.seconds().at("train");
+    // Training throughput of the job: this rank's tokens times the ranks (equal shares).
+    const double tokens_per_s =
+        result.tokens * comm.size() / std::max(phases.seconds().at("train"), 1e-9);
     spdlog::info(
         "iteration {}: reward {:.4f} | response len {:.2f} | loss {:.6f} | ppo_kl {:.3g} | "
         "grad norm {:.4f} | {:.0f} tokens/s | gpu {} | host pinned {}",
         iteration + 1, Mean(rewards), Mean(lengths), result.metrics.loss, result.metrics.ppo_kl,
-        result.grad_norm, result.tokens * comm.size() / std::max(train_seconds, 1e-9),
+        result.grad_norm, tokens_per_s,
         memory::FormatBytes(phases.device_bytes()),
         memory::FormatBytes(phases.host_pinned_bytes()));
     if (metrics.is_open()) {
@@ -332,8 +334,7 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
       line.Set("pg_clipfrac", json::Value::Double(result.metrics.pg_clipfrac));
       line.Set("grad_norm", json::Value::Double(result.grad_norm));
       line.Set("lr", json::Value::Double(result.lr));
-      line.Set("tokens_per_s", json::Value::Double(result.tokens * comm.size() /
-                                                   std::max(train_seconds, 1e-9)));
+      line.Set("tokens_per_s", json::Value::Double(tokens_per_s));
       for (const auto& [name, seconds] : phases.seconds()) {
         line.Set("time_" + name + "_s", json::Value::Double(seconds));
       }
