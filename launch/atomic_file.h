@@ -1,5 +1,7 @@
-// Atomic replacement of a file, and the POSIX file-descriptor owner it is built on. Checkpoint
-// shards, their index and rollout data are all written through AtomicFileWriter.
+// Atomic replacement of a file, the POSIX file-descriptor owner it is built on, and the few path
+// operations checkpoints need (mkdir -p, rename, remove a tree, list files, fsync a directory).
+// Checkpoint shards, their index, manifests and rollout data are all written through
+// AtomicFileWriter.
 //
 // Crash guarantee: AtomicFileWriter writes `<path>.tmp.<pid>` and, on Commit(), fsyncs it,
 // renames it over `path` and fsyncs the parent directory. After a crash at any point `path` is
@@ -23,6 +25,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace rl {
 
@@ -31,6 +34,22 @@ std::string ErrnoText();
 
 // "/a/b/c.jsonl" -> "/a/b"; "/c" -> "/"; "c.jsonl" -> ".".
 std::string ParentDirectory(const std::string& path);
+// "dir" + "name" with one '/' between them; `name` alone when `dir` is empty.
+std::string JoinPath(const std::string& dir, const std::string& name);
+
+// False when nothing is at `path`; throws CheckpointError when it cannot be told (permissions).
+bool PathExists(const std::string& path);
+// mkdir -p; throws CheckpointError when a component cannot be created or is not a directory.
+void MakeDirectories(const std::string& dir);
+// rename(2), then fsync of the destination's directory.
+void RenamePath(const std::string& from, const std::string& to);
+// rm -r: removes `path` (a file or a directory tree); nothing when it does not exist.
+void RemoveTree(const std::string& path);
+// The regular files under `dir`, recursively, as paths relative to `dir`, sorted.
+std::vector<std::string> ListFiles(const std::string& dir);
+void FsyncDirectory(const std::string& dir);
+// The whole file; throws CheckpointError naming it when it cannot be read.
+std::string ReadWholeFile(const std::string& path);
 
 // Owns a POSIX file descriptor; a negative value means none.
 class FileDescriptor {

@@ -76,7 +76,7 @@ at::Tensor ReductionWorkTensor(const at::Tensor& tensor, ReduceOp op, std::strin
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(const MpiSession& session, CommOptions options)
-    : options_(options) {
+    : options_(options), probe_(session.world()) {
   RL_CHECK_MPI(MPI_Comm_dup(session.world(), &comm_));
   RL_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   RL_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
@@ -115,6 +115,7 @@ void MpiCommunicator::ThrowIfAborted(std::string_view op) const {
 
 void MpiCommunicator::Wait(MPI_Request request, const std::string& what,
                            std::vector<at::Tensor> in_flight) {
+  probe_.Enter();
   const auto start = Clock::now();
   int done = 0;
   int polls = 0;
@@ -126,12 +127,13 @@ void MpiCommunicator::Wait(MPI_Request request, const std::string& what,
       pending_ = request;
       pending_buffers_ = std::move(in_flight);
       abort_reason_ = fmt::format(
-          "{} did not complete within its timeout of {} ms (waited {} ms): a peer rank did not "
-          "join (dead, hung, or in a different collective); the job must end",
+          "{} did not complete within its timeout of {} ms (waited {} ms): {}; the job must end",
           what, options_.timeout.count(),
-          std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count());
+          std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count(),
+          probe_.Diagnose(ProbePatience(options_.timeout)));
       throw CommError(abort_reason_);
     }
+    probe_.Service();
     // Spin briefly for low latency, then back off so a waiting rank leaves the core to its peer.
     if (++polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }

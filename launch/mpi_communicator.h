@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "launch/communicator.h"
+#include "launch/peer_probe.h"
 
 namespace rl {
 
@@ -54,6 +55,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Request pending_ = MPI_REQUEST_NULL;  // a timed-out collective, still owned by MPI
   std::vector<at::Tensor> pending_buffers_;  // its buffers: MPI may write them until it completes
   std::string abort_reason_;
+  PeerProbe probe_;  // Note [Peer probe]
 };
 
 }  // namespace rl

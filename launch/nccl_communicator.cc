@@ -62,7 +62,11 @@ int64_t ElapsedMs(Clock::time_point start) {
 
 NcclCommunicator::NcclCommunicator(const MpiSession& session, c10::Device device,
                                    CommOptions options)
-    : device_(device), rank_(session.rank()), size_(session.world_size()), options_(options) {
+    : device_(device),
+      rank_(session.rank()),
+      size_(session.world_size()),
+      options_(options),
+      probe_(session.world()) {
   RL_CHECK(device.is_cuda() && device.has_index(), std::invalid_argument,
            "nccl communicator needs a CUDA device with an index, got {}", device.str());
   c10::cuda::CUDAGuard guard(device_);
@@ -135,6 +139,7 @@ void NcclCommunicator::AbortAndThrow(const std::string& reason) {
 
 void NcclCommunicator::Complete(ncclResult_t enqueue_result, cudaStream_t stream,
                                 const std::string& what) {
+  probe_.Enter();
   const auto start = Clock::now();
   if (enqueue_result != ncclSuccess && enqueue_result != ncclInProgress) {
     AbortAndThrow(fmt::format("{} failed to start: {} ({})", what,
@@ -161,12 +166,14 @@ void NcclCommunicator::Complete(ncclResult_t enqueue_result, cudaStream_t stream
                                 ncclGetErrorString(async_error), ncclGetLastError(comm_)));
     }
     if (Clock::now() - start > options_.timeout) {
+      const int64_t waited_ms = ElapsedMs(start);
       AbortAndThrow(fmt::format(
-          "{} did not complete within its timeout of {} ms (waited {} ms): a peer rank did not "
-          "join (dead, hung, or in a different collective); the communicator is aborted and the "
-          "job must end",
-          what, options_.timeout.count(), ElapsedMs(start)));
+          "{} did not complete within its timeout of {} ms (waited {} ms): {}; the communicator "
+          "is aborted and the job must end",
+          what, options_.timeout.count(), waited_ms,
+          probe_.Diagnose(ProbePatience(options_.timeout))));
     }
+    probe_.Service();
     if (++polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }

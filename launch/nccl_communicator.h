@@ -17,6 +17,7 @@
 #include <string>
 
 #include "launch/communicator.h"
+#include "launch/peer_probe.h"
 
 namespace rl {
 
@@ -53,6 +54,7 @@ class NcclCommunicator final : public Communicator {
   CommOptions options_;
   at::Tensor barrier_scratch_;  // [1] fp32 on the device
   std::string abort_reason_;
+  PeerProbe probe_;  // Note [Peer probe]
 };
 
 }  // namespace rl

@@ -2,6 +2,7 @@
 // that waited, and leaves that communicator aborted; nothing hangs.
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <chrono>
 #include <string>
@@ -43,6 +44,9 @@ TEST_CASE("a collective a peer never joins throws CommError within the timeout")
       CHECK(message.find("all_reduce(sum)") != std::string::npos);
       CHECK(message.find("timeout of 1000 ms") != std::string::npos);
       CHECK(message.find("64 bytes") != std::string::npos);
+      // Note [Peer probe]: the late peer is asleep, outside any collective, and is named.
+      CHECK(message.find(fmt::format("waiting for rank {} (no answer", 1 - waiter)) !=
+            std::string::npos);
       // Aborted: the next call fails at once instead of waiting again.
       const auto again = Clock::now();
       CHECK_THROWS_AS(comm.Barrier(), CommError);

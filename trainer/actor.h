@@ -83,6 +83,7 @@ class Actor {
   const model::Decoder& decoder() const { return *decoder_; }
   optimizer::DistributedOptimizer& optimizer() { return *optimizer_; }
   at::ScalarType dtype() const { return dtype_; }
+  c10::Device device() const { return device_; }
 
   // Every model tensor in ListParams order (params, extras, frozen): the backuper's source.
   backup::NamedTensors SourceTensors() const;

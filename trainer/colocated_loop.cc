@@ -3,10 +3,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <thread>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -17,7 +13,9 @@
 #include "launch/json.h"
 #include "launch/sha256.h"
 #include "trainer/actor.h"
+#include "trainer/checkpoint.h"
 #include "trainer/config/config.h"
+#include "trainer/fault_injection.h"
 #include "trainer/memory/process_memory.h"
 #include "trainer/memory/region_manager.h"
 #include "trainer/model/safetensors.h"
@@ -141,20 +139,6 @@ class ReplayRollout final : public Rollout {
   int64_t version_ = 0;
 };
 
-// Note [Fault injection]: RL_FAULT_HANG="RANK:ITERATION" makes that rank stop responding at the
-// start of that iteration (1-based), as a stuck kernel or a dead host looks to its peers. Tests use
-// it to check that the others end the job within the communicator timeout instead of hanging.
-void MaybeHang(int rank, int64_t iteration) {
-  const char* spec = std::getenv("RL_FAULT_HANG");
-  if (spec == nullptr) return;
-  int hang_rank = -1;
-  long long hang_iteration = -1;
-  if (std::sscanf(spec, "%d:%lld", &hang_rank, &hang_iteration) != 2) return;
-  if (hang_rank != rank || hang_iteration != iteration) return;
-  spdlog::warn("RL_FAULT_HANG: rank {} stops responding at iteration {}", rank, iteration);
-  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
-}
-
 double Mean(const std::vector<double>& v) {
   double sum = 0;
   for (double x : v) sum += x;
@@ -172,6 +156,8 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
   const config::Config& c = resolved.config;
   const bool colocated = rollout != nullptr;
   const bool remat = c.colocate.rematerialize_param_from_master_weight;
+
+  SeedDefaultGenerator(c.run.seed, comm.rank());
 
   // ---- Memory regions and the actor ----
   memory::RegionManager regions;
@@ -252,6 +238,13 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
     }
     backuper->Backup("ref");  // the reference: --ref-load, or the initial actor weights
   }
+  LoopState resumed;
+  if (!c.logging.load.empty()) {
+    resumed = LoadCheckpoint(c.logging.load, actor, comm);
+    if (rollout) rollout->ImportState(resumed.rollout);
+    weight_version = resumed.weight_version;
+    backuper->Backup(backup::kActorTag);
+  }
   backuper->Restore(backup::kActorTag);
   if (colocated) {
     actor_sleep();
@@ -260,7 +253,8 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
 
   std::ofstream metrics;
   if (comm.rank() == 0 && !c.logging.metrics_out.empty()) {
-    metrics.open(c.logging.metrics_out, std::ios::trunc);
+    // A resumed run continues the file of the run it resumes.
+    metrics.open(c.logging.metrics_out, c.logging.load.empty() ? std::ios::trunc : std::ios::app);
     RL_CHECK(metrics.good(), ConfigError, "--metrics-out {}: cannot open for writing",
              c.logging.metrics_out);
   }
@@ -268,9 +262,11 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
   if (!colocated) replay_for_training = MakeReplayRollout(resolved);
   rl_algo::RolloutBatch recorded;
 
-  for (int64_t iteration = 0; iteration < c.run.num_rollout; ++iteration) {
+  RL_CHECK(resumed.iteration <= c.run.num_rollout, ConfigError,
+           "--load {}: the checkpoint is at iteration {}, beyond --num-rollout {}",
+           c.logging.load, resumed.iteration, c.run.num_rollout);
+  for (int64_t iteration = resumed.iteration; iteration < c.run.num_rollout; ++iteration) {
     phases.Reset();
-    MaybeHang(comm.rank(), iteration + 1);
     spdlog::info("iteration {} / {}", iteration + 1, c.run.num_rollout);
     rl_algo::RolloutBatch batch;
     phases.Run("rollout", [&] {
@@ -295,6 +291,7 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
     PerMicroBatch old_log_probs;
     phases.Run("old_logprobs", [&] { old_log_probs = actor.ComputeLogProbs(batch, plan); });
     TrainResult result;
+    MaybeInjectFault(FaultPoint::kTrain, comm.rank(), iteration + 1);
     phases.Run("train", [&] { result = actor.Train(batch, plan, old_log_probs, ref_log_probs); });
     if (resolved.check_kl) {
       RL_CHECK(result.first_step_metrics.ppo_kl == 0.0, Error,
@@ -303,6 +300,16 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
                result.first_step_metrics.ppo_kl);
     }
     phases.Run("backup", [&] { backuper->Backup(backup::kActorTag); });
+    const bool last = iteration + 1 == c.run.num_rollout;
+    const int64_t interval = c.logging.save_interval;
+    if (!c.logging.save.empty() && (last || (interval > 0 && (iteration + 1) % interval == 0))) {
+      // The actor is awake and its params are the step's result: saved before it sleeps.
+      phases.Run("save", [&] {
+        const LoopState state{iteration + 1, weight_version,
+                              colocated ? rollout->ExportState() : json::Value()};
+        SaveCheckpoint(c.logging.save, state, actor, c, comm);
+      });
+    }
     if (colocated) {
       phases.Run("actor_sleep", actor_sleep);
       phases.Run("weight_sync", weight_sync);

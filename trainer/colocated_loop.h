@@ -20,6 +20,7 @@
 
 #include "backup/tensor_backuper.h"
 #include "launch/communicator.h"
+#include "launch/json.h"
 #include "trainer/config/validate.h"
 #include "trainer/model/model_config.h"
 #include "trainer/rl/rollout_data.h"
@@ -47,13 +48,19 @@ class Rollout {
   // rl::Error naming the differences.
   virtual void CheckWeights(const backup::NamedTensors& weights, int64_t version) = 0;
   virtual int64_t DeviceBytes() const { return 0; }
+  // What a checkpoint must carry for Generate to continue where it stopped (the prompt
+  // dataset's position); null when Generate depends on the iteration alone.
+  virtual json::Value ExportState() const { return json::Value(); }
+  // Throws CheckpointError when `state` does not fit this rollout (another dataset or seed).
+  virtual void ImportState(const json::Value& state) { (void)state; }
 };
 
 // Replays recorded rollout data: iteration i gets the i-th chunk of rollout_batch_size x
 // n_samples_per_prompt samples (cycling). Weight syncs are read and hashed, not kept.
 std::unique_ptr<Rollout> MakeReplayRollout(const config::ResolvedConfig& resolved);
 
-// Runs the job: init, num_rollout iterations, optional --save-hf. Returns normally on success.
+// Runs the job: init (or --load), the iterations up to --num-rollout with --save checkpoints,
+// optional --save-hf. Returns normally on success.
 void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
                   Communicator& comm, c10::Device device, std::unique_ptr<Rollout> rollout);
 

@@ -166,6 +166,14 @@ class EngineRollout final : public Rollout {
 
   int64_t DeviceBytes() const override { return regions_.total_device_bytes(); }
 
+  json::Value ExportState() const override { return dataset_->ExportState(); }
+  void ImportState(const json::Value& state) override {
+    RL_CHECK(!state.is_null(), CheckpointError,
+             "the checkpoint has no prompt dataset position (it was saved by a run that replayed "
+             "recorded rollout data); it cannot resume generation from --prompt-data");
+    dataset_->ImportState(state);
+  }
+
  private:
   static weight_sync::NamedTensors Pairs(const backup::NamedTensors& weights) {
     weight_sync::NamedTensors out;

@@ -78,7 +78,6 @@ void CheckRunnable(const config::Config& c) {
       {c.colocate.debug_rollout_only, "--debug-rollout-only"},
       {c.colocate.keep_old_actor, "--keep-old-actor"},
       {!c.rl.compute_advantages_and_returns, "--no-compute-advantages-and-returns"},
-      {!c.logging.save.empty() || !c.logging.load.empty(), "--save/--load (trainer checkpoints)"},
   };
   for (const auto& [asked, what] : unimplemented) {
     if (asked) problems.push_back(fmt::format("{} is not implemented by this trainer yet", what));

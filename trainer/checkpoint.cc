@@ -1,0 +1,328 @@
+#include "trainer/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <cctype>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "launch/atomic_file.h"
+#include "launch/check.h"
+#include "launch/sha256.h"
+#include "optimizer/distributed_optimizer.h"
+#include "trainer/fault_injection.h"
+#include "trainer/model/params.h"
+#include "trainer/model/safetensors.h"
+
+namespace rl {
+namespace {
+
+constexpr char kManifest[] = "manifest.sha256";
+constexpr char kLatest[] = "latest";
+constexpr char kStateFile[] = "trainer_state.json";
+constexpr char kConfigFile[] = "trainer_config.toml";
+constexpr char kHfConfigFile[] = "config.json";
+constexpr char kFormat[] = "rl-trainer-checkpoint";
+constexpr int64_t kFormatVersion = 1;
+constexpr char kRngTensor[] = "rng.cpu";
+constexpr char kLayoutKeyPrefix[] = "layout.";
+constexpr size_t kDigestBytes = 32;
+// The files of a Hugging Face checkpoint that describe its tokenizer and generation defaults.
+constexpr std::array<const char*, 8> kTokenizerFiles = {
+    "tokenizer.json",   "tokenizer_config.json", "special_tokens_map.json",
+    "chat_template.jinja", "generation_config.json", "vocab.json",
+    "merges.txt",       "tiktoken.model"};
+
+std::string IterationDirName(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
+std::string ShardFile(int rank) { return fmt::format("optimizer/rank_{:05d}.safetensors", rank); }
+
+void WriteTextFile(const std::string& path, std::string_view text) {
+  AtomicFileWriter writer(path);
+  writer.Write(text);
+  writer.Commit();
+}
+
+at::Tensor CpuRngState() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void SetCpuRngState(const at::Tensor& state) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+// Every rank's digest (64 hex digits) of its optimizer shard, in rank order, on every rank.
+std::vector<std::string> GatherDigests(const std::string& hex, Communicator& comm,
+                                       c10::Device device) {
+  at::Tensor mine = at::empty({static_cast<int64_t>(kDigestBytes)}, at::kByte);
+  for (size_t i = 0; i < kDigestBytes; ++i) {
+    mine.data_ptr<uint8_t>()[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  at::Tensor all = at::empty({static_cast<int64_t>(kDigestBytes) * comm.size()},
+                             at::TensorOptions().dtype(at::kByte).device(device));
+  comm.AllGather(mine.to(device), all);
+  all = all.cpu();
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size(); ++r) {
+    std::string digest;
+    for (size_t i = 0; i < kDigestBytes; ++i) {
+      digest += fmt::format("{:02x}", all.data_ptr<uint8_t>()[r * kDigestBytes + i]);
+    }
+    out.push_back(std::move(digest));
+  }
+  return out;
+}
+
+void CopyTokenizerFiles(const std::string& from, const std::string& to) {
+  for (const char* name : kTokenizerFiles) {
+    const std::string source = JoinPath(from, name);
+    if (PathExists(source)) WriteTextFile(JoinPath(to, name), ReadWholeFile(source));
+  }
+}
+
+json::Value StateJson(const LoopState& state, const config::Config& config, int dp_size,
+                      int64_t optimizer_step) {
+  return json::Value::MakeObject({
+      {"format", json::Value::String(kFormat)},
+      {"version", json::Value::Int(kFormatVersion)},
+      {"iteration", json::Value::Int(state.iteration)},
+      {"weight_version", json::Value::Int(state.weight_version)},
+      {"optimizer_step", json::Value::Int(optimizer_step)},
+      {"dp_size", json::Value::Int(dp_size)},
+      {"seed", json::Value::Int(config.run.seed)},
+      {"rollout", state.rollout},
+  });
+}
+
+// Checks every file this rank reads against the manifest: all but the other ranks' optimizer
+// shards (each rank checks its own).
+void VerifyFiles(const std::string& dir, const std::map<std::string, std::string>& manifest,
+                 const std::string& own_shard) {
+  for (const std::string required : {kStateFile, kConfigFile, kHfConfigFile, own_shard.c_str()}) {
+    RL_CHECK(manifest.count(required) == 1, CheckpointError,
+             "{}: the manifest does not list {}; the checkpoint is incomplete or was written by "
+             "another job shape",
+             JoinPath(dir, kManifest), required);
+  }
+  for (const auto& [name, digest] : manifest) {
+    if (name.rfind("optimizer/", 0) == 0 && name != own_shard) continue;
+    const std::string path = JoinPath(dir, name);
+    RL_CHECK(PathExists(path), CheckpointError, "{}: listed in {} but missing", path, kManifest);
+    const std::string actual = FileSha256(path);
+    RL_CHECK(actual == digest, CheckpointError,
+             "{}: SHA256 {} differs from {} in {}: the file is corrupt or changed since the save",
+             path, actual, digest, kManifest);
+  }
+}
+
+int64_t ParseMetadataInt(const model::SafetensorsFile& file, const std::string& key) {
+  const auto it = file.metadata().find(key);
+  RL_CHECK(it != file.metadata().end(), CheckpointError, "{}: metadata has no '{}'", file.path(),
+           key);
+  try {
+    size_t used = 0;
+    const int64_t value = std::stoll(it->second, &used);
+    if (used == it->second.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw CheckpointError(fmt::format("{}: metadata '{}' is '{}', expected an integer", file.path(),
+                                    key, it->second));
+}
+
+optimizer::ShardState ReadShard(const model::SafetensorsFile& file, int dp_rank, int dp_size) {
+  RL_CHECK(ParseMetadataInt(file, "dp_rank") == dp_rank, CheckpointError,
+           "{}: holds the shard of DP rank {}, expected {}", file.path(),
+           ParseMetadataInt(file, "dp_rank"), dp_rank);
+  RL_CHECK(ParseMetadataInt(file, "dp_size") == dp_size, CheckpointError,
+           "{}: written by {} DP ranks, this job has {}", file.path(),
+           ParseMetadataInt(file, "dp_size"), dp_size);
+  optimizer::ShardState shard;
+  shard.step = ParseMetadataInt(file, "step");
+  for (const auto& [key, value] : file.metadata()) {
+    if (key.rfind(kLayoutKeyPrefix, 0) == 0) {
+      shard.layouts[key.substr(std::string_view(kLayoutKeyPrefix).size())] = value;
+    }
+  }
+  for (const model::TensorInfo& info : file.tensors()) {
+    if (info.name != kRngTensor) shard.tensors[info.name] = file.Get(info.name);
+  }
+  return shard;
+}
+
+LoopState ReadState(const std::string& dir, int dp_size) {
+  const std::string path = JoinPath(dir, kStateFile);
+  const json::Value state = json::ParseFile(path);
+  LoopState out;
+  try {
+    RL_CHECK(state.at("format").AsString() == kFormat, CheckpointError,
+             "{}: format '{}', expected '{}'", path, state.at("format").AsString(), kFormat);
+    RL_CHECK(state.at("version").AsInt64() == kFormatVersion, CheckpointError,
+             "{}: format version {}, this trainer reads version {}", path,
+             state.at("version").AsInt64(), kFormatVersion);
+    const int64_t saved_dp = state.at("dp_size").AsInt64();
+    RL_CHECK(saved_dp == dp_size, CheckpointError,
+             "{}: saved by {} data-parallel ranks, this job has {}; the optimizer state is not "
+             "resharded: resume with {} ranks",
+             path, saved_dp, dp_size, saved_dp);
+    out.iteration = state.at("iteration").AsInt64();
+    out.weight_version = state.at("weight_version").AsInt64();
+    out.rollout = state.at("rollout");
+  } catch (const json::TypeError& e) {
+    throw CheckpointError(fmt::format("{}: {}", path, e.what()));
+  }
+  return out;
+}
+
+}  // namespace
+
+void SeedDefaultGenerator(int64_t seed, int rank) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_current_seed(static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(rank));
+}
+
+std::string ResolveCheckpointDir(const std::string& path) {
+  if (PathExists(JoinPath(path, kManifest))) return path;
+  const std::string latest = JoinPath(path, kLatest);
+  if (!PathExists(latest)) {
+    throw CheckpointError(fmt::format(
+        "{}: not a checkpoint: it has no {} (a save that did not finish, or not written by this "
+        "trainer) and no {} file naming one",
+        path, kManifest, kLatest));
+  }
+  std::string name = ReadWholeFile(latest);
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  static const std::regex kIterationDir("iter_[0-9]{7,}");
+  RL_CHECK(std::regex_match(name, kIterationDir), CheckpointError,
+           "{}: expected one line 'iter_NNNNNNN', found '{}'", latest, name);
+  const std::string dir = JoinPath(path, name);
+  RL_CHECK(PathExists(JoinPath(dir, kManifest)), CheckpointError,
+           "{}: names {}, which has no {}", latest, dir, kManifest);
+  return dir;
+}
+
+std::map<std::string, std::string> ReadManifest(const std::string& dir) {
+  const std::string path = JoinPath(dir, kManifest);
+  std::istringstream lines(ReadWholeFile(path));
+  static const std::regex kLine("([0-9a-f]{64})  ([^/].*)");
+  std::map<std::string, std::string> out;
+  std::string line;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    std::smatch match;
+    const bool ok = std::regex_match(line, match, kLine) &&
+                    match[2].str().find("..") == std::string::npos && match[2].str() != kManifest;
+    RL_CHECK(ok, CheckpointError,
+             "{}: line {}: expected '<64 lowercase hex digits>  <relative path>', found '{}'",
+             path, number, line.substr(0, 120));
+    RL_CHECK(out.emplace(match[2].str(), match[1].str()).second, CheckpointError,
+             "{}: line {}: {} is listed twice", path, number, match[2].str());
+  }
+  RL_CHECK(!out.empty(), CheckpointError, "{}: empty", path);
+  return out;
+}
+
+std::string SaveCheckpoint(const std::string& root, const LoopState& state, Actor& actor,
+                           const config::Config& config, Communicator& comm) {
+  const std::string final_dir = JoinPath(root, IterationDirName(state.iteration));
+  const std::string partial = final_dir + ".partial";
+  if (comm.rank() == 0) {
+    MakeDirectories(root);
+    RemoveTree(partial);  // left by a save that did not finish
+    MakeDirectories(JoinPath(partial, "optimizer"));
+  }
+  comm.Barrier();
+
+  // Every rank: its optimizer shard and RNG state.
+  const optimizer::ShardState shard = actor.optimizer().ExportState();
+  model::NamedTensors tensors(shard.tensors.begin(), shard.tensors.end());
+  tensors.emplace_back(kRngTensor, CpuRngState());
+  std::map<std::string, std::string> metadata = {
+      {"format", "rl-optimizer-shard"},
+      {"step", std::to_string(shard.step)},
+      {"dp_rank", std::to_string(comm.rank())},
+      {"dp_size", std::to_string(comm.size())},
+  };
+  for (const auto& [kind, layout] : shard.layouts) metadata[kLayoutKeyPrefix + kind] = layout;
+  const std::string shard_path = JoinPath(partial, ShardFile(comm.rank()));
+  model::WriteSafetensors(shard_path, tensors, metadata);
+  if (comm.rank() != 0) MaybeInjectFault(FaultPoint::kCheckpointWrite, comm.rank(), state.iteration);
+  const std::vector<std::string> shard_digests =
+      GatherDigests(FileSha256(shard_path), comm, actor.device());
+
+  // Rank 0: the shared files, the manifest, the rename, `latest`.
+  if (comm.rank() == 0) {
+    model::SaveHfCheckpoint(partial, actor.model_config(), actor.AllTensors());
+    if (config.model.init == "checkpoint" && !config.model.hf_checkpoint.empty()) {
+      CopyTokenizerFiles(config.model.hf_checkpoint, partial);
+    }
+    WriteTextFile(JoinPath(partial, kStateFile),
+                  json::Dump(StateJson(state, config, comm.size(), shard.step), 2) + "\n");
+    WriteTextFile(JoinPath(partial, kConfigFile), config::DumpToml(config));
+    MaybeInjectFault(FaultPoint::kCheckpointWrite, comm.rank(), state.iteration);
+    std::string manifest;
+    for (const std::string& name : ListFiles(partial)) {
+      std::string digest;
+      for (int r = 0; r < comm.size(); ++r) {
+        if (name == ShardFile(r)) digest = shard_digests[static_cast<size_t>(r)];
+      }
+      if (digest.empty()) digest = FileSha256(JoinPath(partial, name));
+      manifest += digest + "  " + name + "\n";
+    }
+    WriteTextFile(JoinPath(partial, kManifest), manifest);
+    if (PathExists(final_dir)) {  // the same iteration saved before: replaced
+      const std::string old = final_dir + ".old";
+      RemoveTree(old);
+      RenamePath(final_dir, old);
+      RenamePath(partial, final_dir);
+      RemoveTree(old);
+    } else {
+      RenamePath(partial, final_dir);
+    }
+    WriteTextFile(JoinPath(root, kLatest), IterationDirName(state.iteration) + "\n");
+  }
+  comm.Barrier();
+  spdlog::info("saved checkpoint {} (iteration {}, optimizer step {})", final_dir, state.iteration,
+               shard.step);
+  return final_dir;
+}
+
+LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& comm) {
+  const std::string dir = ResolveCheckpointDir(path);
+  const std::string own_shard = ShardFile(comm.rank());
+  VerifyFiles(dir, ReadManifest(dir), own_shard);
+  LoopState state = ReadState(dir, comm.size());
+
+  model::TensorMap all = actor.AllTensors();
+  model::LoadParams(model::CheckpointReader::Open(dir), actor.model_config(), all);
+  const model::SafetensorsFile shard_file =
+      model::SafetensorsFile::Open(JoinPath(dir, own_shard));
+  const optimizer::ShardState shard = ReadShard(shard_file, comm.rank(), comm.size());
+  try {
+    actor.optimizer().ImportState(shard);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointError(fmt::format("{}: {}", shard_file.path(), e.what()));
+  }
+  // The params are the masters cast, exactly as at the end of the step that was saved.
+  actor.optimizer().CastMainToParams();
+  actor.optimizer().AllGatherParams();
+  RL_CHECK(shard_file.Find(kRngTensor) != nullptr, CheckpointError, "{}: no tensor '{}'",
+           shard_file.path(), kRngTensor);
+  SetCpuRngState(shard_file.Get(kRngTensor).clone());
+  spdlog::info("loaded checkpoint {} (iteration {}, optimizer step {})", dir, state.iteration,
+               shard.step);
+  return state;
+}
+
+}  // namespace rl
