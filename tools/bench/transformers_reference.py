@@ -1,0 +1,117 @@
+"""The PyTorch side of tools/bench/vs_transformers.sh: `transformers`' own implementation of a
+checkpoint, timed on the same batch shapes as our benchmarks.
+
+  make    --out DIR                 writes a randomly initialised Qwen3-0.6B-shaped checkpoint
+                                    (bf16, untied lm_head) with save_pretrained
+  decode  --checkpoint DIR ...      greedy `generate` (min_new_tokens = max_new_tokens), tokens/s
+  train   --checkpoint DIR ...      one step: forward, -mean log-prob of the next tokens,
+                                    backward, torch.optim.AdamW (bf16 params, the default
+                                    foreach implementation), tokens/s
+
+Each of decode/train prints one JSON line. The prompts and training tokens are drawn like the C++
+benchmarks draw theirs (uniform ids, seed 7), on the GPU, best of --rounds.
+"""
+import argparse
+import json
+import time
+
+import torch
+
+
+def make(args):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                         num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                         head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
+                         rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16")
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(args.out, safe_serialization=True)
+    print(json.dumps({"made": args.out, "params": sum(p.numel() for p in model.parameters())}))
+
+
+def load(args):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        args.checkpoint, torch_dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+
+
+def best_seconds(fn, rounds):
+    fn()  # warm-up
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def decode(args):
+    model = load(args).eval()
+    vocab = model.config.vocab_size
+    ids = torch.randint(vocab, (args.batch, args.prompt_len),
+                        generator=torch.Generator().manual_seed(7)).cuda()
+    mask = torch.ones_like(ids)
+
+    @torch.no_grad()
+    def run():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                             max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                             pad_token_id=0)
+        assert out.shape[1] == args.prompt_len + args.new_tokens
+
+    seconds = best_seconds(run, args.rounds)
+    print(json.dumps({"bench": "decode", "reference": "transformers generate",
+                      "batch": args.batch, "prompt_len": args.prompt_len,
+                      "new_tokens": args.new_tokens, "seconds": seconds,
+                      "tokens_per_s": args.batch * args.new_tokens / seconds}))
+
+
+def train(args):
+    model = load(args).train()
+    vocab = model.config.vocab_size
+    tokens = torch.randint(vocab, (args.batch, args.seq + 1),
+                           generator=torch.Generator().manual_seed(7)).cuda()
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+
+    def step():
+        logits = model(input_ids=inputs).logits
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        loss = -log_probs.gather(-1, targets.unsqueeze(-1)).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def steps():
+        for _ in range(args.steps):
+            step()
+
+    seconds = best_seconds(steps, args.rounds) / args.steps
+    print(json.dumps({"bench": "train_step", "reference": "transformers + torch.optim.AdamW",
+                      "batch": args.batch, "seq": args.seq, "seconds": seconds,
+                      "tokens_per_s": args.batch * args.seq / seconds}))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["make", "decode", "train"])
+    parser.add_argument("--out")
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    {"make": make, "decode": decode, "train": train}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
