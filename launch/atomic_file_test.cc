@@ -121,6 +121,38 @@ TEST_CASE("a write into a missing directory throws CheckpointError naming the pa
   }
 }
 
+TEST_CASE("MakeDirectories, ListFiles and RemoveTree work on a nested tree") {
+  const std::string dir = MakeTempDir() + "/ckpt";
+  MakeDirectories(dir + "/optimizer/deep");
+  MakeDirectories(dir + "/optimizer");  // existing: no error
+  for (const std::string name : {"b.json", "a.safetensors", "optimizer/rank_00001.safetensors",
+                                 "optimizer/deep/x"}) {
+    AtomicFileWriter writer(JoinPath(dir, name));
+    writer.Write(name);
+    writer.Commit();
+  }
+  CHECK(ListFiles(dir) == std::vector<std::string>{"a.safetensors", "b.json",
+                                                   "optimizer/deep/x",
+                                                   "optimizer/rank_00001.safetensors"});
+  CHECK(ReadWholeFile(JoinPath(dir, "b.json")) == "b.json");
+  RenamePath(dir, dir + ".moved");
+  CHECK_FALSE(PathExists(dir));
+  RemoveTree(dir + ".moved");
+  CHECK_FALSE(PathExists(dir + ".moved"));
+  RemoveTree(dir + ".moved");  // absent: nothing to do
+}
+
+TEST_CASE("MakeDirectories over a file and reading a missing file throw naming the path") {
+  const std::string dir = MakeTempDir();
+  {
+    AtomicFileWriter writer(dir + "/file");
+    writer.Commit();
+  }
+  CHECK_THROWS_WITH(MakeDirectories(dir + "/file"), Catch::Contains(dir + "/file"));
+  CHECK_THROWS_WITH(ReadWholeFile(dir + "/missing"),
+                    Catch::Contains(dir + "/missing: cannot open"));
+}
+
 TEST_CASE("ParentDirectory") {
   CHECK(ParentDirectory("/a/b/c.jsonl") == "/a/b");
   CHECK(ParentDirectory("/c") == "/");
