@@ -35,6 +35,10 @@ at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (!selected.defined() && start == 0 && s == t) {
     return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, scale);
   }
+  if (!selected.defined() && s == 1 && start + 1 == t) {
+    // One decode step: the query sees every key, so no mask (and no mask kernels) is needed.
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/false, scale);
+  }
   at::Tensor mask = CausalMask(start, s, t, q.device());  // [S, T]
   if (selected.defined()) {
     mask = at::logical_and(mask.unsqueeze(0), selected).unsqueeze(1);  // [B, 1, S, T]
