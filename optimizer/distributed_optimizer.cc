@@ -148,9 +148,14 @@ StepStats DistributedOptimizer::Step() {
   for (Buffer& buffer : buffers_) {
     comm_.ReduceScatter(buffer.grads, Shard(buffer.grads, buffer), ReduceOp::kMean);
   }
+  // Note [Fused AdamW]: the reference sums the squares in fp64 (a converted copy of the shard);
+  // the fused path takes an fp32 norm, one read of the shard.
+  const bool fused = options_.fused.value_or(device_.is_cuda());
   at::Tensor sum_sq = at::zeros({1}, state_.options().dtype(at::kDouble));
   for (Buffer& buffer : buffers_) {
-    sum_sq += Shard(buffer.grads, buffer).to(at::kDouble).square().sum();
+    const at::Tensor grad = Shard(buffer.grads, buffer);
+    sum_sq += fused ? at::linalg_vector_norm(grad, 2).to(at::kDouble).square()
+                    : grad.to(at::kDouble).square().sum();
   }
   comm_.AllReduce(sum_sq, ReduceOp::kSum);
   StepStats stats;
@@ -164,9 +169,21 @@ StepStats DistributedOptimizer::Step() {
   ++step_;
   stats.step = step_;
   stats.lr = options_.schedule.At(step_);
+  if (fused) {
+    ApplyFusedAdamW(stats.lr, clip);
+  } else {
+    ApplyAdamW(stats.lr, clip);
+  }
+  CastMainToParams();
+  AllGatherParams();
+  ZeroGrads();
+  return stats;
+}
+
+void DistributedOptimizer::ApplyAdamW(double lr, double clip) {
   const double bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
   const double bias_correction2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
-  const double decay = 1.0 - stats.lr * options_.weight_decay;
+  const double decay = 1.0 - lr * options_.weight_decay;
   for (BufferKind kind : kBufferKinds) {
     const Buffer& buffer = buffers_[Index(kind)];
     at::Tensor state = StateOf(kind);
@@ -186,12 +203,42 @@ StepStats DistributedOptimizer::Step() {
     exp_avg.mul_(options_.beta1).add_(grad, 1.0 - options_.beta1);
     exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1.0 - options_.beta2);
     const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
-    master.addcdiv_(exp_avg, denom, -stats.lr / bias_correction1);
+    master.addcdiv_(exp_avg, denom, -lr / bias_correction1);
   }
-  CastMainToParams();
-  AllGatherParams();
-  ZeroGrads();
-  return stats;
+}
+
+void DistributedOptimizer::ApplyFusedAdamW(double lr, double clip) {
+  // Per weight-decay group, the segments of every buffer's shard (the padding between params is
+  // left alone: its gradients are zero, so the reference ops leave it zero too).
+  struct Group {
+    std::vector<at::Tensor> masters, grads, exp_avgs, exp_avg_sqs;
+  };
+  Group groups[2];  // [0]: no weight decay, [1]: weight decay
+  for (BufferKind kind : kBufferKinds) {
+    const Buffer& buffer = buffers_[Index(kind)];
+    const at::Tensor state = StateOf(kind);
+    const at::Tensor grad = Shard(buffer.grads, buffer);
+    for (const ShardSegment& s : buffer.segments) {
+      Group& group = groups[buffer.layout.entries[s.entry].weight_decay ? 1 : 0];
+      group.masters.push_back(state[0].narrow(0, s.shard_offset, s.numel));
+      group.exp_avgs.push_back(state[1].narrow(0, s.shard_offset, s.numel));
+      group.exp_avg_sqs.push_back(state[2].narrow(0, s.shard_offset, s.numel));
+      group.grads.push_back(grad.narrow(0, s.shard_offset, s.numel));
+    }
+  }
+  const at::TensorOptions fp32 = state_.options().dtype(at::kFloat);
+  const at::Tensor step = at::full({}, static_cast<double>(step_), fp32);
+  // The kernel divides the gradients by grad_scale: 1 / clip applies the clipping in the pass.
+  const std::optional<at::Tensor> grad_scale =
+      clip != 1.0 ? std::optional<at::Tensor>(at::full({}, 1.0 / clip, fp32)) : std::nullopt;
+  for (int decays = 0; decays < 2; ++decays) {
+    Group& group = groups[decays];
+    if (group.masters.empty()) continue;
+    const std::vector<at::Tensor> steps(group.masters.size(), step);
+    at::_fused_adamw_(group.masters, group.grads, group.exp_avgs, group.exp_avg_sqs, {}, steps, lr,
+                      options_.beta1, options_.beta2, decays ? options_.weight_decay : 0.0,
+                      options_.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale);
+  }
 }
 
 void DistributedOptimizer::CastMainToParams() {

@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "launch/communicator.h"
@@ -136,6 +138,21 @@ int main(int argc, char** argv) {
     ours_best = std::min(ours_best, SecondsPerStep(our_step, steps, device));
     ref_best = std::min(ref_best, SecondsPerStep(ref_step, steps, device));
   }
+  // Where our step's time goes: forward (to the loss), backward, optimizer (grad accumulation
+  // into the flat buffer and the ZeRO-1 step), each timed alone with a device sync around it.
+  std::map<std::string, double> phase_ms = {{"forward", 0}, {"backward", 0}, {"optimizer", 0}};
+  for (int i = 0; i < steps; ++i) {
+    at::Tensor loss;
+    phase_ms["forward"] += 1e3 * SecondsPerStep(
+        [&] { loss = our_model.TokenLogProbs(inputs, targets).log_probs.mean().neg(); }, 1, device);
+    phase_ms["backward"] += 1e3 * SecondsPerStep([&] { loss.backward(); }, 1, device);
+    phase_ms["optimizer"] += 1e3 * SecondsPerStep(
+        [&] {
+          optimizer.AccumulateGrads();
+          optimizer.Step();
+        },
+        1, device);
+  }
   const double tokens_per_step = static_cast<double>(batch * seq);
   std::printf("model %s, batch %lld x %lld tokens, %s on %s, best of %d rounds of %d steps\n",
               checkpoint.empty() ? model_config.c_str() : checkpoint.c_str(),
@@ -153,6 +170,9 @@ int main(int argc, char** argv) {
   line.Set("seq", rl::json::Value::Int(seq));
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_step / ours_best));
   line.Set("libtorch_adamw_tokens_per_s", rl::json::Value::Double(tokens_per_step / ref_best));
+  for (const auto& [phase, ms] : phase_ms) {
+    line.Set(phase + "_ms", rl::json::Value::Double(ms / steps));
+  }
   std::printf("%s\n", rl::json::Dump(line).c_str());
   return 0;
 }

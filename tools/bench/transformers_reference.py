@@ -79,22 +79,39 @@ def train(args):
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
 
-    def step():
+    def forward():
         logits = model(input_ids=inputs).logits
         log_probs = torch.log_softmax(logits.float(), dim=-1)
-        loss = -log_probs.gather(-1, targets.unsqueeze(-1)).mean()
-        loss.backward()
+        return -log_probs.gather(-1, targets.unsqueeze(-1)).mean()
+
+    def update():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def steps():
         for _ in range(args.steps):
-            step()
+            forward().backward()
+            update()
 
     seconds = best_seconds(steps, args.rounds) / args.steps
+    # The same step timed phase by phase, a device sync around each (as train_step_bench does).
+    phase_ms = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    for _ in range(args.steps):
+        for phase, fn in (("forward", forward), ("backward", None), ("optimizer", update)):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            if phase == "forward":
+                loss = fn()
+            elif phase == "backward":
+                loss.backward()
+            else:
+                fn()
+            torch.cuda.synchronize()
+            phase_ms[phase] += 1e3 * (time.perf_counter() - start) / args.steps
     print(json.dumps({"bench": "train_step", "reference": "transformers + torch.optim.AdamW",
                       "batch": args.batch, "seq": args.seq, "seconds": seconds,
-                      "tokens_per_s": args.batch * args.seq / seconds}))
+                      "tokens_per_s": args.batch * args.seq / seconds,
+                      **{f"{k}_ms": v for k, v in phase_ms.items()}}))
 
 
 def main():

@@ -32,4 +32,8 @@ for bench in ("decode", "train_step"):
     print(f"{bench}: ours {ours['tokens_per_s']:.0f} tokens/s, {ref['reference']} "
           f"{ref['tokens_per_s']:.0f} tokens/s, ratio {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}"
           f"{extra}")
+    phases = [k for k in ours if k.endswith("_ms")]
+    if phases:
+        print("  ms per step, ours / reference: " + ", ".join(
+            f"{k[:-3]} {ours[k]:.1f} / {ref[k]:.1f}" for k in sorted(phases)))
 PY
