@@ -7,8 +7,9 @@
 #   crash_in_save   rank 0 dying in the middle of iteration 2's checkpoint write (every file but
 #                   the manifest written) leaves `latest` on iteration 1, which loads and runs
 #                   on; the cut-short directory is refused
-#   refused         a checkpoint with a corrupt optimizer shard, without its manifest, or loaded
-#                   by another number of ranks is refused, naming the file or the DP sizes
+#   refused         a checkpoint with a corrupt optimizer shard, without its manifest, loaded by
+#                   another number of ranks or with another buffer layout is refused, naming the
+#                   file and what differs
 set -euo pipefail
 mode="$1" trainer="$2" recipe="$3"
 here="$(dirname "$0")"
@@ -107,10 +108,15 @@ case "$mode" in
     rm "$tmp/no_manifest/manifest.sha256"
     run 2 no_manifest --num-rollout 2 --load "$tmp/no_manifest"
     [[ $? -ne 0 ]] || fail "a checkpoint without a manifest loaded"
+    # Freezing a parameter takes it out of the optimizer's buffers: another buffer layout.
+    run 2 other_layout --num-rollout 2 --load "$tmp/ckpt" --no-rematerialize-param-from-master-weight \
+      --freeze-params 'layers\.0\.self_attn\.q_proj'
+    [[ $? -ne 0 ]] || fail "a checkpoint with another buffer layout loaded"
     set -e
     expect_refused one_rank "saved by 2 data-parallel ranks, this job has 1"
     expect_refused corrupt "corrupt/optimizer/rank_00001.safetensors: SHA256 [0-9a-f]* differs"
     expect_refused no_manifest "no_manifest: not a checkpoint: it has no manifest.sha256"
+    expect_refused other_layout "rank_0000[01].safetensors: optimizer state was saved with a different dense buffer layout"
     ;;
   *)
     fail "unknown mode $mode"
