@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -121,11 +122,17 @@ class LineParser {
           out.push_back('\t');
           break;
         case 'u': {
-          if (pos_ + 4 > text_.size()) Fail("\\u needs 4 hex digits");
+          // Exactly four hex digits: strtol alone also takes a sign, spaces and "0x".
           const std::string hex(text_.substr(pos_, 4));
-          char* end = nullptr;
-          const long code = std::strtol(hex.c_str(), &end, 16);
-          if (end != hex.c_str() + 4) Fail("\\u needs 4 hex digits");
+          if (hex.size() != 4 || !std::all_of(hex.begin(), hex.end(), [](char h) {
+                return std::isxdigit(static_cast<unsigned char>(h));
+              })) {
+            Fail("\\u needs 4 hex digits");
+          }
+          const long code = std::strtol(hex.c_str(), nullptr, 16);
+          if (code >= 0xD800 && code <= 0xDFFF) {
+            Fail(fmt::format("\\u{} is a UTF-16 surrogate, not a character", hex));
+          }
           pos_ += 4;
           if (code < 0x80) {
             out.push_back(static_cast<char>(code));

@@ -62,6 +62,18 @@ TEST_CASE("malformed lines are refused with file, line and what was expected") {
   CHECK(ErrorOf("x = [1, 2\n") == "recipe.toml:1: expected ',' or ']' in array");
 }
 
+TEST_CASE("a \\u escape is exactly four hex digits of a character") {
+  CHECK(ErrorOf("x = \"\\u12\"\n") == "recipe.toml:1: \\u needs 4 hex digits");
+  // strtol would have read these as -0xFFF, 0x1F and 0x12.
+  CHECK(ErrorOf("x = \"\\u-FFF\"\n") == "recipe.toml:1: \\u needs 4 hex digits");
+  CHECK(ErrorOf("x = \"\\u0x1F\"\n") == "recipe.toml:1: \\u needs 4 hex digits");
+  CHECK(ErrorOf("x = \"\\u 012\"\n") == "recipe.toml:1: \\u needs 4 hex digits");
+  CHECK(ErrorOf("x = \"\\uD800\"\n") ==
+        "recipe.toml:1: \\uD800 is a UTF-16 surrogate, not a character");
+  const TomlDocument doc = ParseToml("x = \"\\u00e9\\uFFFF\"\n", "recipe.toml");
+  CHECK(std::get<std::string>(doc.entries[0].value.value) == "\xc3\xa9\xef\xbf\xbf");
+}
+
 TEST_CASE("every prefix of a valid recipe parses or fails with ConfigError, never crashes") {
   const std::string text = "[rl]\neps_clip = 0.2\nname = \"x\\u0041\"\nids = [1, [2]]\n";
   for (size_t n = 0; n <= text.size(); ++n) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cctype>
 #include <initializer_list>
+#include <limits>
+#include <optional>
 #include <regex>
 
 namespace rl::config {
@@ -15,14 +17,71 @@ int64_t ParseByteSize(const std::string& text) {
   if (digits == 0 || digits > 15) return -1;
   const int64_t value = std::stoll(text.substr(0, digits));
   const std::string unit = text.substr(digits);
-  if (unit.empty() || unit == "B") return value;
-  if (unit == "KiB") return value << 10;
-  if (unit == "MiB") return value << 20;
-  if (unit == "GiB") return value << 30;
-  return -1;
+  int shift = 0;
+  if (unit == "KiB") {
+    shift = 10;
+  } else if (unit == "MiB") {
+    shift = 20;
+  } else if (unit == "GiB") {
+    shift = 30;
+  } else if (!unit.empty() && unit != "B") {
+    return -1;
+  }
+  // 15 digits of GiB do not fit in int64 (found by fuzz/toml_fuzz.cc: the shift overflowed).
+  if (value > (std::numeric_limits<int64_t>::max() >> shift)) return -1;
+  return value << shift;
 }
 
 namespace {
+
+// The product of `factors`, or nullopt when it overflows int64 (a mistyped or hostile config:
+// fuzz/toml_fuzz.cc found the unchecked products).
+std::optional<int64_t> CheckedProduct(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (const int64_t factor : factors) {
+    if (__builtin_mul_overflow(product, factor, &product)) return std::nullopt;
+  }
+  return product;
+}
+
+// libstdc++'s std::regex compiler recurses once per term and reads repetition counts and
+// backreference numbers into an int without an overflow check (fuzz/toml_fuzz.cc found both), so
+// a pattern is refused before it is compiled when it is longer than this or holds a number longer
+// than kMaxRegexNumberDigits. Parameter-name patterns are far shorter.
+constexpr size_t kMaxRegexBytes = 1024;
+constexpr size_t kMaxRegexNumberDigits = 6;
+
+// Why `pattern` is refused before compiling it, or "".
+std::string RegexSizeProblem(const std::string& pattern) {
+  if (pattern.size() > kMaxRegexBytes) {
+    return fmt::format("is {} bytes long; at most {} are accepted", pattern.size(), kMaxRegexBytes);
+  }
+  size_t run = 0;
+  for (const char c : pattern) {
+    run = std::isdigit(static_cast<unsigned char>(c)) ? run + 1 : 0;
+    if (run > kMaxRegexNumberDigits) {
+      return fmt::format("holds a number of more than {} digits", kMaxRegexNumberDigits);
+    }
+  }
+  return "";
+}
+
+// True for "2,151329": comma-separated decimal ids that each fit in int64. Checked by hand, not by
+// std::regex_match, whose libstdc++ matcher recurses once per character of the subject.
+bool IsTokenIdList(const std::string& text) {
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, comma - begin);
+    if (item.empty() || item.size() > 18 || !std::all_of(item.begin(), item.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        })) {
+      return false;
+    }
+    if (comma == text.size()) return true;
+    begin = comma + 1;
+  }
+}
 
 bool OneOf(const std::string& value, std::initializer_list<const char*> choices) {
   return std::any_of(choices.begin(), choices.end(), [&](const char* c) { return value == c; });
@@ -133,11 +192,15 @@ void ValidateRanges(Rules& rules, const Config& c) {
   }
   rules.Require(c.model.lora_rank >= 0, "--lora-rank must be >= 0; got {}", c.model.lora_rank);
   if (!c.model.freeze_params.empty()) {
-    try {
-      std::regex check(c.model.freeze_params);
-    } catch (const std::regex_error& e) {
-      rules.Require(false, "--freeze-params '{}' is not a valid regular expression: {}",
-                    c.model.freeze_params, e.what());
+    const std::string problem = RegexSizeProblem(c.model.freeze_params);
+    rules.Require(problem.empty(), "--freeze-params '{}' {}", c.model.freeze_params, problem);
+    if (problem.empty()) {
+      try {
+        std::regex check(c.model.freeze_params);
+      } catch (const std::regex_error& e) {
+        rules.Require(false, "--freeze-params '{}' is not a valid regular expression: {}",
+                      c.model.freeze_params, e.what());
+      }
     }
   }
 
@@ -187,9 +250,9 @@ void ValidateRanges(Rules& rules, const Config& c) {
   rules.Require(ro.rollout_top_k == -1 || ro.rollout_top_k >= 1,
                 "--rollout-top-k must be -1 (off) or at least 1; got {}", ro.rollout_top_k);
   if (!ro.rollout_stop_token_ids.empty()) {
-    rules.Require(std::regex_match(ro.rollout_stop_token_ids, std::regex("[0-9]+(,[0-9]+)*")),
-                  "--rollout-stop-token-ids must be comma-separated token ids like '2,151329'; "
-                  "got '{}'",
+    rules.Require(IsTokenIdList(ro.rollout_stop_token_ids),
+                  "--rollout-stop-token-ids must be comma-separated token ids like '2,151329' "
+                  "(each at most 18 digits); got '{}'",
                   ro.rollout_stop_token_ids);
   }
   rules.Require(ro.global_batch_size >= 0 && ro.num_steps_per_rollout >= 0,
@@ -277,7 +340,12 @@ ValidationResult Validate(const Config& input) {
   if (!c.rl.eps_clip_high.has_value()) c.rl.eps_clip_high = c.rl.eps_clip;
 
   // Batch geometry: global batch = rollout batch * samples per prompt / steps per rollout.
-  const int64_t samples = c.rollout.rollout_batch_size * c.rollout.n_samples_per_prompt;
+  const std::optional<int64_t> checked_samples =
+      CheckedProduct({c.rollout.rollout_batch_size, c.rollout.n_samples_per_prompt});
+  rules.Require(checked_samples.has_value(),
+                "--rollout-batch-size {} x --n-samples-per-prompt {} does not fit in int64",
+                c.rollout.rollout_batch_size, c.rollout.n_samples_per_prompt);
+  const int64_t samples = checked_samples.value_or(0);
   if (samples > 0) {
     int64_t& gbs = c.rollout.global_batch_size;
     int64_t& steps = c.rollout.num_steps_per_rollout;
@@ -319,11 +387,21 @@ ValidationResult Validate(const Config& input) {
 
   // The planned layout must tile the planned world.
   const auto& p = c.parallel;
-  r.planned_world_size = c.run.actor_num_nodes * c.run.actor_num_gpus_per_node;
-  const int64_t model_parallel =
-      p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
-  const int64_t expert_parallel = p.expert_model_parallel_size * p.expert_tensor_parallel_size *
-                                  p.pipeline_model_parallel_size;
+  const std::optional<int64_t> world =
+      CheckedProduct({c.run.actor_num_nodes, c.run.actor_num_gpus_per_node});
+  const std::optional<int64_t> checked_model_parallel = CheckedProduct(
+      {p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size});
+  const std::optional<int64_t> checked_expert_parallel =
+      CheckedProduct({p.expert_model_parallel_size, p.expert_tensor_parallel_size,
+                      p.pipeline_model_parallel_size});
+  rules.Require(world.has_value(),
+                "--actor-num-nodes {} x --actor-num-gpus-per-node {} does not fit in int64",
+                c.run.actor_num_nodes, c.run.actor_num_gpus_per_node);
+  rules.Require(checked_model_parallel.has_value() && checked_expert_parallel.has_value(),
+                "the parallel sizes TP x PP x CP or EP x ETP x PP do not fit in int64");
+  r.planned_world_size = world.value_or(0);
+  const int64_t model_parallel = checked_model_parallel.value_or(0);
+  const int64_t expert_parallel = checked_expert_parallel.value_or(0);
   if (model_parallel > 0 && expert_parallel > 0) {
     rules.Require(r.planned_world_size % model_parallel == 0,
                   "TP x PP x CP = {} does not divide the {} ranks of --actor-num-nodes x "

@@ -44,7 +44,7 @@ struct ValidationResult {
 
 ValidationResult Validate(const Config& config);
 
-// Parses "512MiB", "2GiB", "4096" (bytes). Returns -1 when malformed.
+// Parses "512MiB", "2GiB", "4096" (bytes). Returns -1 when malformed or beyond int64.
 int64_t ParseByteSize(const std::string& text);
 
 }  // namespace rl::config

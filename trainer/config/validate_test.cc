@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 namespace rl::config {
@@ -377,6 +379,52 @@ TEST_CASE("rule: stop token ids are comma-separated integers") {
   CHECK(OnlyError(c).empty());
   c.rollout.rollout_stop_token_ids = "2, x";
   CHECK(Mentions(OnlyError(c), "--rollout-stop-token-ids"));
+  c.rollout.rollout_stop_token_ids = "2,";
+  CHECK(Mentions(OnlyError(c), "--rollout-stop-token-ids"));
+  // 19 digits may not fit in int64: the engine's std::stoll would throw std::out_of_range.
+  c.rollout.rollout_stop_token_ids = "2,9999999999999999999";
+  CHECK(Mentions(OnlyError(c), "--rollout-stop-token-ids"));
+}
+
+// ---- hostile values (found by fuzz/toml_fuzz.cc) ------------------------------------------------
+
+TEST_CASE("rule: a byte size too large for int64 is refused, not shifted into overflow") {
+  CHECK(ParseByteSize("8589934591GiB") == (int64_t{8589934591} << 30));
+  CHECK(ParseByteSize("8589934592GiB") == -1);
+  CHECK(ParseByteSize("999999999999999GiB") == -1);
+  Config c = Remat();
+  c.weight_sync.update_weight_buffer_size = "999999999999999GiB";
+  CHECK(Mentions(OnlyError(c), "--update-weight-buffer-size"));
+}
+
+TEST_CASE("rule: products of sizes that overflow int64 are errors") {
+  Config c = Remat();
+  c.rollout.rollout_batch_size = int64_t{1} << 62;
+  c.rollout.n_samples_per_prompt = 4;
+  CHECK(Mentions(OnlyError(c),
+                 "--rollout-batch-size 4611686018427387904 x --n-samples-per-prompt "
+                 "4 does not fit in int64"));
+  c = Remat();
+  c.run.actor_num_nodes = int64_t{1} << 40;
+  c.run.actor_num_gpus_per_node = int64_t{1} << 40;
+  CHECK(Mentions(OnlyError(c), "--actor-num-nodes 1099511627776 x --actor-num-gpus-per-node"));
+  c = Remat();
+  c.parallel.tensor_model_parallel_size = int64_t{1} << 32;
+  c.parallel.context_parallel_size = int64_t{1} << 32;
+  const ValidationResult r = Validate(c);
+  CHECK(std::any_of(r.errors.begin(), r.errors.end(), [](const std::string& e) {
+    return Mentions(e, "TP x PP x CP or EP x ETP x PP do not fit in int64");
+  }));
+}
+
+TEST_CASE("rule: --freeze-params that std::regex cannot compile safely is refused unread") {
+  Config c = Remat();
+  c.model.freeze_params = "a{99999999999999999999}";  // libstdc++ reads the count into an int
+  CHECK(Mentions(OnlyError(c), "holds a number of more than 6 digits"));
+  c.model.freeze_params = std::string(1025, 'a');  // libstdc++ recurses once per term
+  CHECK(Mentions(OnlyError(c), "is 1025 bytes long; at most 1024 are accepted"));
+  c.model.freeze_params = "layers\\.(1[0-9]{2})\\.mlp";
+  CHECK(OnlyError(c).empty());
 }
 
 }  // namespace

@@ -130,32 +130,37 @@ std::optional<std::string> ByteTokenizer::IdToToken(int64_t id) const {
 
 // ---- Config files ----
 
+TokenizerConfig ParseTokenizerConfig(const Value& root, const std::string& source) {
+  TokenizerConfig config;
+  try {
+    RL_CHECK(root.is_object(), CheckpointError, "{}: expected a JSON object, found {}", source,
+             json::KindName(root.kind()));
+    config.eos_token = TokenName(root.Find("eos_token"));
+    config.pad_token = TokenName(root.Find("pad_token"));
+    config.bos_token = TokenName(root.Find("bos_token"));
+    if (const Value* t = root.Find("chat_template"); t != nullptr && !t->is_null()) {
+      if (t->is_string()) {
+        config.chat_template = t->AsString();
+      } else {
+        // A list of named templates; the "default" one is the chat template.
+        for (const Value& named : t->AsArray()) {
+          if (named.at("name").AsString() == "default") {
+            config.chat_template = named.at("template").AsString();
+          }
+        }
+      }
+    }
+  } catch (const json::TypeError& e) {
+    throw CheckpointError(fmt::format("{}: {}", source, e.what()));
+  }
+  return config;
+}
+
 TokenizerConfig ReadTokenizerConfig(const std::string& dir) {
   TokenizerConfig config;
   const std::string config_path = JoinPath(dir, "tokenizer_config.json");
   if (FileExists(config_path)) {
-    const Value root = json::ParseFile(config_path);
-    try {
-      RL_CHECK(root.is_object(), CheckpointError, "{}: expected a JSON object, found {}",
-               config_path, json::KindName(root.kind()));
-      config.eos_token = TokenName(root.Find("eos_token"));
-      config.pad_token = TokenName(root.Find("pad_token"));
-      config.bos_token = TokenName(root.Find("bos_token"));
-      if (const Value* t = root.Find("chat_template"); t != nullptr && !t->is_null()) {
-        if (t->is_string()) {
-          config.chat_template = t->AsString();
-        } else {
-          // A list of named templates; the "default" one is the chat template.
-          for (const Value& named : t->AsArray()) {
-            if (named.at("name").AsString() == "default") {
-              config.chat_template = named.at("template").AsString();
-            }
-          }
-        }
-      }
-    } catch (const json::TypeError& e) {
-      throw CheckpointError(fmt::format("{}: {}", config_path, e.what()));
-    }
+    config = ParseTokenizerConfig(json::ParseFile(config_path), config_path);
   }
   const std::string jinja_path = JoinPath(dir, "chat_template.jinja");
   if (FileExists(jinja_path)) config.chat_template = ReadTextFile(jinja_path);

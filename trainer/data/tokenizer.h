@@ -120,6 +120,10 @@ struct TokenizerConfig {
   std::vector<int64_t> extra_stop_ids;
 };
 
+// The tokenizer_config.json part of ReadTokenizerConfig, from an already parsed document: eos, pad
+// and bos tokens and the chat template. `source` names it in messages; throws CheckpointError.
+TokenizerConfig ParseTokenizerConfig(const json::Value& root, const std::string& source);
+
 // Reads `dir`/tokenizer_config.json, `dir`/chat_template.jinja (preferred over the config's
 // chat_template, as transformers does) and `dir`/generation_config.json; each may be absent.
 // Throws CheckpointError naming the file for a present but malformed one.

@@ -66,39 +66,6 @@ std::string Quote(const json::Value& v) {
   return text;
 }
 
-// Paths are handled with POSIX calls, not std::filesystem: libtorch.so exports its own copies of
-// the std::filesystem functions, built against another libstdc++, and those win at load time and
-// crash (seen with torch 2.11 and GCC 12: remove_all jumps to address 0).
-
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  if (dir.empty()) return name;
-  return dir.back() == '/' ? dir + name : dir + "/" + name;
-}
-
-// False when nothing is at `path`; throws when it cannot be told (permissions, I/O).
-bool PathExists(const std::string& path) {
-  struct stat status {};
-  if (::stat(path.c_str(), &status) == 0) return true;
-  if (errno == ENOENT) return false;
-  throw CheckpointError(fmt::format("{}: cannot stat: {}", path, ErrnoText()));
-}
-
-// mkdir -p.
-void MakeDirectories(const std::string& dir) {
-  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
-    const std::string prefix = dir.substr(0, slash);
-    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw CheckpointError(
-          fmt::format("{}: cannot create the directory: {}", prefix, ErrnoText()));
-    }
-    if (slash == std::string::npos) break;
-  }
-  struct stat status {};
-  if (::stat(dir.c_str(), &status) != 0 || !S_ISDIR(status.st_mode)) {
-    throw CheckpointError(fmt::format("{}: not a directory", dir));
-  }
-}
-
 // The names in `dir`, without "." and "..".
 std::vector<std::string> ListDirectory(const std::string& dir) {
   struct DirCloser {
@@ -120,6 +87,16 @@ std::vector<std::string> ListDirectory(const std::string& dir) {
     throw CheckpointError(fmt::format("{}: cannot list the directory: {}", dir, ErrnoText()));
   }
   return names;
+}
+
+// Every file opens with the 8-byte header length.
+void CheckHasHeaderLength(const std::string& path, uint64_t file_bytes) {
+  if (file_bytes < kLengthBytes) {
+    throw CheckpointError(fmt::format(
+        "{}: the file has {} bytes, fewer than the 8-byte header length; it is truncated or not a "
+        "safetensors file",
+        path, file_bytes));
+  }
 }
 
 // a * b, or nullopt when it overflows int64.
@@ -272,7 +249,10 @@ std::vector<PreparedTensor> PrepareTensors(const std::string& context,
                                            const NamedTensors& tensors) {
   std::vector<PreparedTensor> prepared;
   std::set<std::string_view> names;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& [name_binding, tensor] : tensors) {
+    // A named reference, not the binding itself: C++17 lambdas cannot capture structured bindings
+    // (GCC allows it, clang, which builds fuzz/, does not).
+    const std::string& name = name_binding;
     const auto fail = [&](const std::string& what) {
       return CheckpointError(fmt::format("{}: cannot write tensor '{}': {}", context, name, what));
     };
@@ -374,37 +354,11 @@ struct SafetensorsFile::Mapping {
   size_t num_bytes;
 };
 
-SafetensorsFile SafetensorsFile::Open(const std::string& path) {
-  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw CheckpointError(fmt::format("{}: cannot open: {}", path, ErrnoText()));
-  struct stat status {};
-  if (::fstat(fd.get(), &status) != 0) {
-    throw CheckpointError(fmt::format("{}: cannot stat: {}", path, ErrnoText()));
-  }
-  if (!S_ISREG(status.st_mode)) {
-    throw CheckpointError(fmt::format("{}: not a regular file", path));
-  }
-  const auto file_bytes = static_cast<uint64_t>(status.st_size);
-  if (file_bytes < kLengthBytes) {
-    throw CheckpointError(fmt::format(
-        "{}: the file has {} bytes, fewer than the 8-byte header length; it is truncated or not a "
-        "safetensors file",
-        path, file_bytes));
-  }
-  // MAP_NORESERVE: a private writable mapping would otherwise be charged against the commit limit
-  // for its full size, though pages are only copied when written.
-  void* address =
-      ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd.get(), 0);
-  if (address == MAP_FAILED) {
-    throw CheckpointError(
-        fmt::format("{}: cannot map {} bytes: {}", path, file_bytes, ErrnoText()));
-  }
-  SafetensorsFile file;
-  file.path_ = path;
-  file.mapping_ = std::make_shared<Mapping>(address, file_bytes);
-
+SafetensorsHeader ParseSafetensorsHeader(const std::string& path, std::string_view file) {
+  const uint64_t file_bytes = file.size();
+  CheckHasHeaderLength(path, file_bytes);
   uint64_t header_bytes = 0;
-  std::memcpy(&header_bytes, file.mapping_->bytes(), kLengthBytes);
+  std::memcpy(&header_bytes, file.data(), kLengthBytes);
   if (header_bytes > file_bytes - kLengthBytes) {
     throw CheckpointError(fmt::format(
         "{}: the header length {} goes beyond the end of the file ({} bytes); it is truncated or "
@@ -415,9 +369,9 @@ SafetensorsFile SafetensorsFile::Open(const std::string& path) {
     throw CheckpointError(fmt::format("{}: the header length {} exceeds the limit of {} bytes",
                                       path, header_bytes, kMaxSafetensorsHeaderBytes));
   }
-  file.header_bytes_ = static_cast<int64_t>(header_bytes);
-  const std::string_view header_text(
-      reinterpret_cast<const char*>(file.mapping_->bytes() + kLengthBytes), header_bytes);
+  SafetensorsHeader parsed;
+  parsed.header_bytes = static_cast<int64_t>(header_bytes);
+  const std::string_view header_text = file.substr(kLengthBytes, header_bytes);
   json::Value header;
   try {
     header = json::Parse(header_text);
@@ -432,13 +386,45 @@ SafetensorsFile SafetensorsFile::Open(const std::string& path) {
   const auto data_bytes = static_cast<int64_t>(file_bytes - kLengthBytes - header_bytes);
   for (const auto& [name, entry] : header.AsObject()) {
     if (name == kMetadataKey) {
-      file.metadata_ = ParseMetadata(path, entry);
+      parsed.metadata = ParseMetadata(path, entry);
       continue;
     }
-    file.index_.emplace(name, file.tensors_.size());
-    file.tensors_.push_back(ParseTensorEntry(path, name, entry, data_bytes));
+    parsed.tensors.push_back(ParseTensorEntry(path, name, entry, data_bytes));
   }
-  CheckTiling(path, file.tensors_, data_bytes);
+  CheckTiling(path, parsed.tensors, data_bytes);
+  return parsed;
+}
+
+SafetensorsFile SafetensorsFile::Open(const std::string& path) {
+  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw CheckpointError(fmt::format("{}: cannot open: {}", path, ErrnoText()));
+  struct stat status {};
+  if (::fstat(fd.get(), &status) != 0) {
+    throw CheckpointError(fmt::format("{}: cannot stat: {}", path, ErrnoText()));
+  }
+  if (!S_ISREG(status.st_mode)) {
+    throw CheckpointError(fmt::format("{}: not a regular file", path));
+  }
+  const auto file_bytes = static_cast<uint64_t>(status.st_size);
+  CheckHasHeaderLength(path, file_bytes);  // before mmap, which refuses an empty file
+  // MAP_NORESERVE: a private writable mapping would otherwise be charged against the commit limit
+  // for its full size, though pages are only copied when written.
+  void* address =
+      ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd.get(), 0);
+  if (address == MAP_FAILED) {
+    throw CheckpointError(
+        fmt::format("{}: cannot map {} bytes: {}", path, file_bytes, ErrnoText()));
+  }
+  SafetensorsFile file;
+  file.path_ = path;
+  file.mapping_ = std::make_shared<Mapping>(address, file_bytes);
+
+  SafetensorsHeader header = ParseSafetensorsHeader(
+      path, std::string_view(reinterpret_cast<const char*>(file.mapping_->bytes()), file_bytes));
+  file.header_bytes_ = header.header_bytes;
+  file.tensors_ = std::move(header.tensors);
+  file.metadata_ = std::move(header.metadata);
+  for (size_t i = 0; i < file.tensors_.size(); ++i) file.index_.emplace(file.tensors_[i].name, i);
   return file;
 }
 

@@ -74,6 +74,20 @@ struct TensorInfo {
   int64_t num_bytes() const { return data_end - data_begin; }
 };
 
+// What a safetensors file's bytes say before any tensor is read: the header length, the tensors
+// and the metadata.
+struct SafetensorsHeader {
+  int64_t header_bytes = 0;                     // N
+  std::vector<TensorInfo> tensors;              // in header order
+  std::map<std::string, std::string> metadata;  // "__metadata__", empty when absent
+};
+
+// Validates the bytes of a whole file (`file`: the length, the header and the data section, whose
+// contents are not read) exactly as SafetensorsFile::Open() does; `path` names the file in
+// messages. Throws CheckpointError; see Note [Safetensors layout]. Open() maps the file and calls
+// this; fuzz/safetensors_fuzz.cc feeds it hostile bytes.
+SafetensorsHeader ParseSafetensorsHeader(const std::string& path, std::string_view file);
+
 class SafetensorsFile {
  public:
   // Maps and validates the whole header. Throws CheckpointError; see Note [Safetensors layout].

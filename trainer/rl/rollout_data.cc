@@ -232,21 +232,24 @@ std::string SampleProblem(const Sample& sample) {
 }
 
 RolloutBatch ReadRolloutData(const std::string& path) {
-  const std::string text = ReadWholeFile(path);
+  return ParseRolloutData(ReadWholeFile(path), path);
+}
+
+RolloutBatch ParseRolloutData(std::string_view text, const std::string& source) {
   RolloutBatch batch;
   size_t begin = 0;
   int64_t line_number = 0;
   while (begin < text.size()) {
     ++line_number;
     size_t end = text.find('\n', begin);
-    const bool has_newline = end != std::string::npos;
+    const bool has_newline = end != std::string_view::npos;
     if (!has_newline) end = text.size();
-    const std::string_view line(text.data() + begin, end - begin);
+    const std::string_view line = text.substr(begin, end - begin);
     begin = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
 
     const auto fail = [&](const std::string& what) {
-      return CheckpointError(fmt::format("{}:{}: {}", path, line_number, what));
+      return CheckpointError(fmt::format("{}:{}: {}", source, line_number, what));
     };
     json::Value value;
     try {

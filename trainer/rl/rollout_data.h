@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rl::rl_algo {
@@ -61,6 +62,8 @@ std::string SampleProblem(const Sample& sample);
 
 // Reads a JSON-lines rollout file. Throws rl::CheckpointError (see the header comment).
 RolloutBatch ReadRolloutData(const std::string& path);
+// The same from the file's text; `source` names it in messages (ReadRolloutData passes the path).
+RolloutBatch ParseRolloutData(std::string_view text, const std::string& source);
 
 // Writes `batch` atomically; each sample must be valid (SampleProblem() == ""). Throws
 // rl::CheckpointError.
