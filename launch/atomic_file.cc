@@ -146,6 +146,12 @@ std::string ReadWholeFile(const std::string& path) {
   return out;
 }
 
+void WriteFileAtomically(const std::string& path, std::string_view text) {
+  AtomicFileWriter writer(path);
+  writer.Write(text);
+  writer.Commit();
+}
+
 FileDescriptor::~FileDescriptor() {
   if (fd_ >= 0) ::close(fd_);
 }

@@ -50,6 +50,8 @@ std::vector<std::string> ListFiles(const std::string& dir);
 void FsyncDirectory(const std::string& dir);
 // The whole file; throws CheckpointError naming it when it cannot be read.
 std::string ReadWholeFile(const std::string& path);
+// Writes `text` to `path` through an AtomicFileWriter (temporary file, fsync, rename).
+void WriteFileAtomically(const std::string& path, std::string_view text);
 
 // Owns a POSIX file descriptor; a negative value means none.
 class FileDescriptor {

@@ -43,12 +43,6 @@ constexpr std::array<const char*, 8> kTokenizerFiles = {
 std::string IterationDirName(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 std::string ShardFile(int rank) { return fmt::format("optimizer/rank_{:05d}.safetensors", rank); }
 
-void WriteTextFile(const std::string& path, std::string_view text) {
-  AtomicFileWriter writer(path);
-  writer.Write(text);
-  writer.Commit();
-}
-
 at::Tensor CpuRngState() {
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
@@ -86,7 +80,7 @@ std::vector<std::string> GatherDigests(const std::string& hex, Communicator& com
 void CopyTokenizerFiles(const std::string& from, const std::string& to) {
   for (const char* name : kTokenizerFiles) {
     const std::string source = JoinPath(from, name);
-    if (PathExists(source)) WriteTextFile(JoinPath(to, name), ReadWholeFile(source));
+    if (PathExists(source)) WriteFileAtomically(JoinPath(to, name), ReadWholeFile(source));
   }
 }
 
@@ -265,9 +259,9 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
     if (config.model.init == "checkpoint" && !config.model.hf_checkpoint.empty()) {
       CopyTokenizerFiles(config.model.hf_checkpoint, partial);
     }
-    WriteTextFile(JoinPath(partial, kStateFile),
+    WriteFileAtomically(JoinPath(partial, kStateFile),
                   json::Dump(StateJson(state, config, comm.size(), shard.step), 2) + "\n");
-    WriteTextFile(JoinPath(partial, kConfigFile), config::DumpToml(config));
+    WriteFileAtomically(JoinPath(partial, kConfigFile), config::DumpToml(config));
     MaybeInjectFault(FaultPoint::kCheckpointWrite, comm.rank(), state.iteration);
     std::string manifest;
     for (const std::string& name : ListFiles(partial)) {
@@ -278,7 +272,7 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
       if (digest.empty()) digest = FileSha256(JoinPath(partial, name));
       manifest += digest + "  " + name + "\n";
     }
-    WriteTextFile(JoinPath(partial, kManifest), manifest);
+    WriteFileAtomically(JoinPath(partial, kManifest), manifest);
     if (PathExists(final_dir)) {  // the same iteration saved before: replaced
       const std::string old = final_dir + ".old";
       RemoveTree(old);
@@ -288,7 +282,7 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
     } else {
       RenamePath(partial, final_dir);
     }
-    WriteTextFile(JoinPath(root, kLatest), IterationDirName(state.iteration) + "\n");
+    WriteFileAtomically(JoinPath(root, kLatest), IterationDirName(state.iteration) + "\n");
   }
   comm.Barrier();
   spdlog::info("saved checkpoint {} (iteration {}, optimizer step {})", final_dir, state.iteration,

@@ -365,9 +365,7 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
     actor.SaveHf(c.logging.save_hf);
     if (comm.rank() == 0) {
       // The resolved config travels with the weights it produced.
-      AtomicFileWriter writer(c.logging.save_hf + "/trainer_config.toml");
-      writer.Write(config::DumpToml(c));
-      writer.Commit();
+      WriteFileAtomically(c.logging.save_hf + "/trainer_config.toml", config::DumpToml(c));
     }
   }
 }

@@ -4,11 +4,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <fstream>
 #include <queue>
-#include <sstream>
 #include <utility>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "trainer/data/unicode.h"
 
@@ -20,20 +19,6 @@ using json::Value;
 bool FileExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  if (dir.empty() || dir.back() == '/') return dir + name;
-  return dir + "/" + name;
-}
-
-std::string ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  RL_CHECK(in, CheckpointError, "{}: cannot open for reading", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  RL_CHECK(!in.bad(), CheckpointError, "{}: read failed", path);
-  return text.str();
 }
 
 // A short, printable rendering of a token for messages.
@@ -163,7 +148,7 @@ TokenizerConfig ReadTokenizerConfig(const std::string& dir) {
     config = ParseTokenizerConfig(json::ParseFile(config_path), config_path);
   }
   const std::string jinja_path = JoinPath(dir, "chat_template.jinja");
-  if (FileExists(jinja_path)) config.chat_template = ReadTextFile(jinja_path);
+  if (FileExists(jinja_path)) config.chat_template = ReadWholeFile(jinja_path);
 
   const std::string generation_path = JoinPath(dir, "generation_config.json");
   if (FileExists(generation_path)) {

@@ -7,13 +7,12 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
 #include <unordered_set>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/json.h"
 #include "trainer/model/safetensors.h"
@@ -287,19 +286,6 @@ at::Tensor DequantizeFp8(const at::Tensor& w8, const at::Tensor& scale_inv) {
                          .repeat_interleave(block_cols, 1)
                          .narrow(1, 0, cols);
   return w8.to(at::kFloat) * scale;
-}
-
-void WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    RL_CHECK(out.good(), CheckpointError, "{}: cannot open for writing", tmp);
-    out << text;
-    out.flush();
-    RL_CHECK(out.good(), CheckpointError, "{}: write failed (disk full?)", tmp);
-  }
-  RL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, CheckpointError, "{}: cannot rename to {}",
-           tmp, path);
 }
 
 }  // namespace
