@@ -149,7 +149,8 @@ StepStats DistributedOptimizer::Step() {
     comm_.ReduceScatter(buffer.grads, Shard(buffer.grads, buffer), ReduceOp::kMean);
   }
   // Note [Fused AdamW]: the reference sums the squares in fp64 (a converted copy of the shard);
-  // the fused path takes an fp32 norm, one read of the shard.
+  // the fused path takes an fp32 norm, one read of the shard, and keeps the clip on the device so
+  // that the step does not wait for the norm on the host (it is read once the step is queued).
   const bool fused = options_.fused.value_or(device_.is_cuda());
   at::Tensor sum_sq = at::zeros({1}, state_.options().dtype(at::kDouble));
   for (Buffer& buffer : buffers_) {
@@ -158,25 +159,33 @@ StepStats DistributedOptimizer::Step() {
                     : grad.to(at::kDouble).square().sum();
   }
   comm_.AllReduce(sum_sq, ReduceOp::kSum);
+  const at::Tensor grad_norm = sum_sq.sqrt();
   StepStats stats;
-  stats.grad_norm = std::sqrt(sum_sq.item<double>());
-  double clip = 1.0;
-  if (options_.clip_grad > 0) {
-    const double coefficient = options_.clip_grad / (stats.grad_norm + 1e-6);
-    if (coefficient < 1.0) clip = coefficient;
-  }
-
   ++step_;
   stats.step = step_;
   stats.lr = options_.schedule.At(step_);
   if (fused) {
-    ApplyFusedAdamW(stats.lr, clip);
+    // The kernel divides the gradients by grad_scale: 1 / clip, where clip = min(1, clip_grad /
+    // (norm + 1e-6)) as the reference computes it on the host (the same fp64 operations).
+    std::optional<at::Tensor> grad_scale;
+    if (options_.clip_grad > 0) {
+      grad_scale = (1.0 / at::clamp_max(options_.clip_grad / (grad_norm + 1e-6), 1.0))
+                       .to(at::kFloat)
+                       .reshape({});
+    }
+    ApplyFusedAdamW(stats.lr, grad_scale);
   } else {
+    double clip = 1.0;
+    if (options_.clip_grad > 0) {
+      const double coefficient = options_.clip_grad / (grad_norm.item<double>() + 1e-6);
+      if (coefficient < 1.0) clip = coefficient;
+    }
     ApplyAdamW(stats.lr, clip);
   }
   CastMainToParams();
   AllGatherParams();
   ZeroGrads();
+  stats.grad_norm = grad_norm.item<double>();
   return stats;
 }
 
@@ -207,7 +216,7 @@ void DistributedOptimizer::ApplyAdamW(double lr, double clip) {
   }
 }
 
-void DistributedOptimizer::ApplyFusedAdamW(double lr, double clip) {
+void DistributedOptimizer::ApplyFusedAdamW(double lr, const std::optional<at::Tensor>& grad_scale) {
   // Per weight-decay group, the segments of every buffer's shard (the padding between params is
   // left alone: its gradients are zero, so the reference ops leave it zero too).
   struct Group {
@@ -228,9 +237,6 @@ void DistributedOptimizer::ApplyFusedAdamW(double lr, double clip) {
   }
   const at::TensorOptions fp32 = state_.options().dtype(at::kFloat);
   const at::Tensor step = at::full({}, static_cast<double>(step_), fp32);
-  // The kernel divides the gradients by grad_scale: 1 / clip applies the clipping in the pass.
-  const std::optional<at::Tensor> grad_scale =
-      clip != 1.0 ? std::optional<at::Tensor>(at::full({}, 1.0 / clip, fp32)) : std::nullopt;
   for (int decays = 0; decays < 2; ++decays) {
     Group& group = groups[decays];
     if (group.masters.empty()) continue;

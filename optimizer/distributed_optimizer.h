@@ -163,9 +163,10 @@ class DistributedOptimizer {
   // [3, shard] fp32: masters, exp_avg, exp_avg_sq.
   at::Tensor StateOf(BufferKind kind) const;
   // AdamW on the owned shards: the reference ops, or one fused kernel per weight-decay group
-  // (Note [Fused AdamW]). `clip` scales the gradients first (1 = no clipping).
+  // (Note [Fused AdamW]). `clip` scales the gradients first (1 = no clipping); the fused kernel
+  // divides them by `grad_scale` ([] fp32 on the device; none = no clipping).
   void ApplyAdamW(double lr, double clip);
-  void ApplyFusedAdamW(double lr, double clip);
+  void ApplyFusedAdamW(double lr, const std::optional<at::Tensor>& grad_scale);
 
   Communicator& comm_;
   c10::Device device_;

@@ -55,6 +55,11 @@ def _cuda_repository_impl(ctx):
         fail("nccl.h not found under %s/include; run tools/setup.sh" % cuda_home)
     ctx.symlink(cuda_home + "/include", "include")
     ctx.symlink(cuda_home + "/lib64", "lib64")
+    if not ctx.path(cuda_home + "/bin/nvcc").exists:
+        fail("nvcc not found at %s/bin (set CUDA_HOME); run tools/setup.sh" % cuda_home)
+    # nvcc finds its own tools relative to its real path, so it is called there, not through a
+    # symlink in this repository.
+    ctx.file("nvcc", "#!/bin/sh\nexec %s/bin/nvcc \"$@\"\n" % cuda_home, executable = True)
 
     # Debian's CUDA 13 packages put NCCL under lib/, not lib64/.
     nccl_dir = cuda_home + "/lib" if ctx.path(cuda_home + "/lib/libnccl.so").exists else cuda_home + "/lib64"

@@ -237,8 +237,9 @@ PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
     for (const std::vector<int64_t>& indices : step) {
       const MicroBatch mb = Pack(batch, indices, device_);
       const int64_t len = mb.tokens.size(1);
-      const model::TokenStats stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
-                                                              mb.tokens.narrow(1, 1, len - 1));
+      const model::TokenStats stats =
+          decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
+                                  /*with_entropy=*/false);
       out.push_back(ResponseAligned(stats.log_probs, mb).to(at::kFloat));
     }
   }
@@ -304,8 +305,9 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
           mb_rewards, loss_mask, kl, advantage_options, all_reduce);
 
       const int64_t len = mb.tokens.size(1);
-      const model::TokenStats stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
-                                                              mb.tokens.narrow(1, 1, len - 1));
+      const model::TokenStats stats =
+          decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
+                                  /*with_entropy=*/loss_options_.entropy_coef != 0);
       rl_algo::PolicyLossInputs inputs;
       inputs.log_probs = ResponseAligned(stats.log_probs, mb).to(at::kFloat);
       inputs.old_log_probs = old;

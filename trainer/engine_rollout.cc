@@ -84,6 +84,7 @@ class EngineRollout final : public Rollout {
         c.model.params_dtype == "fp32" ? at::kFloat : at::kBFloat16;
     engine_ = std::make_unique<rollout::RolloutEngine>(model, dtype, device, max_batch,
                                                        max_length, allocate);
+    engine_->set_cuda_graphs(c.rollout.rollout_cuda_graphs);
     engine_->SetMemoryHooks(
         [this] {
           regions_.Pause(RegionTag::kKvCache);
@@ -92,9 +93,10 @@ class EngineRollout final : public Rollout {
           }
         },
         [this] { regions_.Resume(RegionTag::kKvCache); });
-    spdlog::info("rollout engine: {} prompts, batch {} x {} tokens, stop ids {}, reward {}",
-                 dataset_->size(), max_batch, max_length, fmt::join(stop_ids_, ","),
-                 c.data.rm_type);
+    spdlog::info(
+        "rollout engine: {} prompts, batch {} x {} tokens, stop ids {}, reward {}, decode {}",
+        dataset_->size(), max_batch, max_length, fmt::join(stop_ids_, ","), c.data.rm_type,
+        engine_->uses_cuda_graphs() ? "by CUDA graphs" : "eager");
   }
 
   rl_algo::RolloutBatch Generate(int64_t iteration) override {

@@ -1,17 +1,21 @@
-// decode_bench --checkpoint DIR [--batch 64] [--prompt-len 128] [--new-tokens 128]: greedy
-// generation by our rollout engine (RolloutEngine::Generate, bf16 on the GPU when there is one):
+// decode_bench --checkpoint DIR [--batch 64] [--prompt-len 128] [--new-tokens 128]
+// [--compare-eager] [--no-cuda-graphs]: greedy generation by our rollout engine
+// (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs there):
 // tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the bytes
 // that must be read at least once (every weight, and the KV cache of every live row) over the
 // step time at --hbm-tb-s (H200: 4.8 TB/s). Prints one JSON line with the figures, so that
 // tools/bench/vs_transformers.sh can set them against `transformers` generate run in the same
 // call. Every row generates exactly --new-tokens tokens (no stop tokens), as `generate` with
-// min_new_tokens does.
+// min_new_tokens does. --compare-eager also times eager decode steps in the same process and
+// checks that graphs and eager steps generate bit-identical tokens and log-probs (greedy and
+// sampled); the exit status is 1 when they differ.
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "launch/device.h"
@@ -44,6 +48,10 @@ int main(int argc, char** argv) {
   app.add_option("--new-tokens", new_tokens, "tokens generated per prompt");
   app.add_option("--rounds", rounds, "timed Generate calls; the best counts");
   app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
+  bool compare_eager = false, cuda_graphs = true;
+  app.add_flag("--compare-eager", compare_eager,
+               "also time eager decode steps and check that they give bit-identical generations");
+  app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs, "decode by CUDA graphs (default)");
   CLI11_PARSE(app, argc, argv);
 
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
@@ -57,6 +65,7 @@ int main(int argc, char** argv) {
   rl::rollout::RolloutEngine engine(config, dtype, device, batch, max_length,
                                     rl::rollout::PlainAllocator(device));
   engine.LoadWeights(host);
+  engine.set_cuda_graphs(cuda_graphs);
   host.clear();
 
   const at::Tensor ids = at::randint(config.vocab_size, {batch, prompt_len},
@@ -70,21 +79,61 @@ int main(int argc, char** argv) {
   greedy.temperature = 0.0;
   greedy.max_new_tokens = new_tokens;
 
-  engine.Generate(prompts, greedy);  // warm-up
-  Synchronize(device);
-  double best = 1e30;
-  for (int r = 0; r < rounds; ++r) {
-    const auto start = Clock::now();
-    const std::vector<rl::rollout::Generation> out = engine.Generate(prompts, greedy);
+  // Best of `rounds` timed Generate calls after a warm-up one; `out` gets the last generations.
+  const auto time_generate = [&](const rl::rollout::SamplingParams& params,
+                                 std::vector<rl::rollout::Generation>& out) {
+    engine.Generate(prompts, params);  // warm-up (and, with graphs, their capture)
     Synchronize(device);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-    for (const auto& g : out) {
-      if (static_cast<int64_t>(g.response.size()) != new_tokens) {
-        std::fprintf(stderr, "a row generated %zu tokens, not %lld\n", g.response.size(),
-                     static_cast<long long>(new_tokens));
-        return 1;
-      }
+    double best_seconds = 1e30;
+    for (int r = 0; r < rounds; ++r) {
+      const auto start = Clock::now();
+      out = engine.Generate(prompts, params);
+      Synchronize(device);
+      best_seconds =
+          std::min(best_seconds, std::chrono::duration<double>(Clock::now() - start).count());
     }
+    return best_seconds;
+  };
+  std::vector<rl::rollout::Generation> generated;
+  const double best = time_generate(greedy, generated);
+  for (const auto& g : generated) {
+    if (static_cast<int64_t>(g.response.size()) != new_tokens) {
+      std::fprintf(stderr, "a row generated %zu tokens, not %lld\n", g.response.size(),
+                   static_cast<long long>(new_tokens));
+      return 1;
+    }
+  }
+  const bool graphs = engine.uses_cuda_graphs();
+
+  // --compare-eager: the same generations with eager decode steps, timed the same way; the
+  // tokens and the bits of every log-prob must match (Note [Decode graphs]), greedy and sampled.
+  double eager_seconds = 0;
+  bool identical = true;
+  if (compare_eager) {
+    rl::rollout::SamplingParams sampled = greedy;
+    sampled.temperature = 1.0;
+    sampled.seed = 11;
+    std::vector<rl::rollout::Generation> graph_sampled, eager_greedy, eager_sampled;
+    time_generate(sampled, graph_sampled);
+    engine.set_cuda_graphs(false);
+    eager_seconds = time_generate(greedy, eager_greedy);
+    time_generate(sampled, eager_sampled);
+    const auto same = [](const std::vector<rl::rollout::Generation>& a,
+                         const std::vector<rl::rollout::Generation>& b) {
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i].response != b[i].response || a[i].log_probs.size() != b[i].log_probs.size() ||
+            std::memcmp(a[i].log_probs.data(), b[i].log_probs.data(),
+                        a[i].log_probs.size() * sizeof(float)) != 0) {
+          return false;
+        }
+      }
+      return a.size() == b.size();
+    };
+    identical = same(generated, eager_greedy) && same(graph_sampled, eager_sampled);
+    std::printf("graphs %s, eager %.1f ms, graphs %.1f ms per Generate (%.2fx); greedy and "
+                "sampled generations %s\n",
+                graphs ? "on" : "unavailable", 1e3 * eager_seconds, 1e3 * best,
+                eager_seconds / best, identical ? "bit-identical" : "DIFFER");
   }
 
   // Roofline: each decode step reads every weight once and the KV cache of every row so far.
@@ -112,6 +161,11 @@ int main(int argc, char** argv) {
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_s));
   line.Set("weight_bytes", rl::json::Value::Double(weight_bytes));
   line.Set("roofline_fraction", rl::json::Value::Double(roofline));
+  line.Set("cuda_graphs", rl::json::Value::Bool(graphs));
+  if (compare_eager) {
+    line.Set("eager_seconds", rl::json::Value::Double(eager_seconds));
+    line.Set("eager_identical", rl::json::Value::Bool(identical));
+  }
   std::printf("%s\n", rl::json::Dump(line).c_str());
-  return 0;
+  return identical ? 0 : 1;
 }

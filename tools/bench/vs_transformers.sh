@@ -15,7 +15,7 @@ results="$out/results.jsonl"
 python3 "$here/transformers_reference.py" make --out "$ckpt"
 python3 "$here/transformers_reference.py" decode --checkpoint "$ckpt" "${decode_args[@]}" \
   | tail -n 1 | tee -a "$results"
-"$bin/decode_bench" --checkpoint "$ckpt" "${decode_args[@]}" | tail -n 1 | tee -a "$results"
+"$bin/decode_bench" --checkpoint "$ckpt" "${decode_args[@]}" --compare-eager | tail -n 1 | tee -a "$results"
 python3 "$here/transformers_reference.py" train --checkpoint "$ckpt" "${train_args[@]}" \
   | tail -n 1 | tee -a "$results"
 mpirun --allow-run-as-root -np 1 "$bin/train_step_bench" --checkpoint "$ckpt" --device auto \
@@ -35,5 +35,11 @@ for bench in ("decode", "train_step"):
     phases = [k for k in ours if k.endswith("_ms")]
     if phases:
         print("  ms per step, ours / reference: " + ", ".join(
-            f"{k[:-3]} {ours[k]:.1f} / {ref[k]:.1f}" for k in sorted(phases)))
+            f"{k[:-3]} {ours[k]:.1f} / " + (f"{ref[k]:.1f}" if k in ref else "-")
+            for k in sorted(phases)))
+    if "eager_seconds" in ours:
+        print(f"  decode by CUDA graphs {ours['seconds']:.3f} s vs eager steps "
+              f"{ours['eager_seconds']:.3f} s per Generate: "
+              f"{ours['eager_seconds'] / ours['seconds']:.2f}x; generations "
+              + ("bit-identical" if ours["eager_identical"] else "DIFFER"))
 PY

@@ -70,6 +70,7 @@
   X(double, rollout_top_p, 1.0, "Nucleus sampling threshold; 1 disables it.")                      \
   X(int64_t, rollout_top_k, -1, "Top-k sampling; -1 disables it.")                                 \
   X(std::string, rollout_stop_token_ids, "", "Comma-separated token ids that end a response.")     \
+  X(bool, rollout_cuda_graphs, true, "Replay the decode step as CUDA graphs (GPU, models without MoE layers).") \
   X(int64_t, global_batch_size, 0, "Samples per optimizer step; 0 = derived from the rollout batch.") \
   X(int64_t, num_steps_per_rollout, 0, "Optimizer steps per rollout; 0 = derived (1 unless --global-batch-size says otherwise).") \
   X(int64_t, micro_batch_size, 1, "Samples per micro-batch (gradient accumulation within a step).")

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "launch/check.h"
+#include "trainer/kernels/fused_ops.h"
 
 namespace rl::model {
 namespace {
@@ -47,6 +48,30 @@ const at::Tensor& Get(const TensorMap& params, const std::string& name) {
 at::Tensor GetOptional(const TensorMap& params, const std::string& name) {
   auto it = params.find(name);
   return it == params.end() ? at::Tensor() : it->second;
+}
+
+// The parts as one tensor concatenated along dim 0, as a view, when they lie back to back in one
+// storage (contiguous, same dtype and trailing dims, each starting where the previous ends);
+// undefined otherwise.
+at::Tensor BackToBack(const std::vector<at::Tensor>& parts) {
+  int64_t rows = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const at::Tensor& p = parts[i];
+    if (!p.defined() || p.dim() == 0 || !p.is_contiguous() ||
+        !p.storage().is_alias_of(parts[0].storage()) ||
+        p.scalar_type() != parts[0].scalar_type() ||
+        p.sizes().slice(1) != parts[0].sizes().slice(1)) {
+      return at::Tensor();
+    }
+    if (i > 0 && p.storage_offset() !=
+                     parts[i - 1].storage_offset() + parts[i - 1].numel()) {
+      return at::Tensor();
+    }
+    rows += p.size(0);
+  }
+  std::vector<int64_t> sizes = parts[0].sizes().vec();
+  sizes[0] = rows;
+  return parts[0].as_strided(sizes, parts[0].strides());
 }
 
 MlpWeights GetMlp(const TensorMap& params, const std::string& prefix) {
@@ -99,9 +124,18 @@ KvCache KvCache::Allocate(const ModelConfig& config, int64_t max_batch, int64_t 
   return KvCache(config, storage, max_batch, max_length);
 }
 
-Decoder::Decoder(ModelConfig config, const TensorMap& params)
-    : config_(std::move(config)), dtype_(at::kFloat), device_(at::kCPU) {
+Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels)
+    : config_(std::move(config)), kernels_(kernels), dtype_(at::kFloat), device_(at::kCPU) {
   CheckParams(ListParams(config_), params);
+  if (kernels_ == Kernels::kFused) {
+    for (const auto& [name, param] : params) {
+      RL_CHECK(!param.requires_grad(), Error,
+               "a Decoder with fused inference kernels takes params without autograd; {} "
+               "requires grad",
+               name);
+    }
+  }
+  const bool fuse = kernels_ == Kernels::kFused;
   const ModelConfig& c = config_;
   embed_tokens_ = Get(params, "model.embed_tokens.weight");
   dtype_ = embed_tokens_.scalar_type();
@@ -126,6 +160,11 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params)
       w.k_norm = GetOptional(params, a + "k_norm.weight");
       w.o_proj = Get(params, a + "o_proj.weight");
       w.o_bias = GetOptional(params, a + "o_proj.bias");
+      if (fuse) {
+        w.qkv_proj = BackToBack({w.q_proj, w.k_proj, w.v_proj});
+        if (w.q_bias.defined()) w.qkv_bias = BackToBack({w.q_bias, w.k_bias, w.v_bias});
+        if (w.q_bias.defined() != w.qkv_bias.defined()) w.qkv_proj = at::Tensor();
+      }
     } else {
       MlaWeights& w = layer.mla;
       if (c.q_lora_rank) {
@@ -157,6 +196,7 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params)
     const std::string m = p + "mlp.";
     if (layer.mlp_type == MlpType::kDense) {
       layer.mlp = GetMlp(params, m);
+      if (fuse) layer.mlp.gate_up_proj = BackToBack({layer.mlp.gate_proj, layer.mlp.up_proj});
     } else {
       MoeWeights& w = layer.moe;
       w.router = Get(params, m + "gate.weight");
@@ -189,44 +229,56 @@ at::Tensor Decoder::Hidden(const at::Tensor& tokens, KvCache* cache, int64_t sta
   } else {
     RL_CHECK(start == 0, Error, "a forward without a KV cache starts at position 0");
   }
-  const at::Tensor ids = tokens.to(device_);
-  at::Tensor x = at::embedding(embed_tokens_, ids);  // [B, S, H]
   const RopeTable rope = MakeRopeTable(config_, start, seq, dtype_, device_);
+  AttentionContext ctx;
+  ctx.config = &config_;
+  ctx.rope = &rope;
+  ctx.start = start;
+  return Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, cache);
+}
+
+at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) const {
+  ctx.kernels = kernels_;
   at::Tensor topk;  // DSA selection of the last full indexer layer
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
-    AttentionContext ctx;
-    ctx.config = &config_;
-    ctx.rope = &rope;
-    ctx.start = start;
     ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
-    at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps);
+    at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps, kernels_);
     if (config_.attention_kind() == AttentionKind::kGqa) {
       h = GqaAttention(layer.gqa, h, ctx);
     } else {
       h = MlaAttention(layer.mla, layer.indexer_type, h, ctx, topk);
     }
     x = x + h;
-    h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
+    h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps, kernels_);
     h = layer.mlp_type == MlpType::kDense ? DenseMlp(layer.mlp, h)
                                           : MoeBlock(layer.moe, config_, h);
     x = x + h;
   }
-  return RmsNorm(x, final_norm_, config_.rms_norm_eps);
+  return RmsNorm(x, final_norm_, config_.rms_norm_eps, kernels_);
 }
 
 at::Tensor Decoder::Logits(const at::Tensor& tokens) const {
   return at::linear(Hidden(tokens, nullptr, 0), lm_head_);
 }
 
-TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets) const {
+TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
+                                  bool with_entropy) const {
   RL_CHECK(targets.sizes() == tokens.sizes(), Error,
            "TokenLogProbs: targets [{}] must have the shape of tokens [{}]",
            fmt::join(targets.sizes(), ", "), fmt::join(tokens.sizes(), ", "));
-  at::Tensor log_probs = at::log_softmax(AtLeastFloat(Logits(tokens)), -1);  // [B, S, V]
+  const at::Tensor logits = Logits(tokens);  // [B, S, V]
+  const at::Tensor ids = targets.to(device_).to(at::kLong);
   TokenStats out;
-  out.log_probs = log_probs.gather(-1, targets.to(device_).to(at::kLong).unsqueeze(-1)).squeeze(-1);
-  out.entropy = -(log_probs.exp() * log_probs).sum(-1);
+  if (kernels::Supported(logits)) {  // Note [Inference kernels]: on CUDA, always
+    kernels::TokenLogProbStats stats = kernels::TokenLogProbs(logits, ids);
+    out.log_probs = std::move(stats.log_probs);
+    if (with_entropy) out.entropy = std::move(stats.entropy);
+    return out;
+  }
+  at::Tensor log_probs = at::log_softmax(AtLeastFloat(logits), -1);  // [B, S, V]
+  out.log_probs = log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1);
+  if (with_entropy) out.entropy = -(log_probs.exp() * log_probs).sum(-1);
   return out;
 }
 
@@ -234,6 +286,42 @@ at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
                                 int64_t start_position) const {
   at::NoGradGuard no_grad;
   return at::linear(Hidden(tokens, &cache, start_position), lm_head_);
+}
+
+at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& position,
+                              int64_t key_length, const RopeTable& rope, KvCache& cache) const {
+  at::NoGradGuard no_grad;
+  CheckTokens(tokens);
+  RL_CHECK(tokens.size(1) == 1 && tokens.size(0) <= cache.max_batch() && key_length >= 1 &&
+               key_length <= cache.max_length(),
+           Error,
+           "DecodeStep: tokens [{}] over {} keys do not fit one new position of a KV cache of {} "
+           "sequences of {} positions",
+           fmt::join(tokens.sizes(), ", "), key_length, cache.max_batch(), cache.max_length());
+  RL_CHECK(position.numel() == 1 && position.scalar_type() == at::kLong &&
+               position.device() == device_ && rope.cos.size(0) >= key_length,
+           Error,
+           "DecodeStep: the position must be one int64 on {} and the RoPE table must cover the "
+           "{} keys; got {} on {} and a table of {} positions",
+           device_.str(), key_length, c10::toString(position.scalar_type()),
+           position.device().str(), rope.cos.size(0));
+  const at::Tensor index = position.reshape({1});
+  const RopeTable step_rope{rope.cos.index_select(0, index), rope.sin.index_select(0, index)};
+  AttentionContext ctx;
+  ctx.config = &config_;
+  ctx.rope = &step_rope;
+  ctx.position = index;
+  ctx.key_mask =
+      (at::arange(key_length, index.options()) <= index).view({1, key_length});  // [1, T]
+  return at::linear(Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, &cache), lm_head_)
+      .select(1, 0);
+}
+
+bool Decoder::decode_step_capturable() const {
+  for (const Layer& layer : layers_) {
+    if (layer.mlp_type != MlpType::kDense) return false;
+  }
+  return true;
 }
 
 }  // namespace rl::model

@@ -63,13 +63,23 @@ class KvCache {
 
 struct TokenStats {
   at::Tensor log_probs;  // [batch, seq] log p(target | prefix), fp32 (fp64 for fp64 params)
-  at::Tensor entropy;    // [batch, seq] entropy of the next-token distribution
+  at::Tensor entropy;    // [batch, seq] entropy of the next-token distribution, when asked for
 };
 
+// Note [Inference kernels]
+// A Decoder built with Kernels::kFused (the rollout engine's, on a GPU) computes its no-autograd
+// paths (ForwardStep, DecodeStep) with fewer, larger kernels: RMSNorm by our CUDA kernel, and the
+// q/k/v and gate/up projections as one GEMM each wherever their weights lie back to back in memory
+// (the engine layout puts them so: Note [Engine fusion rules] in weight_sync/engine_layout.h).
+// Results equal the LibTorch ops' up to rounding (one GEMM over the concatenated rows may block
+// its sums differently). Its params must not require grad. Training decoders keep kLibTorch.
+// Independently of that choice, TokenLogProbs on CUDA fp32/bf16 logits uses the fused log-prob
+// kernel (trainer/kernels/fused_ops.h), forward and backward, in training and in the log-prob
+// recomputation alike.
 class Decoder {
  public:
   // Checks `params` against ListParams(config) and keeps handles to them.
-  Decoder(ModelConfig config, const TensorMap& params);
+  Decoder(ModelConfig config, const TensorMap& params, Kernels kernels = Kernels::kLibTorch);
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }
@@ -79,13 +89,30 @@ class Decoder {
   at::Tensor Logits(const at::Tensor& tokens) const;
 
   // Per-position log-prob of `targets` [batch, seq] (typically the tokens shifted by one) under
-  // the logits of `tokens`, and the entropy of each position's distribution.
-  TokenStats TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets) const;
+  // the logits of `tokens`, and, when `with_entropy`, the entropy of each position's
+  // distribution (three more passes over the [batch, seq, vocab] fp32 log-probs; left undefined
+  // otherwise).
+  TokenStats TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
+                           bool with_entropy = true) const;
 
   // Appends tokens [batch, new] at positions [start_position, start_position + new) of rows
   // [0, batch) of `cache` and returns their logits [batch, new, vocab]. Positions before
   // start_position must have been written by earlier steps. No autograd.
   at::Tensor ForwardStep(const at::Tensor& tokens, KvCache& cache, int64_t start_position) const;
+
+  // One decode step whose position lives on the device (Note [Decode at a device position] in
+  // layers.h): appends tokens [batch, 1] at `position` ([1] int64 on the model's device) to rows
+  // [0, batch) of `cache`, attends to cache positions [0, key_length) up to `position`, and
+  // returns the logits [batch, vocab]. `rope` is the table of every cache position
+  // (MakeRopeTable(config, 0, cache.max_length(), ...)). The caller keeps position < key_length
+  // (not checked: that would read the device) and cache positions up to key_length finite. No
+  // autograd; no host synchronisation unless a layer is MoE (see decode_step_capturable()).
+  at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& position, int64_t key_length,
+                        const RopeTable& rope, KvCache& cache) const;
+
+  // True when DecodeStep never waits for the device, so it can be captured in a CUDA graph: the
+  // MoE block reads its per-expert token counts on the host.
+  bool decode_step_capturable() const;
 
   // The final-norm hidden states [batch, seq, hidden]; cache may be null (then start == 0).
   at::Tensor Hidden(const at::Tensor& tokens, KvCache* cache, int64_t start_position) const;
@@ -103,8 +130,12 @@ class Decoder {
   };
 
   void CheckTokens(const at::Tensor& tokens) const;
+  // The layers and the final norm over embedded tokens x [batch, seq, hidden]; `ctx` without
+  // its per-layer cache, which comes from `cache` when given.
+  at::Tensor Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) const;
 
   ModelConfig config_;
+  Kernels kernels_;
   at::ScalarType dtype_;
   at::Device device_;
   at::Tensor embed_tokens_;

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "launch/check.h"
+#include "trainer/kernels/fused_ops.h"
 
 namespace rl::model {
 namespace {
@@ -26,24 +27,50 @@ at::Tensor CausalMask(int64_t start, int64_t s, int64_t t, at::Device device) {
   return k.unsqueeze(0) <= q.unsqueeze(1);
 }
 
-// softmax(q k^T * scale + mask) v with fp32 softmax. q [B, Hq, S, Dq], k [B, Hq, T, Dq],
-// v [B, Hq, T, Dv]; `selected` ([B, S, T] bool, optional) further restricts the causal keys.
+// Which keys [0, T) the queries at the S new positions see.
+struct Visibility {
+  bool causal = false;  // start == 0 and S == T: SDPA's own causal mask
+  at::Tensor mask;      // [S, T] bool; undefined (and not causal): every key
+};
+
+Visibility Visible(const AttentionContext& ctx, int64_t s, int64_t t, at::Device device) {
+  if (ctx.key_mask.defined()) return {false, ctx.key_mask};  // a device-side position
+  // One decode step: the query sees every key, so no mask (and no mask kernels) is needed.
+  if (s == 1 && ctx.start + 1 == t) return {};
+  if (ctx.start == 0 && s == t) return {true, {}};
+  return {false, CausalMask(ctx.start, s, t, device)};
+}
+
+// softmax(q k^T * scale + mask) v with fp32 softmax. q [B, Hq, L, Dq], k [B, Hk, T, Dq],
+// v [B, Hk, T, Dv] with Hk == Hq, or Hq a multiple of Hk when `enable_gqa` (query head h reads key
+// head h / (Hq / Hk)); `selected` ([B, L, T] bool, optional) further restricts the visible keys.
 at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         double scale, int64_t start, const at::Tensor& selected) {
-  const int64_t s = q.size(2);
-  const int64_t t = k.size(2);
-  if (!selected.defined() && start == 0 && s == t) {
-    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, scale);
-  }
-  if (!selected.defined() && s == 1 && start + 1 == t) {
-    // One decode step: the query sees every key, so no mask (and no mask kernels) is needed.
-    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/false, scale);
-  }
-  at::Tensor mask = CausalMask(start, s, t, q.device());  // [S, T]
+                         double scale, const Visibility& visible, const at::Tensor& selected,
+                         bool enable_gqa = false) {
+  at::Tensor mask = visible.mask;
+  bool causal = visible.causal;
   if (selected.defined()) {
-    mask = at::logical_and(mask.unsqueeze(0), selected).unsqueeze(1);  // [B, 1, S, T]
+    if (causal) mask = CausalMask(0, q.size(2), k.size(2), q.device());
+    causal = false;
+    mask = (mask.defined() ? at::logical_and(mask.unsqueeze(0), selected) : selected).unsqueeze(1);
   }
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale);
+  return at::scaled_dot_product_attention(
+      q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0, causal, scale,
+      enable_gqa);
+}
+
+// Writes `value` (the S new positions on axis `dim`) into rows [0, B) of the cache tensor `cache`
+// and returns those rows' cached positions [0, T) (Note [Decode at a device position]).
+at::Tensor AppendToCache(const at::Tensor& cache, int64_t dim, const at::Tensor& value,
+                         const AttentionContext& ctx) {
+  const at::Tensor rows = cache.narrow(0, 0, value.size(0));
+  if (ctx.position.defined()) {
+    rows.index_copy_(dim, ctx.position, value);
+    return rows.narrow(dim, 0, ctx.key_mask.size(-1));
+  }
+  const int64_t s = value.size(dim);
+  rows.narrow(dim, ctx.start, s).copy_(value);
+  return rows.narrow(dim, 0, ctx.start + s);
 }
 
 }  // namespace
@@ -53,7 +80,11 @@ at::Tensor AtLeastFloat(const at::Tensor& t) {
   return t.to(at::kFloat);
 }
 
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, Kernels impl) {
+  if (impl == Kernels::kFused && kernels::Supported(x) &&
+      weight.scalar_type() == x.scalar_type() && weight.device() == x.device()) {
+    return kernels::RmsNormInference(x, weight, eps);
+  }
   at::Tensor xf = AtLeastFloat(x);
   at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * y.to(x.scalar_type());
@@ -123,12 +154,20 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
   const int64_t heads = c.num_attention_heads;
   const int64_t kv_heads = c.num_key_value_heads;
   const int64_t d = c.head_dim;
-  at::Tensor q = Linear(x, w.q_proj, w.q_bias).view({b, s, heads, d});
-  at::Tensor k = Linear(x, w.k_proj, w.k_bias).view({b, s, kv_heads, d});
-  at::Tensor v = Linear(x, w.v_proj, w.v_bias).view({b, s, kv_heads, d});
+  at::Tensor q, k, v;
+  if (w.qkv_proj.defined()) {
+    const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias);
+    q = qkv.narrow(-1, 0, heads * d).view({b, s, heads, d});
+    k = qkv.narrow(-1, heads * d, kv_heads * d).view({b, s, kv_heads, d});
+    v = qkv.narrow(-1, (heads + kv_heads) * d, kv_heads * d).view({b, s, kv_heads, d});
+  } else {
+    q = Linear(x, w.q_proj, w.q_bias).view({b, s, heads, d});
+    k = Linear(x, w.k_proj, w.k_bias).view({b, s, kv_heads, d});
+    v = Linear(x, w.v_proj, w.v_bias).view({b, s, kv_heads, d});
+  }
   if (w.q_norm.defined()) {
-    q = RmsNorm(q, w.q_norm, c.rms_norm_eps);
-    k = RmsNorm(k, w.k_norm, c.rms_norm_eps);
+    q = RmsNorm(q, w.q_norm, c.rms_norm_eps, ctx.kernels);
+    k = RmsNorm(k, w.k_norm, c.rms_norm_eps, ctx.kernels);
   }
   q = q.transpose(1, 2);  // [B, Hq, S, D]
   k = k.transpose(1, 2);  // [B, Hkv, S, D]
@@ -137,19 +176,24 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
   q = ApplyRope(q, ctx.rope->cos, ctx.rope->sin, layout);
   k = ApplyRope(k, ctx.rope->cos, ctx.rope->sin, layout);
   if (ctx.cache != nullptr) {
-    const int64_t t = ctx.start + s;
-    ctx.cache->key.narrow(0, 0, b).narrow(2, ctx.start, s).copy_(k);
-    ctx.cache->value.narrow(0, 0, b).narrow(2, ctx.start, s).copy_(v);
-    k = ctx.cache->key.narrow(0, 0, b).narrow(2, 0, t);
-    v = ctx.cache->value.narrow(0, 0, b).narrow(2, 0, t);
+    k = AppendToCache(ctx.cache->key, 2, k, ctx);
+    v = AppendToCache(ctx.cache->value, 2, v, ctx);
   }
   const int64_t groups = heads / kv_heads;
-  if (groups > 1) {
-    const int64_t t = k.size(2);
-    k = k.unsqueeze(2).expand({b, kv_heads, groups, t, d}).reshape({b, heads, t, d});
-    v = v.unsqueeze(2).expand({b, kv_heads, groups, t, d}).reshape({b, heads, t, d});
+  const Visibility visible = Visible(ctx, s, k.size(2), x.device());
+  at::Tensor out;
+  if (s == 1 && groups > 1) {
+    // Note [Decode GQA]: a single query per row, so the G query heads that share a KV head can
+    // stand in for G query positions against that head's keys ([B, Hkv, G, D]); the keys are
+    // read once instead of being repeated for every query head, and the mask over keys (the same
+    // for all G) broadcasts.
+    out = AttentionCore(q.reshape({b, kv_heads, groups, d}), k, v, c.attention_scale(), visible,
+                        at::Tensor())
+              .reshape({b, heads, 1, d});
+  } else {
+    out = AttentionCore(q, k, v, c.attention_scale(), visible, at::Tensor(),
+                        /*enable_gqa=*/groups > 1);
   }
-  at::Tensor out = AttentionCore(q, k, v, c.attention_scale(), ctx.start, at::Tensor());
   out = out.transpose(1, 2).reshape({b, s, heads * d});
   return Linear(out, w.o_proj, w.o_bias);
 }
@@ -160,7 +204,6 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
   const ModelConfig& c = *ctx.config;
   const int64_t b = x.size(0);
   const int64_t s = x.size(1);
-  const int64_t t = ctx.start + s;
   const int64_t heads = c.index_n_heads;
   const int64_t d = c.index_head_dim;
   const at::Tensor xd = x.detach();
@@ -171,10 +214,8 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
   const RopeLayout layout =
       c.indexer_rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
   k = ApplyRope(k, ctx.rope->cos, ctx.rope->sin, layout);
-  if (ctx.cache != nullptr) {
-    ctx.cache->index_key.narrow(0, 0, b).narrow(1, ctx.start, s).copy_(k);
-    k = ctx.cache->index_key.narrow(0, 0, b).narrow(1, 0, t);
-  }
+  if (ctx.cache != nullptr) k = AppendToCache(ctx.cache->index_key, 1, k, ctx);
+  const int64_t t = k.size(1);
   if (t <= c.index_topk) return at::Tensor();  // every key is selected: dense causal attention
 
   at::Tensor q = Linear(q_resid.detach(), w.wq_b).view({b, s, heads, d});
@@ -188,7 +229,8 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
   const int64_t topk = std::min(c.index_topk, t);
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(s, kIndexerScoreElements / std::max<int64_t>(1, b * heads * t)));
-  at::Tensor causal = CausalMask(ctx.start, s, t, x.device());  // [S, T]
+  const at::Tensor causal =
+      ctx.key_mask.defined() ? ctx.key_mask : CausalMask(ctx.start, s, t, x.device());  // [S, T]
   std::vector<at::Tensor> parts;
   for (int64_t q0 = 0; q0 < s; q0 += chunk) {
     const int64_t n = std::min(chunk, s - q0);
@@ -217,7 +259,8 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   at::Tensor q_resid;
   at::Tensor q;
   if (w.q_a_proj.defined()) {
-    q_resid = RmsNorm(Linear(x, w.q_a_proj, w.q_a_bias), w.q_a_norm, kMlaLatentNormEps);
+    q_resid =
+        RmsNorm(Linear(x, w.q_a_proj, w.q_a_bias), w.q_a_norm, kMlaLatentNormEps, ctx.kernels);
     q = Linear(q_resid, w.q_b_proj);
   } else {
     q = Linear(x, w.q_proj);
@@ -227,16 +270,14 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   at::Tensor q_rot = ApplyRope(q.narrow(-1, nope, rope), ctx.rope->cos, ctx.rope->sin, layout);
 
   at::Tensor ckv = Linear(x, w.kv_a_proj, w.kv_a_bias);  // [B, S, kv_rank + rope]
-  at::Tensor latent = RmsNorm(ckv.narrow(-1, 0, kv_rank), w.kv_a_norm, kMlaLatentNormEps);
+  at::Tensor latent =
+      RmsNorm(ckv.narrow(-1, 0, kv_rank), w.kv_a_norm, kMlaLatentNormEps, ctx.kernels);
   at::Tensor k_rot = ApplyRope(ckv.narrow(-1, kv_rank, rope), ctx.rope->cos, ctx.rope->sin, layout);
-  int64_t t = s;
   if (ctx.cache != nullptr) {
-    t = ctx.start + s;
-    ctx.cache->latent.narrow(0, 0, b).narrow(1, ctx.start, s).copy_(latent);
-    ctx.cache->k_pe.narrow(0, 0, b).narrow(1, ctx.start, s).copy_(k_rot);
-    latent = ctx.cache->latent.narrow(0, 0, b).narrow(1, 0, t);
-    k_rot = ctx.cache->k_pe.narrow(0, 0, b).narrow(1, 0, t);
+    latent = AppendToCache(ctx.cache->latent, 1, latent, ctx);
+    k_rot = AppendToCache(ctx.cache->k_pe, 1, k_rot, ctx);
   }
+  const int64_t t = latent.size(1);
   at::Tensor kv = Linear(latent, w.kv_b_proj).view({b, t, heads, nope + vd}).transpose(1, 2);
   at::Tensor k_nope = kv.narrow(-1, 0, nope);
   at::Tensor v = kv.narrow(-1, nope, vd);
@@ -251,12 +292,19 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
     selected = at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
                    .scatter_(-1, topk, true);
   }
-  at::Tensor out = AttentionCore(query, key, v, c.attention_scale(), ctx.start, selected);
+  at::Tensor out =
+      AttentionCore(query, key, v, c.attention_scale(), Visible(ctx, s, t, x.device()), selected);
   out = out.transpose(1, 2).reshape({b, s, heads * vd});
   return Linear(out, w.o_proj, w.o_bias);
 }
 
 at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x) {
+  if (w.gate_up_proj.defined()) {
+    const at::Tensor gate_up = Linear(x, w.gate_up_proj);
+    const int64_t inner = w.down_proj.size(1);
+    return Linear(at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner),
+                  w.down_proj);
+  }
   return Linear(at::silu(Linear(x, w.gate_proj)) * Linear(x, w.up_proj), w.down_proj);
 }
 

@@ -26,8 +26,15 @@ namespace rl::model {
 // `t` in fp32, or unchanged when it is already fp32 or fp64.
 at::Tensor AtLeastFloat(const at::Tensor& t);
 
+// How the inference-only paths of a Decoder compute (its constructor says; Note [Inference
+// kernels] in decoder.h): LibTorch ops, or our fused CUDA kernels where the tensors allow.
+enum class Kernels { kLibTorch, kFused };
+
 // transformers' RMSNorm: normalise in fp32, cast back to x's dtype, then multiply by the weight.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// kFused: one kernel with the same rounding steps (trainer/kernels), no autograd, when x and the
+// weight are CUDA fp32/bf16 tensors of one dtype; LibTorch ops otherwise.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                   Kernels impl = Kernels::kLibTorch);
 
 // cos/sin for positions [start, start + length), [length, rope_dim / 2], already multiplied by the
 // YaRN attention factor and cast to `dtype` (as transformers does before applying them).
@@ -62,6 +69,9 @@ struct GqaWeights {
   at::Tensor q_proj, q_bias, k_proj, k_bias, v_proj, v_bias;  // biases undefined when absent
   at::Tensor q_norm, k_norm;                                  // undefined without q/k norm
   at::Tensor o_proj, o_bias;
+  // Optional: the q, k and v rows as one matrix (and their biases as one vector, when they have
+  // biases), used instead of the three projections when defined: one GEMM instead of three.
+  at::Tensor qkv_proj, qkv_bias;
 };
 
 struct IndexerWeights {
@@ -83,6 +93,7 @@ struct MlaWeights {
 
 struct MlpWeights {
   at::Tensor gate_proj, up_proj, down_proj;
+  at::Tensor gate_up_proj;  // optional: the gate rows then the up rows as one matrix
 };
 
 struct MoeWeights {
@@ -94,11 +105,24 @@ struct MoeWeights {
 };
 
 // What one attention call needs besides its weights.
+//
+// Note [Decode at a device position]
+// A decode step normally takes its position on the host (`start`), which fixes the cache slot it
+// writes and the number of keys it reads. With `position` defined instead (S == 1, a cache given),
+// the slot comes from the device: the new keys are written at `position` ([1] int64 on the
+// model's device) and attention reads the first key_mask.size(-1) cache positions, those past
+// `position` masked out (`key_mask` [1, T] bool, true for keys <= position). The shapes and the
+// kernels then depend only on (batch, T), not on the position, so the step can be captured in a
+// CUDA graph once and replayed at every position < T. The masked cache positions must hold finite
+// values (a NaN there would survive the zero attention weight).
 struct AttentionContext {
   const ModelConfig* config = nullptr;
-  const RopeTable* rope = nullptr;  // positions [start, start + S)
-  int64_t start = 0;                // position of the first query
+  const RopeTable* rope = nullptr;  // the S new positions
+  int64_t start = 0;                // position of the first query (host-side positions)
   LayerKv* cache = nullptr;         // null: no cache, keys are the S new positions
+  at::Tensor position;              // device-side position: Note [Decode at a device position]
+  at::Tensor key_mask;              // [1, T] bool, with `position`
+  Kernels kernels = Kernels::kLibTorch;  // for the q/k and latent norms
 };
 
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,

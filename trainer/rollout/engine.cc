@@ -93,13 +93,38 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   weight_storage_ = AllocateChecked(allocator, kWeightsTag, layout_.total_bytes, device_);
   const auto views = weight_sync::HfViews(layout_, weight_storage_);
   weights_ = model::TensorMap(views.begin(), views.end());
-  decoder_ = std::make_unique<model::Decoder>(config_, weights_);
+  // Note [Inference kernels]: fused on a GPU.
+  decoder_ = std::make_unique<model::Decoder>(
+      config_, weights_, device_.is_cuda() ? model::Kernels::kFused : model::Kernels::kLibTorch);
 
   const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
   const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
   kv_storage_ = AllocateChecked(allocator, kKvCacheTag, kv_bytes, device_)
                     .narrow(0, 0, kv_bytes)
                     .view(dtype_);
+  cache_ = std::make_unique<model::KvCache>(config_, kv_storage_, max_batch_, max_length_);
+  rope_ = model::MakeRopeTable(config_, 0, max_length_, dtype_, device_);
+  position_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+  set_cuda_graphs(true);
+}
+
+void RolloutEngine::set_cuda_graphs(bool on) {
+  graphs_.reset();
+  if (!on || !device_.is_cuda() || !decoder_->decode_step_capturable()) return;
+  graphs_ = std::make_unique<DecodeGraphs>(
+      [this](const at::Tensor& tokens, int64_t key_length) {
+        return decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_);
+      },
+      max_batch_, device_);
+}
+
+int64_t RolloutEngine::KeyLength(int64_t position) const {
+  return std::min(max_length_, (position + kKeyBlock) / kKeyBlock * kKeyBlock);
+}
+
+at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_length) {
+  if (graphs_ != nullptr) return graphs_->Run(tokens, key_length);
+  return decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_);
 }
 
 void RolloutEngine::LoadWeights(const model::TensorMap& params) {
@@ -198,11 +223,21 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
     flat.insert(flat.end(), prompts[row].begin(), prompts[row].end());
     out[row].prompt = prompts[row];
   }
-  model::KvCache cache(config_, kv_storage_, batch, max_length_);
+  // Note [Rollout decode steps]: the positions the decode steps may mask hold finite values, in
+  // every row a decode graph may compute on.
+  const int64_t rows_used = DecodeGraphs::BatchBucket(batch, max_batch_);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    for (auto& [tensor, position_dim] : CacheTensors(cache_->layer(l))) {
+      tensor.narrow(0, 0, rows_used)
+          .narrow(position_dim, prompt_length, max_length_ - prompt_length)
+          .zero_();
+    }
+  }
   const at::Tensor prompt_tokens =
       at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({batch, prompt_length});
   // [live, vocab]: the next-token logits of each live row.
-  at::Tensor logits = decoder_->ForwardStep(prompt_tokens, cache, 0).select(1, prompt_length - 1);
+  at::Tensor logits =
+      decoder_->ForwardStep(prompt_tokens, *cache_, 0).select(1, prompt_length - 1);
 
   std::vector<int64_t> live(static_cast<size_t>(batch));  // indices into rows, in cache-row order
   for (int64_t j = 0; j < batch; ++j) live[static_cast<size_t>(j)] = j;
@@ -241,13 +276,15 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
     }
     if (next_live.empty()) break;
     if (next_live.size() < live.size()) {
-      CompactCache(cache, config_.num_hidden_layers, keep, static_cast<int64_t>(live.size()),
+      CompactCache(*cache_, config_.num_hidden_layers, keep, static_cast<int64_t>(live.size()),
                    position);
     }
     live = std::move(next_live);
     const at::Tensor step_tokens = at::tensor(next_tokens, at::TensorOptions().dtype(at::kLong))
-                                       .view({static_cast<int64_t>(live.size()), 1});
-    logits = decoder_->ForwardStep(step_tokens, cache, position).select(1, 0);
+                                       .view({static_cast<int64_t>(live.size()), 1})
+                                       .to(device_);
+    position_.fill_(position);
+    logits = DecodeLogits(step_tokens, KeyLength(position));
     ++position;
   }
 }

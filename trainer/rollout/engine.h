@@ -27,6 +27,15 @@
 // sends n_samples_per_prompt copies of each prompt, so groups are at least that large. The cache
 // compaction copies the live rows' full cache rows once per step in which some row finished.
 //
+// Note [Rollout decode steps]
+// The decode steps of a group run at a device-side position (Decoder::DecodeStep) over the first
+// KeyLength(position) cache positions: position + 1 rounded up to a block of kKeyBlock, so that
+// the step's shapes change only once per block. On a CUDA device, for a model whose decode step
+// never waits on the host (no MoE layers), the steps replay CUDA graphs (Note [Decode graphs] in
+// decode_graphs.h) unless set_cuda_graphs(false); elsewhere they run eagerly, computing the same.
+// Masked cache positions must be finite, so each group first zeroes the cache positions past its
+// prompts (after WakeUp, or under --ci-test's poisoned pages, they hold anything).
+//
 // Note [Rollout seeds]
 // Prompt i of a Generate call samples with its own CPU generator seeded with `seed + i`, one
 // uniform per generated token, so a row's tokens do not depend on the batch it ran in:
@@ -60,6 +69,7 @@
 #include "trainer/model/decoder.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
+#include "trainer/rollout/decode_graphs.h"
 #include "weight_sync/engine_layout.h"
 
 namespace rl::rollout {
@@ -108,6 +118,16 @@ class RolloutEngine {
   // Copies every parameter of the model from `params` (HF names, any dtype/device; converted).
   void LoadWeights(const model::TensorMap& params);
 
+  // Decode with CUDA graphs where the device and the model allow it (Note [Rollout decode
+  // steps]); on by default. Graphs captured so far are dropped when turned off.
+  void set_cuda_graphs(bool on);
+  // True when the next decode steps replay CUDA graphs.
+  bool uses_cuda_graphs() const { return graphs_ != nullptr; }
+
+  // Cache positions a decode step at `position` attends over (Note [Rollout decode steps]).
+  static constexpr int64_t kKeyBlock = 64;
+  int64_t KeyLength(int64_t position) const;
+
   int64_t weight_version() const { return weight_version_; }
   void set_weight_version(int64_t version) { weight_version_ = version; }
 
@@ -127,6 +147,9 @@ class RolloutEngine {
   void GenerateGroup(const std::vector<std::vector<int64_t>>& prompts,
                      const std::vector<size_t>& rows, const SamplingParams& params,
                      std::vector<Generation>& out);
+  // One decode step of rows [0, live) at position_ (tokens [live, 1] on the device): their
+  // logits [live, vocab].
+  at::Tensor DecodeLogits(const at::Tensor& tokens, int64_t key_length);
 
   model::ModelConfig config_;
   at::ScalarType dtype_;
@@ -138,6 +161,10 @@ class RolloutEngine {
   model::TensorMap weights_;   // HF-named views of weight_storage_
   at::Tensor kv_storage_;      // [NumElements] of dtype_, a view of the "kv_cache" bytes
   std::unique_ptr<model::Decoder> decoder_;
+  std::unique_ptr<model::KvCache> cache_;  // max_batch rows; groups use rows [0, group size)
+  model::RopeTable rope_;                  // every cache position [0, max_length)
+  at::Tensor position_;                    // [1] int64 on the device: the decode step's position
+  std::unique_ptr<DecodeGraphs> graphs_;   // null: eager decode steps
   int64_t weight_version_ = 0;
   bool asleep_ = false;
   std::function<void()> pause_hook_;

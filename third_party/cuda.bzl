@@ -1,0 +1,45 @@
+"""cuda_library: CUDA sources compiled by the toolkit's nvcc into a cc_library.
+
+Bazel 4 has no CUDA rules; a genrule runs nvcc on each .cu file (position-independent, for the
+GPUs listed in CUDA_ARCHS, with PTX of the newest for later GPUs) and the objects become the srcs
+of a cc_library that also carries the headers and links the CUDA runtime. The .cu files include
+no LibTorch headers: they take raw pointers and a stream, and a C++ wrapper built by the ordinary
+toolchain turns tensors into those.
+"""
+
+load("@rules_cc//cc:defs.bzl", "cc_library")
+
+# H100 / H200 (sm_90); PTX of compute_90 is compiled by the driver for newer GPUs.
+CUDA_ARCHS = ["90"]
+
+NVCC_FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-Xcompiler=-fPIC",
+    "--expt-relaxed-constexpr",
+] + ["-gencode=arch=compute_%s,code=sm_%s" % (a, a) for a in CUDA_ARCHS] + [
+    "-gencode=arch=compute_%s,code=compute_%s" % (CUDA_ARCHS[-1], CUDA_ARCHS[-1]),
+]
+
+def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
+    objects = []
+    for src in srcs:
+        obj = "%s_%s.o" % (name, src.replace("/", "_").replace(".cu", ""))
+        native.genrule(
+            name = obj.replace(".o", "_nvcc"),
+            srcs = [src] + hdrs,
+            outs = [obj],
+            tools = ["@cuda//:nvcc"],
+            cmd = "$(location @cuda//:nvcc) %s -I. -c $(location %s) -o $@" % (
+                " ".join(NVCC_FLAGS),
+                src,
+            ),
+        )
+        objects.append(obj)
+    cc_library(
+        name = name,
+        srcs = objects,
+        hdrs = hdrs,
+        deps = deps + ["@cuda//:cudart"],
+        **kwargs
+    )

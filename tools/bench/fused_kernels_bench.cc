@@ -1,0 +1,146 @@
+// fused_kernels_bench [--rows 4096] [--vocab 151936] [--rounds 5]: our CUDA kernels
+// (trainer/kernels) against the LibTorch ops they replace, on the GPU, in one process:
+//  1. agreement: RMSNorm (fp32 and bf16) and the token log-prob / entropy with their gradients
+//     (fp32 and bf16), fused vs LibTorch, with the largest differences and a verdict per case;
+//  2. speed: the loss head of a train step, log-prob of the targets forward + backward over
+//     [rows, vocab] bf16 logits, fused vs log_softmax(logits.float()).gather, best of --rounds,
+//     and the ratio.
+// Exit status 1 when an agreement check fails. Needs a GPU.
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "launch/device.h"
+#include "trainer/kernels/fused_ops.h"
+#include "trainer/model/layers.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MaxAbs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+bool Report(const std::string& what, double diff, double tolerance) {
+  const bool ok = diff <= tolerance;
+  std::printf("%-58s max abs diff %.3g (tolerance %.3g): %s\n", what.c_str(), diff, tolerance,
+              ok ? "ok" : "FAIL");
+  return ok;
+}
+
+struct LossHead {
+  at::Tensor log_probs, entropy, grad;
+};
+
+// log-probs and entropy of `logits` at `targets`, and d(sum(lp * g_lp) + sum(h * g_h))/dlogits.
+LossHead Run(const at::Tensor& logits_in, const at::Tensor& targets, const at::Tensor& g_lp,
+             const at::Tensor& g_h, bool fused) {
+  at::Tensor logits = logits_in.detach().requires_grad_(true);
+  LossHead out;
+  if (fused) {
+    const rl::kernels::TokenLogProbStats s = rl::kernels::TokenLogProbs(logits, targets);
+    out.log_probs = s.log_probs;
+    out.entropy = s.entropy;
+  } else {
+    const at::Tensor lp = at::log_softmax(logits.to(at::kFloat), -1);
+    out.log_probs = lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+    out.entropy = -(lp.exp() * lp).sum(-1);
+  }
+  const at::Tensor loss = (out.log_probs * g_lp).sum() + (out.entropy * g_h).sum();
+  out.grad = torch::autograd::grad({loss}, {logits})[0];
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Our CUDA kernels vs the LibTorch ops they replace: agreement and speed."};
+  int64_t rows = 4096, vocab = 151936;
+  int rounds = 5;
+  app.add_option("--rows", rows, "token positions of the loss-head timing");
+  app.add_option("--vocab", vocab, "vocabulary size");
+  app.add_option("--rounds", rounds, "timed rounds; the best counts");
+  CLI11_PARSE(app, argc, argv);
+  const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
+  if (!device.is_cuda()) {
+    std::fprintf(stderr, "fused_kernels_bench needs a GPU\n");
+    return 2;
+  }
+  at::manual_seed(3);
+  const auto on = [&](at::ScalarType dtype) {
+    return at::TensorOptions().dtype(dtype).device(device);
+  };
+  bool ok = true;
+
+  // RMSNorm: hidden-size rows and head-dim rows, as the decoder uses them.
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& [n, cols] : {std::pair<int64_t, int64_t>{4096, 1024}, {1024, 128}}) {
+      const at::Tensor x = at::randn({n, cols}, on(dtype)) * 3;
+      const at::Tensor w = at::rand({cols}, on(dtype)) + 0.5;
+      const at::Tensor ref = rl::model::RmsNorm(x, w, 1e-6, rl::model::Kernels::kLibTorch);
+      const at::Tensor got = rl::model::RmsNorm(x, w, 1e-6, rl::model::Kernels::kFused);
+      // fp32: rounding of the sum order; bf16: at most one bf16 step of the output (|y| < 16).
+      const double tolerance = dtype == at::kFloat ? 1e-5 : 0.0625;
+      ok &= Report("rms_norm " + std::string(c10::toString(dtype)) + " [" + std::to_string(n) +
+                       ", " + std::to_string(cols) + "]",
+                   MaxAbs(got, ref), tolerance);
+    }
+  }
+
+  // Token log-probs and entropy with gradients, against LibTorch autograd.
+  {
+    const int64_t n = 256;
+    const at::Tensor targets = at::randint(vocab, {n}, on(at::kLong));
+    const at::Tensor g_lp = at::randn({n}, on(at::kFloat));
+    const at::Tensor g_h = at::randn({n}, on(at::kFloat));
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor logits = (at::randn({n, vocab}, on(at::kFloat)) * 4).to(dtype);
+      const LossHead ref = Run(logits, targets, g_lp, g_h, false);
+      const LossHead got = Run(logits, targets, g_lp, g_h, true);
+      const std::string name = std::string(c10::toString(dtype));
+      ok &= Report("token log-probs " + name, MaxAbs(got.log_probs, ref.log_probs), 1e-4);
+      ok &= Report("entropy " + name, MaxAbs(got.entropy, ref.entropy), 1e-4);
+      // |grad| <= |g| * p with |g| up to ~4: fp32, the relative rounding of p (~1e-6, from the
+      // log-sum-exp) times that; bf16, one bf16 step of the largest entry.
+      ok &= Report("d logits " + name, MaxAbs(got.grad, ref.grad),
+                   dtype == at::kFloat ? 2e-5 : 1.6e-2);
+    }
+  }
+
+  // Speed of the loss head: -mean log-prob, forward and backward, bf16 logits.
+  const at::Tensor logits = (at::randn({rows, vocab}, on(at::kFloat)) * 4).to(at::kBFloat16);
+  const at::Tensor targets = at::randint(vocab, {rows}, on(at::kLong));
+  const auto time = [&](bool fused) {
+    double best = 1e30;
+    for (int r = 0; r <= rounds; ++r) {  // round 0 warms up
+      at::Tensor leaf = logits.detach().requires_grad_(true);
+      c10::cuda::device_synchronize();
+      const auto start = Clock::now();
+      at::Tensor log_probs;
+      if (fused) {
+        log_probs = rl::kernels::TokenLogProbs(leaf, targets).log_probs;
+      } else {
+        log_probs = at::log_softmax(leaf.to(at::kFloat), -1).gather(-1, targets.unsqueeze(-1));
+      }
+      log_probs.mean().neg().backward();
+      c10::cuda::device_synchronize();
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (r > 0) best = std::min(best, seconds);
+    }
+    return best;
+  };
+  const double libtorch = time(false);
+  const double fused = time(true);
+  std::printf("loss head [%lld, %lld] bf16, forward + backward: LibTorch %.2f ms, fused %.2f ms, "
+              "%.2fx\n",
+              static_cast<long long>(rows), static_cast<long long>(vocab), 1e3 * libtorch,
+              1e3 * fused, libtorch / fused);
+  return ok ? 0 : 1;
+}

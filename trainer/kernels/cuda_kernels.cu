@@ -1,0 +1,211 @@
+#include "trainer/kernels/cuda_kernels.h"
+
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+namespace rl::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds kWarps floats.
+__device__ float BlockSum(float v, float* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < kWarps ? scratch[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
+  return v;
+}
+
+// Online softmax statistics of a set of values: running max m, s = sum exp(x - m) and
+// t = sum exp(x - m) * (x - m).
+struct SoftmaxStats {
+  float m = -FLT_MAX;
+  float s = 0.0f;
+  float t = 0.0f;
+};
+
+__device__ __forceinline__ void Add(SoftmaxStats& a, float x) {
+  if (x > a.m) {
+    if (a.s > 0.0f) {
+      const float shift = a.m - x;  // the old terms' (x - m) move by this
+      const float scale = expf(shift);
+      a.t = (a.t + shift * a.s) * scale;
+      a.s *= scale;
+    }
+    a.m = x;
+  }
+  const float d = x - a.m;
+  const float e = expf(d);
+  if (e > 0.0f) {  // a -inf logit adds nothing (and would make e * d a NaN)
+    a.s += e;
+    a.t += e * d;
+  }
+}
+
+__device__ __forceinline__ SoftmaxStats Merge(SoftmaxStats a, SoftmaxStats b) {
+  if (b.m > a.m) {
+    const SoftmaxStats c = a;
+    a = b;
+    b = c;
+  }
+  if (b.s == 0.0f) return a;
+  const float shift = b.m - a.m;  // <= 0
+  const float scale = expf(shift);
+  a.s += b.s * scale;
+  a.t += (b.t + shift * b.s) * scale;
+  return a;
+}
+
+__device__ __forceinline__ SoftmaxStats Shuffle(const SoftmaxStats& a, int offset) {
+  SoftmaxStats b;
+  b.m = __shfl_xor_sync(0xffffffff, a.m, offset);
+  b.s = __shfl_xor_sync(0xffffffff, a.s, offset);
+  b.t = __shfl_xor_sync(0xffffffff, a.t, offset);
+  return b;
+}
+
+__device__ SoftmaxStats BlockMerge(SoftmaxStats v, SoftmaxStats* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) v = Merge(v, Shuffle(v, offset));
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < kWarps ? scratch[lane] : SoftmaxStats();
+  for (int offset = 16; offset > 0; offset /= 2) v = Merge(v, Shuffle(v, offset));
+  return v;
+}
+
+template <typename T>
+__global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ weight,
+                              T* __restrict__ out, int64_t cols, float eps) {
+  __shared__ float scratch[kWarps];
+  const T* row = x + blockIdx.x * cols;
+  T* out_row = out + blockIdx.x * cols;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = ToFloat(row[i]);
+    sum += v * v;
+  }
+  const float inv = rsqrtf(BlockSum(sum, scratch) / static_cast<float>(cols) + eps);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const T h = FromFloat<T>(ToFloat(row[i]) * inv);
+    out_row[i] = FromFloat<T>(ToFloat(weight[i]) * ToFloat(h));
+  }
+}
+
+template <typename T>
+__global__ void TokenLogProbsForwardKernel(const T* __restrict__ logits,
+                                           const int64_t* __restrict__ targets, int64_t vocab,
+                                           float* __restrict__ log_probs, float* __restrict__ lse,
+                                           float* __restrict__ entropy) {
+  __shared__ SoftmaxStats scratch[kWarps];
+  const T* row = logits + blockIdx.x * vocab;
+  SoftmaxStats stats;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) Add(stats, ToFloat(row[i]));
+  stats = BlockMerge(stats, scratch);
+  if (threadIdx.x == 0) {
+    const float log_sum = logf(stats.s);
+    const float row_lse = stats.m + log_sum;
+    lse[blockIdx.x] = row_lse;
+    log_probs[blockIdx.x] = ToFloat(row[targets[blockIdx.x]]) - row_lse;
+    // H = -sum p (x - lse) = lse - m - E[x - m] = log s - t / s.
+    if (entropy != nullptr) entropy[blockIdx.x] = log_sum - stats.t / stats.s;
+  }
+}
+
+template <typename T>
+__global__ void TokenLogProbsBackwardKernel(const T* __restrict__ logits,
+                                            const int64_t* __restrict__ targets,
+                                            const float* __restrict__ lse,
+                                            const float* __restrict__ entropy,
+                                            const float* __restrict__ grad_log_probs,
+                                            const float* __restrict__ grad_entropy, int64_t vocab,
+                                            T* __restrict__ grad_logits) {
+  const int64_t r = blockIdx.x;
+  const T* row = logits + r * vocab;
+  T* grad_row = grad_logits + r * vocab;
+  const float row_lse = lse[r];
+  const float g_lp = grad_log_probs != nullptr ? grad_log_probs[r] : 0.0f;
+  const float g_h = grad_entropy != nullptr ? grad_entropy[r] : 0.0f;
+  // d H / d x = p * (E[x] - x) with E[x] = lse - H.
+  const float mean_x = grad_entropy != nullptr ? row_lse - entropy[r] : 0.0f;
+  const int64_t target = targets[r];
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float x = ToFloat(row[i]);
+    const float p = expf(x - row_lse);
+    float g = -g_lp * p;
+    if (i == target) g += g_lp;
+    if (g_h != 0.0f && p > 0.0f) g += g_h * p * (mean_x - x);
+    grad_row[i] = FromFloat<T>(g);
+  }
+}
+
+}  // namespace
+
+cudaError_t RmsNorm(const void* x, const void* weight, void* out, int64_t rows, int64_t cols,
+                    float eps, DtypeCode dtype, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (dtype == kBFloat16) {
+    RmsNormKernel<<<rows, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
+                                                 static_cast<const __nv_bfloat16*>(weight),
+                                                 static_cast<__nv_bfloat16*>(out), cols, eps);
+  } else {
+    RmsNormKernel<<<rows, kThreads, 0, stream>>>(static_cast<const float*>(x),
+                                                 static_cast<const float*>(weight),
+                                                 static_cast<float*>(out), cols, eps);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t TokenLogProbsForward(const void* logits, const int64_t* targets, int64_t rows,
+                                 int64_t vocab, DtypeCode dtype, float* log_probs, float* lse,
+                                 float* entropy, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (dtype == kBFloat16) {
+    TokenLogProbsForwardKernel<<<rows, kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(logits), targets, vocab, log_probs, lse, entropy);
+  } else {
+    TokenLogProbsForwardKernel<<<rows, kThreads, 0, stream>>>(
+        static_cast<const float*>(logits), targets, vocab, log_probs, lse, entropy);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t TokenLogProbsBackward(const void* logits, const int64_t* targets, const float* lse,
+                                  const float* entropy, const float* grad_log_probs,
+                                  const float* grad_entropy, int64_t rows, int64_t vocab,
+                                  DtypeCode dtype, void* grad_logits, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (dtype == kBFloat16) {
+    TokenLogProbsBackwardKernel<<<rows, kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(logits), targets, lse, entropy, grad_log_probs,
+        grad_entropy, vocab, static_cast<__nv_bfloat16*>(grad_logits));
+  } else {
+    TokenLogProbsBackwardKernel<<<rows, kThreads, 0, stream>>>(
+        static_cast<const float*>(logits), targets, lse, entropy, grad_log_probs, grad_entropy,
+        vocab, static_cast<float*>(grad_logits));
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace rl::kernels

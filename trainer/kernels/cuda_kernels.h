@@ -1,0 +1,42 @@
+// CUDA kernels of our own, for the places where a profile showed eager LibTorch ops doing extra
+// memory passes or launching many small kernels (README "Speed on the H200"). Raw pointers and a
+// stream in, nothing of LibTorch: trainer/kernels/fused_ops.h wraps them for tensors.
+//
+// Dtype codes: 0 = float32, 1 = bfloat16. Every launcher enqueues its work on `stream` and returns
+// the cudaError_t of the launch (0 = success); it does not synchronise.
+#ifndef RL_TRAINER_KERNELS_CUDA_KERNELS_H_
+#define RL_TRAINER_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace rl::kernels {
+
+enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1 };
+
+// transformers' RMSNorm of each row of x [rows, cols] (contiguous), with the rounding it has:
+// h = x * rsqrt(mean(x^2) + eps) in fp32, h rounded to the dtype, out = weight * h rounded to the
+// dtype. x, weight and out share `dtype`.
+cudaError_t RmsNorm(const void* x, const void* weight, void* out, int64_t rows, int64_t cols,
+                    float eps, DtypeCode dtype, cudaStream_t stream);
+
+// Per row of logits [rows, vocab] (contiguous, `dtype`): lse = logsumexp in fp32,
+// log_probs[r] = logits[r, targets[r]] - lse[r], and when `entropy` is not null the entropy of
+// softmax(logits[r]). One read of the logits.
+cudaError_t TokenLogProbsForward(const void* logits, const int64_t* targets, int64_t rows,
+                                 int64_t vocab, DtypeCode dtype, float* log_probs, float* lse,
+                                 float* entropy, cudaStream_t stream);
+
+// The gradient of TokenLogProbsForward's outputs with respect to the logits, written as `dtype`
+// into grad_logits [rows, vocab]: with p = exp(logit - lse),
+//   grad = g_lp[r] * (onehot(targets[r]) - p) + g_h[r] * p * (lse[r] - entropy[r] - logit).
+// grad_log_probs or grad_entropy may be null (zero); entropy is needed with grad_entropy.
+cudaError_t TokenLogProbsBackward(const void* logits, const int64_t* targets, const float* lse,
+                                  const float* entropy, const float* grad_log_probs,
+                                  const float* grad_entropy, int64_t rows, int64_t vocab,
+                                  DtypeCode dtype, void* grad_logits, cudaStream_t stream);
+
+}  // namespace rl::kernels
+
+#endif  // RL_TRAINER_KERNELS_CUDA_KERNELS_H_

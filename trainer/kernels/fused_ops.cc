@@ -1,0 +1,103 @@
+#include "trainer/kernels/fused_ops.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+#include "launch/check.h"
+#include "trainer/kernels/cuda_kernels.h"
+
+namespace rl::kernels {
+namespace {
+
+DtypeCode CodeOf(const at::Tensor& t) {
+  RL_CHECK(Supported(t), Error, "CUDA kernels take fp32 or bf16 tensors on a CUDA device; got {} on {}",
+           c10::toString(t.scalar_type()), t.device().str());
+  return t.scalar_type() == at::kBFloat16 ? kBFloat16 : kFloat32;
+}
+
+const float* DataOrNull(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<float>() : nullptr;
+}
+
+// Gradients from autograd come in any float dtype and layout; the kernel reads [rows] fp32.
+at::Tensor RowGrad(const at::Tensor& grad) {
+  return grad.defined() ? grad.reshape({-1}).to(at::kFloat).contiguous() : at::Tensor();
+}
+
+class TokenLogProbsFunction : public torch::autograd::Function<TokenLogProbsFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& logits,
+                                                const at::Tensor& targets) {
+    const int64_t vocab = logits.size(-1);
+    const at::Tensor rows = logits.reshape({-1, vocab}).contiguous();
+    const at::Tensor ids = targets.reshape({-1}).to(at::kLong).contiguous();
+    RL_CHECK(ids.numel() == rows.size(0) && ids.device() == rows.device(), Error,
+             "TokenLogProbs: {} targets on {} for {} rows of logits on {}", ids.numel(),
+             ids.device().str(), rows.size(0), rows.device().str());
+    const at::TensorOptions fp32 = rows.options().dtype(at::kFloat);
+    at::Tensor log_probs = at::empty({rows.size(0)}, fp32);
+    at::Tensor lse = at::empty({rows.size(0)}, fp32);
+    at::Tensor entropy = at::empty({rows.size(0)}, fp32);
+    const c10::cuda::CUDAGuard guard(rows.device());
+    RL_CHECK_CUDA(TokenLogProbsForward(rows.data_ptr(), ids.data_ptr<int64_t>(), rows.size(0),
+                                       vocab, CodeOf(rows), log_probs.data_ptr<float>(),
+                                       lse.data_ptr<float>(), entropy.data_ptr<float>(),
+                                       c10::cuda::getCurrentCUDAStream()));
+    ctx->save_for_backward({rows, ids, lse, entropy});
+    ctx->saved_data["sizes"] = logits.sizes().vec();
+    return {log_probs.view(targets.sizes()), entropy.view(targets.sizes())};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor& rows = saved[0];
+    const at::Tensor grad_log_probs = RowGrad(grads[0]);
+    const at::Tensor grad_entropy = RowGrad(grads[1]);
+    at::Tensor grad = at::empty_like(rows);
+    const c10::cuda::CUDAGuard guard(rows.device());
+    RL_CHECK_CUDA(TokenLogProbsBackward(
+        rows.data_ptr(), saved[1].data_ptr<int64_t>(), saved[2].data_ptr<float>(),
+        saved[3].data_ptr<float>(), DataOrNull(grad_log_probs), DataOrNull(grad_entropy),
+        rows.size(0), rows.size(1), CodeOf(rows), grad.data_ptr(),
+        c10::cuda::getCurrentCUDAStream()));
+    return {grad.view(ctx->saved_data["sizes"].toIntVector()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool Supported(const at::Tensor& t) {
+  return t.defined() && t.is_cuda() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+}
+
+at::Tensor RmsNormInference(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t cols = x.size(-1);
+  RL_CHECK(weight.dim() == 1 && weight.size(0) == cols && weight.scalar_type() == x.scalar_type() &&
+               weight.device() == x.device(),
+           Error, "RmsNormInference: weight [{}] {} on {} for x [..., {}] {} on {}",
+           fmt::join(weight.sizes(), ", "), c10::toString(weight.scalar_type()),
+           weight.device().str(), cols, c10::toString(x.scalar_type()), x.device().str());
+  const at::Tensor input = x.contiguous();
+  const at::Tensor w = weight.contiguous();
+  at::Tensor out = at::empty_like(input);
+  const c10::cuda::CUDAGuard guard(input.device());
+  RL_CHECK_CUDA(RmsNorm(input.data_ptr(), w.data_ptr(), out.data_ptr(), input.numel() / cols, cols,
+                        static_cast<float>(eps), CodeOf(input),
+                        c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+TokenLogProbStats TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets) {
+  const torch::autograd::variable_list out = TokenLogProbsFunction::apply(logits, targets);
+  return {out[0], out[1]};
+}
+
+}  // namespace rl::kernels

@@ -1,0 +1,85 @@
+#include "trainer/rollout/decode_graphs.h"
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+#include <string>
+
+#include "launch/check.h"
+
+namespace rl::rollout {
+
+struct DecodeGraphs::Graph {
+  at::cuda::CUDAGraph graph;
+  at::Tensor logits;  // [batch, vocab], written by every replay
+};
+
+DecodeGraphs::DecodeGraphs(Step step, int64_t max_batch, at::Device device)
+    : step_(std::move(step)),
+      max_batch_(max_batch),
+      device_(device),
+      tokens_(at::zeros({max_batch, 1}, at::TensorOptions().dtype(at::kLong).device(device))),
+      pool_(at::cuda::graph_pool_handle()) {
+  RL_CHECK(device.is_cuda(), Error, "decode graphs need a CUDA device; got {}", device.str());
+  RL_CHECK(max_batch >= 1, Error, "decode graphs: max_batch must be >= 1; got {}", max_batch);
+}
+
+DecodeGraphs::~DecodeGraphs() = default;
+
+int64_t DecodeGraphs::BatchBucket(int64_t live, int64_t max_batch) {
+  int64_t bucket = 1;
+  while (bucket < live && bucket < 8) bucket *= 2;
+  if (bucket < live) bucket = (live + 7) / 8 * 8;
+  return std::min(bucket, max_batch);
+}
+
+at::Tensor DecodeGraphs::Run(const at::Tensor& tokens, int64_t key_length) {
+  const int64_t live = tokens.size(0);
+  RL_CHECK(tokens.dim() == 2 && tokens.size(1) == 1 && live >= 1 && live <= max_batch_, Error,
+           "decode graphs: tokens must be [live, 1] with 1 <= live <= {}; got {} dims, {} rows",
+           max_batch_, tokens.dim(), live);
+  tokens_.narrow(0, 0, live).copy_(tokens);
+  const int64_t batch = BatchBucket(live, max_batch_);
+  auto it = graphs_.find({batch, key_length});
+  Graph& graph = it != graphs_.end() ? *it->second : Capture(batch, key_length);
+  graph.graph.replay();
+  return graph.logits.narrow(0, 0, live);
+}
+
+DecodeGraphs::Graph& DecodeGraphs::Capture(int64_t batch, int64_t key_length) {
+  auto graph = std::make_unique<Graph>();
+  const at::Tensor tokens = tokens_.narrow(0, 0, batch);
+  // The warm-up and the capture run on a side stream (capture cannot use the default stream);
+  // device syncs order them after the work queued so far and the replays after them.
+  c10::cuda::device_synchronize();
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device_.index()));
+    step_(tokens, key_length);  // warm-up: what the capture records, done once for real
+    graph->graph.capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    try {
+      graph->logits = step_(tokens, key_length);
+      graph->graph.capture_end();
+    } catch (const std::exception& e) {
+      std::string reason = e.what();
+      try {
+        graph->graph.capture_end();  // leave the stream out of capture mode
+      } catch (const std::exception&) {
+      }
+      throw Error(fmt::format(
+          "rollout engine: capturing the decode step (batch {}, {} keys) in a CUDA graph failed: "
+          "{}; --no-rollout-cuda-graphs runs it eagerly",
+          batch, key_length, reason));
+    }
+  }
+  c10::cuda::device_synchronize();
+  Graph& out = *graph;
+  graphs_.emplace(std::make_pair(batch, key_length), std::move(graph));
+  return out;
+}
+
+}  // namespace rl::rollout
