@@ -144,9 +144,12 @@ void DistributedOptimizer::ZeroGrads() {
 
 StepStats DistributedOptimizer::Step() {
   c10::NoGradGuard no_grad;
-  // Mean over DP, left in place in the owned shard of each grad buffer.
-  for (Buffer& buffer : buffers_) {
-    comm_.ReduceScatter(buffer.grads, Shard(buffer.grads, buffer), ReduceOp::kMean);
+  // Mean over DP, left in place in the owned shard of each grad buffer (with one rank the mean is
+  // the buffer itself, and the shard is the whole buffer: nothing to move).
+  if (comm_.size() > 1) {
+    for (Buffer& buffer : buffers_) {
+      comm_.ReduceScatter(buffer.grads, Shard(buffer.grads, buffer), ReduceOp::kMean);
+    }
   }
   // Note [Fused AdamW]: the reference sums the squares in fp64 (a converted copy of the shard);
   // the fused path takes an fp32 norm, one read of the shard, and keeps the clip on the device so
@@ -256,6 +259,7 @@ void DistributedOptimizer::CastMainToParams() {
 }
 
 void DistributedOptimizer::AllGatherParams() {
+  if (comm_.size() == 1) return;  // the one shard is the whole buffer
   for (Buffer& buffer : buffers_) comm_.AllGatherInPlace(buffer.params);
 }
 

@@ -1,7 +1,8 @@
 // fused_kernels_bench [--rows 4096] [--vocab 151936] [--rounds 5]: our CUDA kernels
 // (trainer/kernels) against the LibTorch ops they replace, on the GPU, in one process:
-//  1. agreement: RMSNorm (fp32 and bf16) and the token log-prob / entropy with their gradients
-//     (fp32 and bf16), fused vs LibTorch, with the largest differences and a verdict per case;
+//  1. agreement: RMSNorm (fp32 and bf16), RoPE (must be bit-identical) and the token log-prob /
+//     entropy with their gradients (fp32 and bf16), fused vs LibTorch, with the largest
+//     differences and a verdict per case;
 //  2. speed: the loss head of a train step, log-prob of the targets forward + backward over
 //     [rows, vocab] bf16 logits, fused vs log_softmax(logits.float()).gather, best of --rounds,
 //     and the ratio.
@@ -91,6 +92,28 @@ int main(int argc, char** argv) {
       ok &= Report("rms_norm " + std::string(c10::toString(dtype)) + " [" + std::to_string(n) +
                        ", " + std::to_string(cols) + "]",
                    MaxAbs(got, ref), tolerance);
+    }
+  }
+
+  // RoPE: bit-identical to ApplyRope, both layouts, full and partial rotation, strided input.
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const bool interleaved : {false, true}) {
+      for (const int64_t half : {64, 32}) {
+        const at::Tensor x = at::randn({4, 7, 16, 256}, on(dtype)).narrow(-1, 0, 128);
+        const at::Tensor angles = at::rand({7, half}, on(at::kFloat)) * 6;
+        const at::Tensor cos = angles.cos().to(dtype);
+        const at::Tensor sin = angles.sin().to(dtype);
+        const at::Tensor ref =
+            rl::model::ApplyRope(x.transpose(1, 2), cos, sin,
+                                 interleaved ? rl::model::RopeLayout::kInterleaved
+                                             : rl::model::RopeLayout::kHalf)
+                .transpose(1, 2);
+        const at::Tensor got = rl::kernels::RopeInference(x, cos, sin, interleaved);
+        ok &= Report("rope " + std::string(c10::toString(dtype)) +
+                         (interleaved ? " interleaved" : " half") + " rotary " +
+                         std::to_string(2 * half) + " of 128",
+                     MaxAbs(got, ref), 0.0);
+      }
     }
   }
 

@@ -113,6 +113,42 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ wei
   }
 }
 
+struct RopeShape {
+  int64_t stride_b, stride_s, stride_h, stride_d;
+  int64_t seq, heads, dim, half;
+  bool interleaved;
+};
+
+template <typename T>
+__global__ void RopeKernel(const T* __restrict__ x, const T* __restrict__ cos,
+                           const T* __restrict__ sin, T* __restrict__ out, int64_t total,
+                           RopeShape p) {
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (index >= total) return;
+  const int64_t j = index % p.dim;
+  int64_t rest = index / p.dim;
+  const int64_t h = rest % p.heads;
+  rest /= p.heads;
+  const int64_t s = rest % p.seq;
+  const int64_t b = rest / p.seq;
+  const T* in = x + b * p.stride_b + s * p.stride_s + h * p.stride_h;
+  if (j >= 2 * p.half) {
+    out[index] = in[j * p.stride_d];
+    return;
+  }
+  const int64_t i = j < p.half ? j : j - p.half;
+  const int64_t i1 = p.interleaved ? 2 * i : i;
+  const int64_t i2 = p.interleaved ? 2 * i + 1 : i + p.half;
+  const float x1 = ToFloat(in[i1 * p.stride_d]);
+  const float x2 = ToFloat(in[i2 * p.stride_d]);
+  const float c = ToFloat(cos[s * p.half + i]);
+  const float n = ToFloat(sin[s * p.half + i]);
+  // Rounded like the LibTorch ops x1 * cos - x2 * sin and x2 * cos + x1 * sin.
+  const float a = ToFloat(FromFloat<T>(j < p.half ? x1 * c : x2 * c));
+  const float e = ToFloat(FromFloat<T>(j < p.half ? x2 * n : x1 * n));
+  out[index] = FromFloat<T>(j < p.half ? a - e : a + e);
+}
+
 template <typename T>
 __global__ void TokenLogProbsForwardKernel(const T* __restrict__ logits,
                                            const int64_t* __restrict__ targets, int64_t vocab,
@@ -173,6 +209,26 @@ cudaError_t RmsNorm(const void* x, const void* weight, void* out, int64_t rows, 
     RmsNormKernel<<<rows, kThreads, 0, stream>>>(static_cast<const float*>(x),
                                                  static_cast<const float*>(weight),
                                                  static_cast<float*>(out), cols, eps);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t Rope(const void* x, int64_t stride_b, int64_t stride_s, int64_t stride_h,
+                 int64_t stride_d, const void* cos, const void* sin, void* out, int64_t batch,
+                 int64_t seq, int64_t heads, int64_t dim, int64_t half, bool interleaved,
+                 DtypeCode dtype, cudaStream_t stream) {
+  const int64_t total = batch * seq * heads * dim;
+  if (total == 0) return cudaSuccess;
+  const RopeShape shape{stride_b, stride_s, stride_h, stride_d, seq, heads, dim, half, interleaved};
+  const int64_t blocks = (total + kThreads - 1) / kThreads;
+  if (dtype == kBFloat16) {
+    RopeKernel<<<blocks, kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(cos),
+        static_cast<const __nv_bfloat16*>(sin), static_cast<__nv_bfloat16*>(out), total, shape);
+  } else {
+    RopeKernel<<<blocks, kThreads, 0, stream>>>(
+        static_cast<const float*>(x), static_cast<const float*>(cos),
+        static_cast<const float*>(sin), static_cast<float*>(out), total, shape);
   }
   return cudaGetLastError();
 }

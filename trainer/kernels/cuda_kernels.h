@@ -21,6 +21,16 @@ enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1 };
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, int64_t rows, int64_t cols,
                     float eps, DtypeCode dtype, cudaStream_t stream);
 
+// Rotary embedding of x [B, S, H, D] (any element strides) into out [B, S, H, D] (contiguous), with
+// the rows of cos/sin [S, half] (contiguous, x's dtype) by position s: the pairs (j, j + half)
+// (interleaved: (2j, 2j + 1)) become (x1 cos - x2 sin, x2 cos + x1 sin) in dims [0, 2 half), each
+// product and each sum rounded to the dtype as separate LibTorch ops round them; dims from
+// 2 half on are copied.
+cudaError_t Rope(const void* x, int64_t stride_b, int64_t stride_s, int64_t stride_h,
+                 int64_t stride_d, const void* cos, const void* sin, void* out, int64_t batch,
+                 int64_t seq, int64_t heads, int64_t dim, int64_t half, bool interleaved,
+                 DtypeCode dtype, cudaStream_t stream);
+
 // Per row of logits [rows, vocab] (contiguous, `dtype`): lse = logsumexp in fp32,
 // log_probs[r] = logits[r, targets[r]] - lse[r], and when `entropy` is not null the entropy of
 // softmax(logits[r]). One read of the logits.

@@ -95,6 +95,25 @@ at::Tensor RmsNormInference(const at::Tensor& x, const at::Tensor& weight, doubl
   return out;
 }
 
+at::Tensor RopeInference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                         bool interleaved) {
+  RL_CHECK(x.dim() == 4 && cos.dim() == 2 && cos.sizes() == sin.sizes() &&
+               cos.size(0) == x.size(1) && 2 * cos.size(1) <= x.size(3) &&
+               cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
+               cos.device() == x.device() && sin.device() == x.device(),
+           Error, "RopeInference: x [{}] {} with cos/sin [{}] {} on {}", fmt::join(x.sizes(), ", "),
+           c10::toString(x.scalar_type()), fmt::join(cos.sizes(), ", "),
+           c10::toString(cos.scalar_type()), cos.device().str());
+  const at::Tensor c = cos.contiguous();
+  const at::Tensor s = sin.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  RL_CHECK_CUDA(Rope(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), x.stride(3), c.data_ptr(),
+                     s.data_ptr(), out.data_ptr(), x.size(0), x.size(1), x.size(2), x.size(3),
+                     c.size(1), interleaved, CodeOf(x), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 TokenLogProbStats TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets) {
   const torch::autograd::variable_list out = TokenLogProbsFunction::apply(logits, targets);
   return {out[0], out[1]};

@@ -1,6 +1,6 @@
 // Tensor entry points of our CUDA kernels (trainer/kernels/cuda_kernels.h): where they apply
-// (Supported), the RMSNorm the rollout engine decodes with, and the token log-prob / entropy of
-// the training loss with its gradient.
+// (Supported), the RMSNorm and RoPE the rollout engine decodes with, and the token log-prob /
+// entropy of the training loss with its gradient.
 //
 // Failures: tensors on another device or of another dtype than the kernels take throw rl::Error
 // (callers ask Supported first); a failed launch throws rl::CudaError.
@@ -18,6 +18,12 @@ bool Supported(const at::Tensor& t);
 // transformers' RMSNorm over the last dim in one kernel (cuda_kernels.h RmsNorm), no autograd:
 // x [..., cols], weight [cols], both Supported and of one dtype.
 at::Tensor RmsNormInference(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// Rotary embedding of x [B, S, H, D] with cos/sin [S, half] (x's dtype) in one kernel, no
+// autograd; the same bits as layers.h ApplyRope of x.transpose(1, 2) (each product and sum
+// rounded like the LibTorch ops). Returns a contiguous [B, S, H, D].
+at::Tensor RopeInference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                         bool interleaved);
 
 // Per position: log_softmax(logits)[target] and the entropy of softmax(logits), both fp32, from
 // one read of the logits [..., vocab] (Supported) with targets [...] int64 on the same device.

@@ -169,12 +169,19 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
     q = RmsNorm(q, w.q_norm, c.rms_norm_eps, ctx.kernels);
     k = RmsNorm(k, w.k_norm, c.rms_norm_eps, ctx.kernels);
   }
-  q = q.transpose(1, 2);  // [B, Hq, S, D]
-  k = k.transpose(1, 2);  // [B, Hkv, S, D]
-  v = v.transpose(1, 2);
   const RopeLayout layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
-  q = ApplyRope(q, ctx.rope->cos, ctx.rope->sin, layout);
-  k = ApplyRope(k, ctx.rope->cos, ctx.rope->sin, layout);
+  if (ctx.kernels == Kernels::kFused && kernels::Supported(q) &&
+      ctx.rope->cos.scalar_type() == q.scalar_type()) {
+    // The same bits as ApplyRope below, in one kernel per tensor ([B, S, H, D], before the
+    // transpose).
+    const bool interleaved = layout == RopeLayout::kInterleaved;
+    q = kernels::RopeInference(q, ctx.rope->cos, ctx.rope->sin, interleaved).transpose(1, 2);
+    k = kernels::RopeInference(k, ctx.rope->cos, ctx.rope->sin, interleaved).transpose(1, 2);
+  } else {
+    q = ApplyRope(q.transpose(1, 2), ctx.rope->cos, ctx.rope->sin, layout);  // [B, Hq, S, D]
+    k = ApplyRope(k.transpose(1, 2), ctx.rope->cos, ctx.rope->sin, layout);  // [B, Hkv, S, D]
+  }
+  v = v.transpose(1, 2);
   if (ctx.cache != nullptr) {
     k = AppendToCache(ctx.cache->key, 2, k, ctx);
     v = AppendToCache(ctx.cache->value, 2, v, ctx);
