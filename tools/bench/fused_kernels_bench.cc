@@ -1,6 +1,6 @@
 // fused_kernels_bench [--rows 4096] [--vocab 151936] [--rounds 5]: our CUDA kernels
 // (trainer/kernels) against the LibTorch ops they replace, on the GPU, in one process:
-//  1. agreement: RMSNorm (fp32 and bf16), RoPE (must be bit-identical) and the token log-prob /
+//  1. agreement: RMSNorm with its gradients (fp32 and bf16), RoPE (must be bit-identical) and the token log-prob /
 //     entropy with their gradients (fp32 and bf16), fused vs LibTorch, with the largest
 //     differences and a verdict per case;
 //  2. speed: the loss head of a train step, log-prob of the targets forward + backward over
@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "launch/device.h"
 #include "trainer/kernels/fused_ops.h"
@@ -80,18 +81,31 @@ int main(int argc, char** argv) {
   };
   bool ok = true;
 
-  // RMSNorm: hidden-size rows and head-dim rows, as the decoder uses them.
+  // RMSNorm with its gradients: hidden-size rows and head-dim rows, as the decoder uses them.
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (const auto& [n, cols] : {std::pair<int64_t, int64_t>{4096, 1024}, {1024, 128}}) {
       const at::Tensor x = at::randn({n, cols}, on(dtype)) * 3;
       const at::Tensor w = at::rand({cols}, on(dtype)) + 0.5;
-      const at::Tensor ref = rl::model::RmsNorm(x, w, 1e-6, rl::model::Kernels::kLibTorch);
-      const at::Tensor got = rl::model::RmsNorm(x, w, 1e-6, rl::model::Kernels::kFused);
-      // fp32: rounding of the sum order; bf16: at most one bf16 step of the output (|y| < 16).
-      const double tolerance = dtype == at::kFloat ? 1e-5 : 0.0625;
-      ok &= Report("rms_norm " + std::string(c10::toString(dtype)) + " [" + std::to_string(n) +
-                       ", " + std::to_string(cols) + "]",
-                   MaxAbs(got, ref), tolerance);
+      const at::Tensor g = at::randn({n, cols}, on(dtype));
+      const auto run = [&](rl::model::Kernels impl) {
+        const at::Tensor xl = x.detach().requires_grad_(true);
+        const at::Tensor wl = w.detach().requires_grad_(true);
+        const at::Tensor y = rl::model::RmsNorm(xl, wl, 1e-6, impl);
+        const auto grads = torch::autograd::grad({(y.to(at::kFloat) * g).sum()}, {xl, wl});
+        return std::vector<at::Tensor>{y, grads[0], grads[1]};
+      };
+      const std::vector<at::Tensor> ref = run(rl::model::Kernels::kLibTorch);
+      const std::vector<at::Tensor> got = run(rl::model::Kernels::kFused);
+      const std::string name = "rms_norm " + std::string(c10::toString(dtype)) + " [" +
+                               std::to_string(n) + ", " + std::to_string(cols) + "]";
+      // fp32: rounding of the sum order; bf16: one bf16 step of the output (|y| < 16), of
+      // d x (|d x| < 8) and of d weight (a sum over n rows of |g h| ~ 3: |d w| < 2^8 for n 4096).
+      const bool fp32 = dtype == at::kFloat;
+      ok &= Report(name, MaxAbs(got[0], ref[0]), fp32 ? 1e-5 : 0.0625);
+      ok &= Report("  d x", MaxAbs(got[1], ref[1]), fp32 ? 1e-4 : 0.0625);
+      ok &= Report("  d weight (relative)",
+                   MaxAbs(got[2], ref[2]) / ref[2].abs().max().item<double>(),
+                   fp32 ? 1e-4 : 1.6e-2);
     }
   }
 

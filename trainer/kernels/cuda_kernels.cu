@@ -97,7 +97,8 @@ __device__ SoftmaxStats BlockMerge(SoftmaxStats v, SoftmaxStats* scratch) {
 
 template <typename T>
 __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ weight,
-                              T* __restrict__ out, int64_t cols, float eps) {
+                              T* __restrict__ out, float* __restrict__ inv_rms, int64_t cols,
+                              float eps) {
   __shared__ float scratch[kWarps];
   const T* row = x + blockIdx.x * cols;
   T* out_row = out + blockIdx.x * cols;
@@ -107,10 +108,50 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ wei
     sum += v * v;
   }
   const float inv = rsqrtf(BlockSum(sum, scratch) / static_cast<float>(cols) + eps);
+  if (inv_rms != nullptr && threadIdx.x == 0) inv_rms[blockIdx.x] = inv;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const T h = FromFloat<T>(ToFloat(row[i]) * inv);
-    out_row[i] = FromFloat<T>(ToFloat(weight[i]) * ToFloat(h));
+    const T h = FromFloat<T>(__fmul_rn(ToFloat(row[i]), inv));
+    out_row[i] = FromFloat<T>(__fmul_rn(ToFloat(weight[i]), ToFloat(h)));
   }
+}
+
+// grad_x, one block per row.
+template <typename T>
+__global__ void RmsNormGradInputKernel(const T* __restrict__ x, const T* __restrict__ weight,
+                                       const float* __restrict__ inv_rms,
+                                       const T* __restrict__ grad_out, int64_t cols,
+                                       T* __restrict__ grad_x) {
+  __shared__ float scratch[kWarps];
+  const int64_t offset = blockIdx.x * cols;
+  const float r = inv_rms[blockIdx.x];
+  float dot = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float g = ToFloat(FromFloat<T>(ToFloat(grad_out[offset + i]) * ToFloat(weight[i])));
+    dot += g * ToFloat(x[offset + i]);
+  }
+  const float coefficient = BlockSum(dot, scratch) * r * r * r / static_cast<float>(cols);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float g = ToFloat(FromFloat<T>(ToFloat(grad_out[offset + i]) * ToFloat(weight[i])));
+    grad_x[offset + i] = FromFloat<T>(r * g - coefficient * ToFloat(x[offset + i]));
+  }
+}
+
+// Partial weight gradients: block (column tile, row chunk), one thread per column.
+template <typename T>
+__global__ void RmsNormGradWeightKernel(const T* __restrict__ x, const float* __restrict__ inv_rms,
+                                        const T* __restrict__ grad_out, int64_t rows,
+                                        int64_t cols, int64_t rows_per_chunk,
+                                        float* __restrict__ partial) {
+  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (col >= cols) return;
+  const int64_t begin = blockIdx.y * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+  float sum = 0.0f;
+  for (int64_t r = begin; r < end; ++r) {
+    const float h = ToFloat(FromFloat<T>(__fmul_rn(ToFloat(x[r * cols + col]), inv_rms[r])));
+    sum += ToFloat(grad_out[r * cols + col]) * h;
+  }
+  partial[blockIdx.y * cols + col] = sum;
 }
 
 struct RopeShape {
@@ -143,10 +184,11 @@ __global__ void RopeKernel(const T* __restrict__ x, const T* __restrict__ cos,
   const float x2 = ToFloat(in[i2 * p.stride_d]);
   const float c = ToFloat(cos[s * p.half + i]);
   const float n = ToFloat(sin[s * p.half + i]);
-  // Rounded like the LibTorch ops x1 * cos - x2 * sin and x2 * cos + x1 * sin.
-  const float a = ToFloat(FromFloat<T>(j < p.half ? x1 * c : x2 * c));
-  const float e = ToFloat(FromFloat<T>(j < p.half ? x2 * n : x1 * n));
-  out[index] = FromFloat<T>(j < p.half ? a - e : a + e);
+  // Rounded like the LibTorch ops x1 * cos - x2 * sin and x2 * cos + x1 * sin (the _rn
+  // intrinsics keep the compiler from contracting a product and the sum into one FMA).
+  const float a = ToFloat(FromFloat<T>(__fmul_rn(j < p.half ? x1 : x2, c)));
+  const float e = ToFloat(FromFloat<T>(__fmul_rn(j < p.half ? x2 : x1, n)));
+  out[index] = FromFloat<T>(j < p.half ? __fsub_rn(a, e) : __fadd_rn(a, e));
 }
 
 template <typename T>
@@ -198,17 +240,43 @@ __global__ void TokenLogProbsBackwardKernel(const T* __restrict__ logits,
 
 }  // namespace
 
-cudaError_t RmsNorm(const void* x, const void* weight, void* out, int64_t rows, int64_t cols,
-                    float eps, DtypeCode dtype, cudaStream_t stream) {
+cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
+                    int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (dtype == kBFloat16) {
-    RmsNormKernel<<<rows, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
-                                                 static_cast<const __nv_bfloat16*>(weight),
-                                                 static_cast<__nv_bfloat16*>(out), cols, eps);
+    RmsNormKernel<<<rows, kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(weight),
+        static_cast<__nv_bfloat16*>(out), inv_rms, cols, eps);
   } else {
     RmsNormKernel<<<rows, kThreads, 0, stream>>>(static_cast<const float*>(x),
                                                  static_cast<const float*>(weight),
-                                                 static_cast<float*>(out), cols, eps);
+                                                 static_cast<float*>(out), inv_rms, cols, eps);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormBackward(const void* x, const void* weight, const float* inv_rms,
+                            const void* grad_out, int64_t rows, int64_t cols, DtypeCode dtype,
+                            void* grad_x, float* grad_weight_partial, int64_t chunks,
+                            cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  const dim3 weight_grid((cols + kThreads - 1) / kThreads, chunks);
+  if (dtype == kBFloat16) {
+    using T = __nv_bfloat16;
+    RmsNormGradInputKernel<<<rows, kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(weight), inv_rms,
+        static_cast<const T*>(grad_out), cols, static_cast<T*>(grad_x));
+    RmsNormGradWeightKernel<<<weight_grid, kThreads, 0, stream>>>(
+        static_cast<const T*>(x), inv_rms, static_cast<const T*>(grad_out), rows, cols,
+        rows_per_chunk, grad_weight_partial);
+  } else {
+    RmsNormGradInputKernel<<<rows, kThreads, 0, stream>>>(
+        static_cast<const float*>(x), static_cast<const float*>(weight), inv_rms,
+        static_cast<const float*>(grad_out), cols, static_cast<float*>(grad_x));
+    RmsNormGradWeightKernel<<<weight_grid, kThreads, 0, stream>>>(
+        static_cast<const float*>(x), inv_rms, static_cast<const float*>(grad_out), rows, cols,
+        rows_per_chunk, grad_weight_partial);
   }
   return cudaGetLastError();
 }

@@ -16,10 +16,20 @@ namespace rl::kernels {
 enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1 };
 
 // transformers' RMSNorm of each row of x [rows, cols] (contiguous), with the rounding it has:
-// h = x * rsqrt(mean(x^2) + eps) in fp32, h rounded to the dtype, out = weight * h rounded to the
-// dtype. x, weight and out share `dtype`.
-cudaError_t RmsNorm(const void* x, const void* weight, void* out, int64_t rows, int64_t cols,
-                    float eps, DtypeCode dtype, cudaStream_t stream);
+// r = rsqrt(mean(x^2) + eps), h = x * r in fp32, h rounded to the dtype, out = weight * h rounded
+// to the dtype. x, weight and out share `dtype`; inv_rms [rows] receives r unless null.
+cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
+                    int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream);
+
+// The gradient of RmsNorm given grad_out [rows, cols] (contiguous, `dtype`) and the forward's
+// inv_rms: with g = grad_out * weight rounded to the dtype (what the weight product passes back),
+// grad_x = r g - x r^3 mean(g x) (rounded to the dtype), and the weight's gradient as fp32
+// partial sums over row chunks, grad_weight_partial [chunks, cols] (sum it over dim 0):
+// sum over the chunk's rows of grad_out * h.
+cudaError_t RmsNormBackward(const void* x, const void* weight, const float* inv_rms,
+                            const void* grad_out, int64_t rows, int64_t cols, DtypeCode dtype,
+                            void* grad_x, float* grad_weight_partial, int64_t chunks,
+                            cudaStream_t stream);
 
 // Rotary embedding of x [B, S, H, D] (any element strides) into out [B, S, H, D] (contiguous), with
 // the rows of cos/sin [S, half] (contiguous, x's dtype) by position s: the pairs (j, j + half)

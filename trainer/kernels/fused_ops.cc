@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "launch/check.h"
@@ -71,6 +72,47 @@ class TokenLogProbsFunction : public torch::autograd::Function<TokenLogProbsFunc
   }
 };
 
+// Rows of the weight-gradient partial sums: about this many rows each.
+constexpr int64_t kRowsPerChunk = 32;
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, double eps) {
+    const int64_t cols = x.size(-1);
+    const at::Tensor input = x.contiguous();
+    const at::Tensor w = weight.contiguous();
+    const int64_t rows = cols == 0 ? 0 : input.numel() / cols;
+    at::Tensor out = at::empty_like(input);
+    at::Tensor inv_rms = at::empty({rows}, input.options().dtype(at::kFloat));
+    const c10::cuda::CUDAGuard guard(input.device());
+    RL_CHECK_CUDA(RmsNorm(input.data_ptr(), w.data_ptr(), out.data_ptr(),
+                          inv_rms.data_ptr<float>(), rows, cols, static_cast<float>(eps),
+                          CodeOf(input), c10::cuda::getCurrentCUDAStream()));
+    ctx->save_for_backward({input, w, inv_rms});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& w = saved[1];
+    const int64_t cols = input.size(-1);
+    const int64_t rows = cols == 0 ? 0 : input.numel() / cols;
+    const at::Tensor grad_out = grads[0].to(input.scalar_type()).contiguous();
+    const int64_t chunks = std::max<int64_t>(1, (rows + kRowsPerChunk - 1) / kRowsPerChunk);
+    at::Tensor grad_x = at::empty_like(input);
+    at::Tensor partial = at::empty({chunks, cols}, input.options().dtype(at::kFloat));
+    const c10::cuda::CUDAGuard guard(input.device());
+    RL_CHECK_CUDA(RmsNormBackward(input.data_ptr(), w.data_ptr(), saved[2].data_ptr<float>(),
+                                  grad_out.data_ptr(), rows, cols, CodeOf(input),
+                                  grad_x.data_ptr(), partial.data_ptr<float>(), chunks,
+                                  c10::cuda::getCurrentCUDAStream()));
+    return {grad_x, partial.sum(0).to(w.scalar_type()), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 bool Supported(const at::Tensor& t) {
@@ -78,21 +120,14 @@ bool Supported(const at::Tensor& t) {
          (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
 }
 
-at::Tensor RmsNormInference(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor FusedRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const int64_t cols = x.size(-1);
   RL_CHECK(weight.dim() == 1 && weight.size(0) == cols && weight.scalar_type() == x.scalar_type() &&
                weight.device() == x.device(),
-           Error, "RmsNormInference: weight [{}] {} on {} for x [..., {}] {} on {}",
+           Error, "FusedRmsNorm: weight [{}] {} on {} for x [..., {}] {} on {}",
            fmt::join(weight.sizes(), ", "), c10::toString(weight.scalar_type()),
            weight.device().str(), cols, c10::toString(x.scalar_type()), x.device().str());
-  const at::Tensor input = x.contiguous();
-  const at::Tensor w = weight.contiguous();
-  at::Tensor out = at::empty_like(input);
-  const c10::cuda::CUDAGuard guard(input.device());
-  RL_CHECK_CUDA(RmsNorm(input.data_ptr(), w.data_ptr(), out.data_ptr(), input.numel() / cols, cols,
-                        static_cast<float>(eps), CodeOf(input),
-                        c10::cuda::getCurrentCUDAStream()));
-  return out;
+  return RmsNormFunction::apply(x, weight, eps);
 }
 
 at::Tensor RopeInference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -1,6 +1,6 @@
 // Tensor entry points of our CUDA kernels (trainer/kernels/cuda_kernels.h): where they apply
-// (Supported), the RMSNorm and RoPE the rollout engine decodes with, and the token log-prob /
-// entropy of the training loss with its gradient.
+// (Supported), RMSNorm (with its gradient), the RoPE the rollout engine decodes with, and the
+// token log-prob / entropy of the training loss with its gradient.
 //
 // Failures: tensors on another device or of another dtype than the kernels take throw rl::Error
 // (callers ask Supported first); a failed launch throws rl::CudaError.
@@ -15,9 +15,10 @@ namespace rl::kernels {
 // True when `t` is on a CUDA device and fp32 or bf16.
 bool Supported(const at::Tensor& t);
 
-// transformers' RMSNorm over the last dim in one kernel (cuda_kernels.h RmsNorm), no autograd:
-// x [..., cols], weight [cols], both Supported and of one dtype.
-at::Tensor RmsNormInference(const at::Tensor& x, const at::Tensor& weight, double eps);
+// transformers' RMSNorm over the last dim in one kernel (cuda_kernels.h RmsNorm): x [..., cols],
+// weight [cols], both Supported and of one dtype. Differentiable in x and the weight: the backward
+// is one kernel for x's gradient and one for the weight's (partial sums over row chunks).
+at::Tensor FusedRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // Rotary embedding of x [B, S, H, D] with cos/sin [S, half] (x's dtype) in one kernel, no
 // autograd; the same bits as layers.h ApplyRope of x.transpose(1, 2) (each product and sum

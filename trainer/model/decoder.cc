@@ -243,19 +243,19 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) c
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
-    at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps, kernels_);
+    at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps);
     if (config_.attention_kind() == AttentionKind::kGqa) {
       h = GqaAttention(layer.gqa, h, ctx);
     } else {
       h = MlaAttention(layer.mla, layer.indexer_type, h, ctx, topk);
     }
     x = x + h;
-    h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps, kernels_);
+    h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
     h = layer.mlp_type == MlpType::kDense ? DenseMlp(layer.mlp, h)
                                           : MoeBlock(layer.moe, config_, h);
     x = x + h;
   }
-  return RmsNorm(x, final_norm_, config_.rms_norm_eps, kernels_);
+  return RmsNorm(x, final_norm_, config_.rms_norm_eps);
 }
 
 at::Tensor Decoder::Logits(const at::Tensor& tokens) const {

@@ -67,15 +67,14 @@ struct TokenStats {
 };
 
 // Note [Inference kernels]
-// A Decoder built with Kernels::kFused (the rollout engine's, on a GPU) computes its no-autograd
-// paths (ForwardStep, DecodeStep) with fewer, larger kernels: RMSNorm by our CUDA kernel, and the
+// On CUDA fp32/bf16 every Decoder computes RMSNorm and, in TokenLogProbs, the log-prob and
+// entropy of the targets by our kernels (trainer/kernels/fused_ops.h), forward and backward, in
+// training and in the log-prob recomputation alike. A Decoder built with Kernels::kFused (the
+// rollout engine's, on a GPU) also computes RoPE by a kernel (the same bits as the ops) and the
 // q/k/v and gate/up projections as one GEMM each wherever their weights lie back to back in memory
-// (the engine layout puts them so: Note [Engine fusion rules] in weight_sync/engine_layout.h).
-// Results equal the LibTorch ops' up to rounding (one GEMM over the concatenated rows may block
+// (the engine layout puts them so: Note [Engine fusion rules] in weight_sync/engine_layout.h);
+// results equal the LibTorch ops' up to rounding (one GEMM over the concatenated rows may block
 // its sums differently). Its params must not require grad. Training decoders keep kLibTorch.
-// Independently of that choice, TokenLogProbs on CUDA fp32/bf16 logits uses the fused log-prob
-// kernel (trainer/kernels/fused_ops.h), forward and backward, in training and in the log-prob
-// recomputation alike.
 class Decoder {
  public:
   // Checks `params` against ListParams(config) and keeps handles to them.

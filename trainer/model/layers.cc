@@ -83,7 +83,7 @@ at::Tensor AtLeastFloat(const at::Tensor& t) {
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, Kernels impl) {
   if (impl == Kernels::kFused && kernels::Supported(x) &&
       weight.scalar_type() == x.scalar_type() && weight.device() == x.device()) {
-    return kernels::RmsNormInference(x, weight, eps);
+    return kernels::FusedRmsNorm(x, weight, eps);
   }
   at::Tensor xf = AtLeastFloat(x);
   at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
@@ -166,8 +166,8 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
     v = Linear(x, w.v_proj, w.v_bias).view({b, s, kv_heads, d});
   }
   if (w.q_norm.defined()) {
-    q = RmsNorm(q, w.q_norm, c.rms_norm_eps, ctx.kernels);
-    k = RmsNorm(k, w.k_norm, c.rms_norm_eps, ctx.kernels);
+    q = RmsNorm(q, w.q_norm, c.rms_norm_eps);
+    k = RmsNorm(k, w.k_norm, c.rms_norm_eps);
   }
   const RopeLayout layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
   if (ctx.kernels == Kernels::kFused && kernels::Supported(q) &&
@@ -266,8 +266,7 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   at::Tensor q_resid;
   at::Tensor q;
   if (w.q_a_proj.defined()) {
-    q_resid =
-        RmsNorm(Linear(x, w.q_a_proj, w.q_a_bias), w.q_a_norm, kMlaLatentNormEps, ctx.kernels);
+    q_resid = RmsNorm(Linear(x, w.q_a_proj, w.q_a_bias), w.q_a_norm, kMlaLatentNormEps);
     q = Linear(q_resid, w.q_b_proj);
   } else {
     q = Linear(x, w.q_proj);
@@ -277,8 +276,7 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   at::Tensor q_rot = ApplyRope(q.narrow(-1, nope, rope), ctx.rope->cos, ctx.rope->sin, layout);
 
   at::Tensor ckv = Linear(x, w.kv_a_proj, w.kv_a_bias);  // [B, S, kv_rank + rope]
-  at::Tensor latent =
-      RmsNorm(ckv.narrow(-1, 0, kv_rank), w.kv_a_norm, kMlaLatentNormEps, ctx.kernels);
+  at::Tensor latent = RmsNorm(ckv.narrow(-1, 0, kv_rank), w.kv_a_norm, kMlaLatentNormEps);
   at::Tensor k_rot = ApplyRope(ckv.narrow(-1, kv_rank, rope), ctx.rope->cos, ctx.rope->sin, layout);
   if (ctx.cache != nullptr) {
     latent = AppendToCache(ctx.cache->latent, 1, latent, ctx);

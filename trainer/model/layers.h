@@ -31,10 +31,12 @@ at::Tensor AtLeastFloat(const at::Tensor& t);
 enum class Kernels { kLibTorch, kFused };
 
 // transformers' RMSNorm: normalise in fp32, cast back to x's dtype, then multiply by the weight.
-// kFused: one kernel with the same rounding steps (trainer/kernels), no autograd, when x and the
-// weight are CUDA fp32/bf16 tensors of one dtype; LibTorch ops otherwise.
+// kFused (the default): when x and the weight are CUDA fp32/bf16 tensors of one dtype, one kernel
+// with the same rounding steps and a kernel backward (trainer/kernels/fused_ops.h), in training
+// and inference alike; LibTorch ops otherwise. kLibTorch: always the ops (the reference the
+// kernel is checked against).
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
-                   Kernels impl = Kernels::kLibTorch);
+                   Kernels impl = Kernels::kFused);
 
 // cos/sin for positions [start, start + length), [length, rope_dim / 2], already multiplied by the
 // YaRN attention factor and cast to `dtype` (as transformers does before applying them).
@@ -122,7 +124,7 @@ struct AttentionContext {
   LayerKv* cache = nullptr;         // null: no cache, keys are the S new positions
   at::Tensor position;              // device-side position: Note [Decode at a device position]
   at::Tensor key_mask;              // [1, T] bool, with `position`
-  Kernels kernels = Kernels::kLibTorch;  // for the q/k and latent norms
+  Kernels kernels = Kernels::kLibTorch;  // the Decoder's (Note [Inference kernels]): RoPE
 };
 
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
