@@ -164,6 +164,7 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels)
         w.qkv_proj = BackToBack({w.q_proj, w.k_proj, w.v_proj});
         if (w.q_bias.defined()) w.qkv_bias = BackToBack({w.q_bias, w.k_bias, w.v_bias});
         if (w.q_bias.defined() != w.qkv_bias.defined()) w.qkv_proj = at::Tensor();
+        fused_projections_ += w.qkv_proj.defined() ? 1 : 0;
       }
     } else {
       MlaWeights& w = layer.mla;
@@ -196,7 +197,10 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels)
     const std::string m = p + "mlp.";
     if (layer.mlp_type == MlpType::kDense) {
       layer.mlp = GetMlp(params, m);
-      if (fuse) layer.mlp.gate_up_proj = BackToBack({layer.mlp.gate_proj, layer.mlp.up_proj});
+      if (fuse) {
+        layer.mlp.gate_up_proj = BackToBack({layer.mlp.gate_proj, layer.mlp.up_proj});
+        fused_projections_ += layer.mlp.gate_up_proj.defined() ? 1 : 0;
+      }
     } else {
       MoeWeights& w = layer.moe;
       w.router = Get(params, m + "gate.weight");

@@ -109,6 +109,10 @@ class Decoder {
   at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& position, int64_t key_length,
                         const RopeTable& rope, KvCache& cache) const;
 
+  // How many q/k/v and gate/up groups this Decoder computes as one GEMM (Note [Inference
+  // kernels]; 0 unless built with Kernels::kFused on back-to-back weights).
+  int64_t fused_projections() const { return fused_projections_; }
+
   // True when DecodeStep never waits for the device, so it can be captured in a CUDA graph: the
   // MoE block reads its per-expert token counts on the host.
   bool decode_step_capturable() const;
@@ -135,6 +139,7 @@ class Decoder {
 
   ModelConfig config_;
   Kernels kernels_;
+  int64_t fused_projections_ = 0;
   at::ScalarType dtype_;
   at::Device device_;
   at::Tensor embed_tokens_;

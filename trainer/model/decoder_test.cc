@@ -83,6 +83,84 @@ TEST_CASE("KV-cache steps give the logits of the full forward") {
   }
 }
 
+TEST_CASE("Decode steps at a device-side position over a larger key block give the full logits") {
+  // Note [Decode at a device position]: keys past the position are masked, whatever finite values
+  // the cache holds there (here large random ones, written before the steps).
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    Decoder model(m.config, m.params);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    const at::Tensor full = model.Logits(tokens);  // [2, 16, V]
+    const int64_t seq = tokens.size(1);
+    const int64_t key_block = 20;
+    KvCache cache = KvCache::Allocate(m.config, 3, key_block, at::kFloat, at::kCPU);
+    cache.storage().uniform_(-1000, 1000);
+    const RopeTable rope = MakeRopeTable(m.config, 0, key_block, at::kFloat, at::kCPU);
+    std::vector<at::Tensor> parts = {model.ForwardStep(tokens.narrow(1, 0, 5), cache, 0)};
+    for (int64_t p = 5; p < seq; ++p) {
+      const at::Tensor position = at::full({1}, p, at::kLong);
+      parts.push_back(
+          model.DecodeStep(tokens.narrow(1, p, 1), position, key_block, rope, cache).unsqueeze(1));
+    }
+    const double diff = MaxAbsDiff(at::cat(parts, 1), full);
+    fmt::print("{:20s} device-position steps vs full forward max|diff| {:.3g}\n", name, diff);
+    CHECK(diff <= Tolerance(full));
+  }
+}
+
+TEST_CASE("Fused projections on back-to-back weights give the plain decoder's logits") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    // Lay q/k/v and gate/up out back to back, as the engine layout does.
+    TensorMap params = m.params;
+    int64_t groups = 0;
+    const auto place = [&](const std::vector<std::string>& names) {
+      std::vector<at::Tensor> parts;
+      for (const std::string& n : names) {
+        if (params.count(n) == 0) return;
+        parts.push_back(params.at(n));
+      }
+      const at::Tensor joined = at::cat(parts, 0);
+      int64_t row = 0;
+      for (size_t i = 0; i < names.size(); ++i) {
+        params[names[i]] = joined.narrow(0, row, parts[i].size(0));
+        row += parts[i].size(0);
+      }
+      ++groups;
+    };
+    for (int64_t l = 0; l < m.config.num_hidden_layers; ++l) {
+      const std::string p = fmt::format("model.layers.{}.", l);
+      place({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+             p + "self_attn.v_proj.weight"});
+      place({p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias",
+             p + "self_attn.v_proj.bias"});
+      place({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
+    }
+    const Decoder plain(m.config, m.params);
+    const Decoder fused(m.config, params, Kernels::kFused);
+    // Every GQA layer's q/k/v and every dense MLP's gate/up is fused (biases ride along).
+    int64_t expected = 0;
+    for (int64_t l = 0; l < m.config.num_hidden_layers; ++l) {
+      if (m.config.attention_kind() == AttentionKind::kGqa) ++expected;
+      if (m.config.mlp_layer_types[l] == MlpType::kDense) ++expected;
+    }
+    CHECK(fused.fused_projections() == expected);
+    CHECK(groups >= expected);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    const at::Tensor want = plain.Logits(tokens);
+    CHECK(MaxAbsDiff(fused.Logits(tokens), want) <= Tolerance(want));
+  }
+}
+
+TEST_CASE("A decoder with fused inference kernels refuses params that require grad") {
+  testing::LoadedModel m = LoadFixture("qwen3");
+  m.params.at("model.norm.weight").requires_grad_(true);
+  CHECK_THROWS_WITH(Decoder(m.config, m.params, Kernels::kFused),
+                    Catch::Contains("model.norm.weight requires grad"));
+}
+
 TEST_CASE("Greedy generation with the KV cache reproduces transformers' generate") {
   for (const std::string& name : FixtureNames()) {
     INFO("fixture " << name);
