@@ -256,6 +256,26 @@ TEST_CASE("Weights live in one engine-layout storage that the Decoder reads") {
   CHECK_THROWS_WITH(engine->LoadWeights(incomplete), Catch::Contains("model.norm.weight"));
 }
 
+TEST_CASE("Decode steps attend over key blocks; decode graphs pad the batch to few buckets") {
+  // Note [Rollout decode steps]: position p reads keys [0, KeyLength(p)), p + 1 rounded up to a
+  // block, never past max_length.
+  RolloutEngine engine(LoadFixture("qwen3").config, at::kFloat, at::kCPU, 2, 100,
+                       PlainAllocator(at::kCPU));
+  CHECK(engine.KeyLength(0) == RolloutEngine::kKeyBlock);
+  CHECK(engine.KeyLength(RolloutEngine::kKeyBlock - 1) == RolloutEngine::kKeyBlock);
+  CHECK(engine.KeyLength(RolloutEngine::kKeyBlock) == 100);
+  CHECK(engine.KeyLength(99) == 100);
+  CHECK_FALSE(engine.uses_cuda_graphs());  // on the CPU the steps run eagerly
+  // Note [Decode graphs]: 1, 2, 4, 8, then multiples of 8, capped at max_batch.
+  const std::vector<std::pair<int64_t, int64_t>> buckets = {
+      {1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {17, 24}, {64, 64}, {65, 72}};
+  for (const auto& [live, bucket] : buckets) {
+    INFO("live " << live);
+    CHECK(DecodeGraphs::BatchBucket(live, 1000) == bucket);
+  }
+  CHECK(DecodeGraphs::BatchBucket(61, 62) == 62);
+}
+
 TEST_CASE("Bad prompts and settings are refused with a message") {
   const Fixture f = LoadFixture("qwen3");
   auto engine = MakeEngine(f, 2, 8);
