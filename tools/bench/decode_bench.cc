@@ -11,6 +11,7 @@
 // sampled); the exit status is 1 when they differ.
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <algorithm>
 #include <chrono>
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
   // --compare-eager: the same generations with eager decode steps, timed the same way; the
   // tokens and the bits of every log-prob must match (Note [Decode graphs]), greedy and sampled.
   double eager_seconds = 0;
+  int64_t graph_pool_bytes = 0;
   bool identical = true;
   if (compare_eager) {
     rl::rollout::SamplingParams sampled = greedy;
@@ -115,7 +117,17 @@ int main(int argc, char** argv) {
     sampled.seed = 11;
     std::vector<rl::rollout::Generation> graph_sampled, eager_greedy, eager_sampled;
     time_generate(sampled, graph_sampled);
+    // The graphs' memory pool: device memory the caching allocator holds with the graphs alive
+    // and not after they are dropped (both after releasing the cache's free blocks).
+    const auto reserved = [&] {
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+      return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+          .current;
+    };
+    const int64_t with_graphs = graphs ? reserved() : 0;
     engine.set_cuda_graphs(false);
+    if (graphs) graph_pool_bytes = with_graphs - reserved();
     eager_seconds = time_generate(greedy, eager_greedy);
     time_generate(sampled, eager_sampled);
     const auto same = [](const std::vector<rl::rollout::Generation>& a,
@@ -131,9 +143,10 @@ int main(int argc, char** argv) {
     };
     identical = same(generated, eager_greedy) && same(graph_sampled, eager_sampled);
     std::printf("graphs %s, eager %.1f ms, graphs %.1f ms per Generate (%.2fx); greedy and "
-                "sampled generations %s\n",
+                "sampled generations %s; graph memory pool %.1f MiB\n",
                 graphs ? "on" : "unavailable", 1e3 * eager_seconds, 1e3 * best,
-                eager_seconds / best, identical ? "bit-identical" : "DIFFER");
+                eager_seconds / best, identical ? "bit-identical" : "DIFFER",
+                static_cast<double>(graph_pool_bytes) / (1 << 20));
   }
 
   // Roofline: each decode step reads every weight once and the KV cache of every row so far.
@@ -165,6 +178,7 @@ int main(int argc, char** argv) {
   if (compare_eager) {
     line.Set("eager_seconds", rl::json::Value::Double(eager_seconds));
     line.Set("eager_identical", rl::json::Value::Bool(identical));
+    line.Set("graph_pool_bytes", rl::json::Value::Int(graph_pool_bytes));
   }
   std::printf("%s\n", rl::json::Dump(line).c_str());
   return identical ? 0 : 1;
