@@ -48,17 +48,15 @@ std::vector<std::pair<at::Tensor, int64_t>> CacheTensors(model::LayerKv& kv) {
   return out;
 }
 
-// Moves cache rows `keep` (ascending indices into rows [0, old_batch)) to rows [0, keep.size()),
-// positions [0, length) only.
-void CompactCache(model::KvCache& cache, int64_t num_layers, const std::vector<int64_t>& keep,
+// Moves cache rows `keep` ([new_batch] int64 on the cache's device, ascending indices into rows
+// [0, old_batch)) to rows [0, new_batch), positions [0, length) only.
+void CompactCache(model::KvCache& cache, int64_t num_layers, const at::Tensor& keep,
                   int64_t old_batch, int64_t length) {
-  const at::Tensor index =
-      at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(cache.storage().device());
-  const int64_t new_batch = static_cast<int64_t>(keep.size());
+  const int64_t new_batch = keep.size(0);
   for (int64_t l = 0; l < num_layers; ++l) {
     for (auto& [tensor, position_dim] : CacheTensors(cache.layer(l))) {
       const at::Tensor used = tensor.narrow(0, 0, old_batch).narrow(position_dim, 0, length);
-      const at::Tensor moved = used.index_select(0, index);  // a copy: safe to write back
+      const at::Tensor moved = used.index_select(0, keep);  // a copy: safe to write back
       tensor.narrow(0, 0, new_batch).narrow(position_dim, 0, length).copy_(moved);
     }
   }
@@ -260,7 +258,6 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
 
     std::vector<int64_t> keep;  // cache rows (indices into `live`) that go on
     std::vector<int64_t> next_live;
-    std::vector<int64_t> next_tokens;
     for (size_t r = 0; r < live.size(); ++r) {
       Generation& gen = out[rows[static_cast<size_t>(live[r])]];
       gen.response.push_back(token_data[r]);
@@ -271,18 +268,20 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
       if (!stopped && !full) {
         keep.push_back(static_cast<int64_t>(r));
         next_live.push_back(live[r]);
-        next_tokens.push_back(token_data[r]);
       }
     }
     if (next_live.empty()) break;
+    // The next step's tokens are the sampled ones of the rows that go on, still on the device.
+    at::Tensor step_tokens = sampled.tokens;
     if (next_live.size() < live.size()) {
-      CompactCache(*cache_, config_.num_hidden_layers, keep, static_cast<int64_t>(live.size()),
-                   position);
+      const at::Tensor keep_rows =
+          at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(device_);
+      CompactCache(*cache_, config_.num_hidden_layers, keep_rows,
+                   static_cast<int64_t>(live.size()), position);
+      step_tokens = step_tokens.index_select(0, keep_rows);
     }
+    step_tokens = step_tokens.reshape({-1, 1});
     live = std::move(next_live);
-    const at::Tensor step_tokens = at::tensor(next_tokens, at::TensorOptions().dtype(at::kLong))
-                                       .view({static_cast<int64_t>(live.size()), 1})
-                                       .to(device_);
     position_.fill_(position);
     logits = DecodeLogits(step_tokens, KeyLength(position));
     ++position;
