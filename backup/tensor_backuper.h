@@ -1,5 +1,5 @@
 // The tensor backuper: keeps the actor's weights (and other model copies, by tag) restorable
-// across the colocated sleep, in one of two ways (reference/colocate-semantics.md §2).
+// across the colocated sleep, in one of two ways (docs/colocated-cycle.md, step 5).
 //
 //  - PinnedBackuper: one pinned host copy per tag and tensor name, allocated once at its exact
 //    size and reused every cycle. backup(tag) copies the live tensors to the host, restore(tag)

@@ -87,7 +87,8 @@ class Phases {
   std::vector<std::string> order_;
 };
 
-// Replays recorded data; every weight sync is read and hashed (DESIGN step 9 without an engine).
+// Replays recorded data; every weight sync is read and hashed (docs/colocated-cycle.md step 9
+// without an engine).
 class ReplayRollout final : public Rollout {
  public:
   explicit ReplayRollout(const config::ResolvedConfig& resolved)
@@ -229,7 +230,7 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
     rollout->WakeKvCache();
   };
 
-  // ---- Init (reference §1.3): backup #1, reference copy, restore (check), sleep, first sync ----
+  // ---- Start-up (docs/colocated-cycle.md): backup #1, ref copy, restore, sleep, first sync ----
   backuper->Backup(backup::kActorTag);
   if (resolved.with_ref) {
     if (!c.model.ref_load.empty()) {

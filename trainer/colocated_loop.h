@@ -1,4 +1,4 @@
-// The colocated RL loop of one rank: the iteration of DESIGN.md ("One iteration"), phase by
+// The colocated RL loop of one rank: the iteration of docs/colocated-cycle.md, phase by
 // phase, with the actor's memory in pausable regions, the backuper (pinned or rematerialize),
 // the weight sync into the rollout side, the CI checks, per-phase logs and the metrics file.
 //

@@ -1,7 +1,7 @@
 // The bucket plan of a weight sync: which actor tensors travel together.
 //
 // The reference system moves weights in buckets of at most --update-weight-buffer-size bytes
-// (colocate-semantics.md §1.6): routed-expert and non-expert tensors in separate bucket streams,
+// (miles): routed-expert and non-expert tensors in separate bucket streams,
 // non-expert buckets first, and "atomic update units" never split across buckets. Here an atomic
 // unit is the set of HF tensors that make up one engine tensor (all parts of a fused qkv_proj or
 // gate_up_proj, Note [Engine fusion rules]), so an engine tensor is never half-updated between two

@@ -1,7 +1,7 @@
 // Weight sync: copies the actor's weights (HF-named tensors) into the rollout engine's storage,
 // bucket by bucket, converted to the engine's layout; and the checks that the copy landed.
 //
-// Flow (DESIGN.md step 9; colocate-semantics.md §1.6): the actor increments its WeightVersion,
+// Flow (docs/colocated-cycle.md, step 9): the actor increments its WeightVersion,
 // the tensors are planned into buckets (bucketing.h: non-expert stream first, fused groups kept
 // together), each bucket is copied into the engine storage through the HF views of the engine
 // layout (engine_layout.h), and only when every bucket has landed does the engine's WeightVersion

@@ -110,7 +110,8 @@ class Rules {
   std::vector<std::string>& errors_;
 };
 
-// §3.1, in order. Runs after the colocate/offload derivations of §3.2 that precede it there.
+// The rematerialize rules, in the order miles checks them. Runs after the colocate/offload
+// derivations, which miles also applies first.
 void ValidateRematerialize(Rules& rules, ResolvedConfig& r) {
   Config& c = r.config;
   const bool asked_check = c.backup.check_rematerialize_param_from_master_weight.value_or(false);
@@ -306,7 +307,7 @@ ValidationResult Validate(const Config& input) {
 
   ValidateRanges(rules, c);
 
-  // §3.2, in the order of the reference.
+  // The colocate/offload/backup rules and derived values, in the order miles applies them.
   if (c.colocate.debug_rollout_only) {
     rules.Require(!c.colocate.debug_train_only,
                   "--debug-rollout-only and --debug-train-only exclude each other; pass one");

@@ -1,8 +1,9 @@
 // The config stage, part 2: a pure function from the parsed Config to the resolved config, or to
 // the list of every rule it breaks.
 //
-// It holds every rule of reference/colocate-semantics.md §3.1 (rematerialize) and the parts of
-// §3.2 that apply to this trainer, in that order, plus the range checks of single options. Each
+// It holds every rule of miles for --rematerialize-param-from-master-weight and those of its
+// colocate/offload/backup rules that apply to this trainer, in miles' order, plus the range
+// checks of single options. Each
 // message names the option(s) as flags and says how to fix it. Derived values are written into
 // the resolved config (every std::optional option is set afterwards) or into ResolvedConfig's
 // own fields. Rules that depend on the model's structure (frozen parameters) are checked when

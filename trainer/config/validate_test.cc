@@ -35,7 +35,7 @@ bool Mentions(const std::string& error, const std::string& flag) {
 
 TEST_CASE("the base rematerialize config validates") { CHECK(OnlyError(Remat()).empty()); }
 
-// ---- §3.1 rematerialize rules ----------------------------------------------------------------
+// ---- rematerialize rules ----------------------------------------------------------------------
 
 TEST_CASE("rule: --debug-train-only needs recorded data") {
   Config c = Remat();
@@ -158,7 +158,7 @@ TEST_CASE("all violations are reported, not just the first") {
   CHECK(Validate(c).errors.size() == 4);
 }
 
-// ---- §3.2 and derived values -------------------------------------------------------------------
+// ---- colocate/offload rules and derived values ------------------------------------------------
 
 TEST_CASE("derived: --ci-test turns on the rebuild check with rematerialize") {
   Config c = Remat();

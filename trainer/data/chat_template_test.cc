@@ -1,7 +1,7 @@
 // Each family's rendering of the same chat, recognised from a template source by its markers.
 // The ChatML case uses testdata/qwen_dir's template, whose output for [{user: hi}] with
 // add_generation_prompt was recorded from transformers 5.24's apply_chat_template; the GLM and
-// DeepSeek strings follow /work/shared/reference/model-architectures.md §8.
+// DeepSeek strings follow the chat templates shipped in those models' tokenizer_config.json.
 #include "trainer/data/chat_template.h"
 
 #include <catch2/catch.hpp>

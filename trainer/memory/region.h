@@ -1,8 +1,8 @@
 // Pausable memory regions: one large allocation per tag whose physical memory can be given back
 // and taken again while its virtual address stays put.
 //
-// See DESIGN.md "Memory: pausable regions" and reference/colocate-semantics.md §1.2 (the
-// torch_memory_saver semantics reproduced here).
+// They reproduce the semantics of torch_memory_saver, which the reference system pauses its
+// memory with; docs/colocated-cycle.md ("Memory regions") says where the cycle uses them.
 //
 // Note [Pausable region contract]
 // A Region is created once, with a fixed byte size, on one device. Callers carve at::Tensor

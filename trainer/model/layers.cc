@@ -97,7 +97,7 @@ at::Tensor RopeInvFreq(const ModelConfig& c) {
   at::Tensor pos_freqs = at::pow(base, exponents);
   if (c.rope.type == RopeType::kDefault) return 1.0 / pos_freqs;
 
-  // YaRN (transformers _compute_yarn_parameters; reference §1.6).
+  // YaRN (transformers _compute_yarn_parameters).
   const double factor = c.rope.factor;
   const double l0 = static_cast<double>(c.rope.original_max_position_embeddings);
   auto find_dim = [&](double rotations) {
@@ -322,7 +322,7 @@ Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
     if (c.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
     return {top_i, top_w};
   }
-  // Sigmoid noaux_tc (reference §2.1): the bias only steers the selection.
+  // Sigmoid noaux_tc (DeepSeek-V3's router): the bias only steers the selection.
   const int64_t tokens = logits.size(0);
   const int64_t experts = c.n_routed_experts;
   at::Tensor scores = at::sigmoid(logits);

@@ -1,4 +1,4 @@
-// The building blocks of the decoder (reference/model-architectures.md §1-4), as free functions
+// The building blocks of the decoder, with transformers' semantics, as free functions
 // over weight structs whose tensors the caller owns (Note [Caller-owned params] in params.h):
 // RMSNorm, RoPE (half-rotate, partial, interleaved, YaRN), GQA attention with optional q/k norm and
 // qkv bias, MLA with the DSA lightning indexer, the dense SwiGLU MLP and the MoE block with its
@@ -136,8 +136,9 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
 at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at::Tensor& x,
                         const AttentionContext& ctx, at::Tensor& topk);
 
-// The DSA lightning indexer (reference §4.2): [B, S, min(index_topk, T)] int64 key positions, or an
-// undefined tensor when T <= index_topk. Writes the new indexer keys into ctx.cache when given.
+// The DSA lightning indexer (transformers GlmMoeDsaIndexer): [B, S, min(index_topk, T)] int64 key
+// positions, or an undefined tensor when T <= index_topk. Writes the new indexer keys into
+// ctx.cache when given.
 at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::Tensor& q_resid,
                        const AttentionContext& ctx);
 

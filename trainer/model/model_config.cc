@@ -249,7 +249,7 @@ void ParseIndexer(const Fields& f, ModelConfig& c) {
   c.index_n_heads = f.Int("index_n_heads", 32);
   c.index_head_dim = f.Int("index_head_dim", 128);
   c.index_topk = f.Int("index_topk", 2048);
-  c.indexer_rope_interleave = true;  // GLM-5 (reference §4.2, newest transformers semantics)
+  c.indexer_rope_interleave = true;  // GLM-5 (newest transformers semantics)
   std::vector<std::string> types = f.StringList("indexer_types");
   if (types.empty()) {
     const json::Value* pattern = f.Find("index_topk_pattern");
@@ -426,7 +426,7 @@ ModelConfig ParseModelConfig(const json::Value& root, std::string_view source_na
   c.model_type_name = type_name;
   if (type_name == "kimi_k25") {
     // Kimi-K2.5 nests the DeepSeek-V3 text model under text_config; its weights carry
-    // "language_model." (reference §5.5).
+    // "language_model.".
     const json::Value* text = root.Find("text_config");
     RL_CHECK(text != nullptr && text->is_object(), CheckpointError,
              "{}: required key \"text_config\" (the language model of kimi_k25) is missing",
@@ -521,7 +521,7 @@ ModelConfig ParseModelConfig(const json::Value& root, std::string_view source_na
     case ModelType::kGlmMoeDsa:
       c.intermediate_size = f.Int("intermediate_size");
       ParseMla(f, c);
-      c.rope_interleave = true;  // always interleaved in the main MLA (reference §1.5 (c))
+      c.rope_interleave = true;  // always interleaved in the main MLA
       ParseSigmoidMoe(f, c);
       ParseMlpLayerTypes(f, 3, c);
       ParseIndexer(f, c);

@@ -1,11 +1,10 @@
 // The architecture of a decoder checkpoint, read from its Hugging Face `config.json`.
 //
-// One typed struct covers every model family the trainer runs (see
-// reference/model-architectures.md §5): Qwen3 and Qwen3-MoE (GQA, q/k norm, softmax router),
-// GLM-4.5 (GQA with partial rotary and qkv bias, sigmoid router), GLM-4.7-Flash, DeepSeek-V3 and
-// Kimi K2/K2.5 (MLA, sigmoid router, YaRN for DeepSeek/Kimi) and GLM-5/5.2 (MLA plus the DSA
-// lightning indexer). Everything the model code needs is a typed field here; nothing downstream
-// reads the JSON again.
+// One typed struct covers every model family the trainer runs: Qwen3 and Qwen3-MoE (GQA, q/k norm,
+// softmax router), GLM-4.5 (GQA with partial rotary and qkv bias, sigmoid router), GLM-4.7-Flash,
+// DeepSeek-V3 and Kimi K2/K2.5 (MLA, sigmoid router, YaRN for DeepSeek/Kimi) and GLM-5/5.2 (MLA
+// plus the DSA lightning indexer). Everything the model code needs is a typed field here; nothing
+// downstream reads the JSON again.
 //
 // Two config.json dialects are read: the one real checkpoints carry (`rope_theta` and
 // `rope_scaling` at top level, `partial_rotary_factor` at top level) and the one transformers 5
@@ -64,7 +63,7 @@ struct RopeConfig {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
   double partial_rotary_factor = 1.0;
-  // YaRN only (reference §1.6).
+  // YaRN only (transformers _compute_yarn_parameters).
   double factor = 1.0;
   int64_t original_max_position_embeddings = 0;
   double beta_fast = 32.0;
@@ -94,17 +93,17 @@ struct ModelConfig {
   bool use_qk_norm = false;     // GQA q_norm/k_norm over head_dim before RoPE
   RopeConfig rope;
   // Main attention RoPE pairing: true = DeepSeek interleaved pairs (2i, 2i+1), false = half-rotate
-  // pairs (j, j + d/2). reference §1.5.
+  // pairs (j, j + d/2).
   bool rope_interleave = false;
 
-  // MLA (reference §3).
+  // MLA.
   std::optional<int64_t> q_lora_rank;  // nullopt: a plain q_proj
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
 
-  // MoE (reference §2).
+  // MoE.
   RouterKind router = RouterKind::kNone;
   int64_t n_routed_experts = 0;
   int64_t num_experts_per_tok = 0;
@@ -116,7 +115,7 @@ struct ModelConfig {
   bool norm_topk_prob = false;
   std::vector<MlpType> mlp_layer_types;  // one per layer
 
-  // DSA indexer (reference §4).
+  // DSA indexer.
   int64_t index_n_heads = 0;
   int64_t index_head_dim = 0;
   int64_t index_topk = 0;
@@ -142,7 +141,7 @@ struct ModelConfig {
   // Dimensions RoPE rotates per head: GQA head_dim * partial_rotary_factor; MLA qk_rope_head_dim.
   int64_t rope_dim() const;
   // Softmax scale of the main attention: head_dim^-0.5 (GQA), qk_head_dim^-0.5 times the YaRN
-  // mscale^2 correction (MLA; reference §1.6).
+  // mscale^2 correction (MLA, as transformers' DeepSeek-V3 attention applies it).
   double attention_scale() const;
   // The multiplier transformers applies to cos and sin (1 except YaRN).
   double rope_attention_factor() const;

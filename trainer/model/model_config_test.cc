@@ -1,4 +1,5 @@
-// config.json parsing: both dialects, the real full-scale values of reference §5, defaults, errors,
+// config.json parsing: both dialects, the real full-scale values of the published configs,
+// defaults, errors,
 // and the config.json written back.
 #include "trainer/model/model_config.h"
 
@@ -24,7 +25,7 @@ void Erase(json::Value& doc, const std::string& key) {
                 members.end());
 }
 
-// deepseek-ai/DeepSeek-V3 config.json (reference §5.4), real-checkpoint dialect.
+// deepseek-ai/DeepSeek-V3 config.json, real-checkpoint dialect.
 const char* kDeepseekV3 = R"({
   "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
   "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
@@ -40,7 +41,7 @@ const char* kDeepseekV3 = R"({
   "attention_bias": false, "bos_token_id": 0, "eos_token_id": 1, "num_nextn_predict_layers": 1
 })";
 
-// GLM-5 (reference §5.1), transformers-5 dialect.
+// GLM-5 (zai-org/GLM-5 config.json), transformers-5 dialect.
 const char* kGlm5 = R"({
   "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
   "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048,
@@ -56,7 +57,7 @@ const char* kGlm5 = R"({
   "eos_token_id": [154820, 154827, 154829]
 })";
 
-// GLM-4.5 (reference §5.2), real-checkpoint dialect.
+// GLM-4.5 (zai-org/GLM-4.5 config.json), real-checkpoint dialect.
 const char* kGlm45 = R"({
   "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": 151552,
   "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
@@ -77,7 +78,7 @@ TEST_CASE("DeepSeek-V3's real config: YaRN, group routing, MLA") {
   CHECK(c.rope.original_max_position_embeddings == 4096);
   CHECK(c.rope_interleave);
   CHECK(c.rope_dim() == 64);
-  CHECK(c.attention_scale() == Approx(0.1352338).epsilon(1e-6));  // reference §1.6
+  CHECK(c.attention_scale() == Approx(0.1352338).epsilon(1e-6));  // qk_head_dim^-0.5 * mscale^2
   CHECK(c.rope_attention_factor() == 1.0);
   CHECK(c.n_group == 8);
   CHECK(c.topk_group == 4);
@@ -102,7 +103,7 @@ TEST_CASE("GLM-5's config: DSA indexer on every layer; GLM-5.2's IndexShare patt
   doc.Set("index_topk_freq", json::Value::Int(4));
   doc.Set("index_skip_topk_offset", json::Value::Int(3));
   c = ParseModelConfig(doc, "glm5.2/config.json");
-  // Computing layers 0, 1, 2, 6, 10, ..., 74 (reference §4.4).
+  // Computing layers 0, 1, 2, 6, 10, ..., 74.
   std::vector<int64_t> full;
   for (int64_t i = 0; i < 78; ++i) {
     if (c.indexer_types[i] == IndexerType::kFull) full.push_back(i);

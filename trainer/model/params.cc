@@ -255,7 +255,7 @@ std::optional<ExpertName> ParseExpertName(const std::string& name) {
 }
 
 // Layers at or past num_hidden_layers are MTP (next-n prediction) layers, which the policy does
-// not use (reference §6); transformers ignores them too.
+// not use; transformers ignores them too.
 bool IsIgnoredCheckpointTensor(const std::string& name, const ModelConfig& config) {
   if (!config.weight_prefix.empty() && !StartsWith(name, config.weight_prefix)) {
     return true;  // Kimi-K2.5's vision tower and projector
@@ -274,7 +274,7 @@ bool IsIgnoredCheckpointTensor(const std::string& name, const ModelConfig& confi
   return false;
 }
 
-// DeepSeek FP8 block quantisation: W = W8 * scale_inv[i / 128, j / 128] (reference §5.4).
+// DeepSeek FP8 block quantisation: W = W8 * scale_inv[i / 128, j / 128] (128x128 blocks).
 at::Tensor DequantizeFp8(const at::Tensor& w8, const at::Tensor& scale_inv) {
   const int64_t rows = w8.size(0);
   const int64_t cols = w8.size(1);

@@ -7,8 +7,8 @@
 // reads the tensors through those handles on every forward pass, so an in-place update of the
 // buffer (optimizer step, rematerialize, weight restore) is seen without telling the model.
 //
-// Names are the Hugging Face checkpoint names (model.layers.N.mlp.experts.E.gate_proj.weight, ...;
-// reference/model-architectures.md §5), without a checkpoint-specific prefix (Kimi-K2.5's
+// Names are the Hugging Face checkpoint names (model.layers.N.mlp.experts.E.gate_proj.weight,
+// ...), without a checkpoint-specific prefix (Kimi-K2.5's
 // "language_model." is added and removed by LoadParams / SaveHfCheckpoint). ListParams returns
 // them in order of first use in the forward pass; the optimizer lays its buffers out in the
 // reverse of that order (Note [Param buffer layout]).

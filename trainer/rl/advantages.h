@@ -1,6 +1,5 @@
 // From rewards to per-token advantages: reward post-processing (GRPO group normalisation) and
-// the advantage estimators, exactly as the reference implements them
-// (reference/colocate-semantics.md §4.1 and §4.2).
+// the advantage estimators, exactly as miles implements them.
 //
 // Shapes: per-sample values are [num_samples]; per-token values are response-aligned
 // (Note [Rollout sample layout] in trainer/rl/rollout_data.h) and padded to [num_samples,

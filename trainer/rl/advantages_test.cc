@@ -1,5 +1,4 @@
-// Reward post-processing and the advantage estimators against hand-computed values
-// (reference/colocate-semantics.md §4.1, §4.2), in fp64.
+// Reward post-processing and the advantage estimators against hand-computed values, in fp64.
 #include "trainer/rl/advantages.h"
 
 #include <ATen/ATen.h>

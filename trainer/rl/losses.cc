@@ -28,7 +28,7 @@ at::Tensor Masked(const at::Tensor& x, const at::Tensor& active) {
 }
 
 // Reference: torch.nan_to_num(x) maps NaN to 0 and +-inf to the dtype's extremes; the loss then
-// forces inactive tokens to 0. Here both are one step, and +-inf become 0 as §4.3 says.
+// forces inactive tokens to 0. Here both are one step, and +-inf become 0 too.
 at::Tensor FiniteOrZero(const at::Tensor& x, const at::Tensor& active) {
   return at::where(active & at::isfinite(x), x, 0.0);
 }

@@ -1,8 +1,7 @@
-// The policy loss of one micro-batch, exactly as the reference computes it
-// (reference/colocate-semantics.md §4.3 and §4.4): KL estimators, PPO-clip with optional dual
-// clip, truncated importance sampling, entropy bonus, KL loss, per-sample or per-token
-// aggregation, the scaling that makes the optimizer step minimise the reference's objective, and
-// the logged metrics.
+// The policy loss of one micro-batch, exactly as miles computes it: KL estimators, PPO-clip with
+// optional dual clip, truncated importance sampling, entropy bonus, KL loss, per-sample or
+// per-token aggregation, the scaling that makes the optimizer step minimise the reference's
+// objective, and the logged metrics.
 //
 // Shapes: every per-token tensor is response-aligned (Note [Rollout sample layout] in
 // trainer/rl/rollout_data.h) and padded to [B, T] for the B samples of the micro-batch, with
@@ -75,7 +74,7 @@ ClippedPolicyLoss ComputePolicyLoss(const at::Tensor& ppo_kl, const at::Tensor& 
                                     double eps_clip, double eps_clip_high,
                                     std::optional<double> eps_clip_c);
 
-// How per-token values become one number per micro-batch (reference §4.4).
+// How per-token values become one number per micro-batch.
 enum class LossAggregation {
   kSampleMean,  // sum over samples of sum_t(x * m) / max(sum_t m, 1)   (default)
   kTokenSum,    // sum over tokens of x * m                            (--calculate-per-token-loss)

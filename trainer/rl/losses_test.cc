@@ -1,6 +1,5 @@
-// The policy loss and its parts against hand-computed values (reference/colocate-semantics.md
-// §4.3, §4.4), the first-step property CI checks, masking, scaling, and the gradient against
-// finite differences. All in fp64.
+// The policy loss and its parts against hand-computed values, the first-step property CI checks,
+// masking, scaling, and the gradient against finite differences. All in fp64.
 #include "trainer/rl/losses.h"
 
 #include <ATen/ATen.h>

@@ -7,7 +7,7 @@
 // quantity of a sample (loss_mask, rollout_log_probs, and in training log-probs, entropy,
 // advantages) is response-aligned: element t belongs to response token t, i.e. to
 // tokens[tokens.size() - response_length + t], and is predicted by the logits at position
-// tokens.size() - response_length + t - 1 (reference/colocate-semantics.md §4.1). Samples of one
+// tokens.size() - response_length + t - 1, as in miles. Samples of one
 // prompt (a GRPO group) share `group_index` and sit next to each other in a batch.
 //
 // File format: UTF-8 text, one JSON object per line, one line per sample, in batch order:

@@ -4,16 +4,16 @@
 // Ownership: the engine owns two storages, each obtained once, at construction, from the
 // caller's allocator: "rollout_weights" (weight_sync::EngineLayout::total_bytes) and "kv_cache"
 // (KvCache::NumElements(config, max_batch, max_length) elements of the param dtype). The trainer
-// backs them with pausable memory regions (DESIGN.md "Memory: pausable regions"); the views the
+// backs them with pausable memory regions (docs/colocated-cycle.md); the views the
 // Decoder and the caches use stay valid across pause/resume. The Decoder runs directly on the HF
 // views of the weight storage (weight_sync::HfViews), so a write through weight_storage() (weight
 // sync) or LoadWeights() is seen by the next Generate without telling the engine.
 //
 // Sleep/WakeUp call the caller's hooks (SetMemoryHooks) and track the state. The engine does not
-// decide which regions a hook pauses: DESIGN.md steps 9-10 resume the weights, sync them, then
-// resume the KV cache, so the trainer's resume hook may bring back only what is still paused.
-// After WakeUp the KV cache contents are garbage, which is fine (every Generate prefills); the
-// weights are whatever the caller restored or synced.
+// decide which regions a hook pauses: docs/colocated-cycle.md steps 9-10 resume the weights, sync
+// them, then resume the KV cache, so the trainer's resume hook may bring back only what is still
+// paused. After WakeUp the KV cache contents are garbage, which is fine (every Generate prefills);
+// the weights are whatever the caller restored or synced.
 //
 // Note [Rollout batching]
 // Decoder::ForwardStep takes one start position for the whole batch, and left padding is not free

@@ -15,12 +15,12 @@
 // Note [Rollout log-probs]
 // The log-prob returned for a sampled token is log_softmax(logits / T) at that token: the
 // TEMPERATURE-SCALED but UNTRUNCATED distribution. That is what the trainer recomputes (it divides
-// its logits by the rollout temperature and takes a full log-softmax;
-// reference/colocate-semantics.md §4.1), so rollout and trainer log-probs agree up to numerics and
-// the importance ratio / mismatch metrics are meaningful. The top-k / top-p truncation is a
-// property of the sampler, not of the policy, and is deliberately not reflected. With T == 0 the
-// scaled distribution is undefined; greedy rows then report log_softmax(logits) (T taken as 1),
-// so a trainer that uses rollout temperature 1 for greedy rollouts matches.
+// its logits by the rollout temperature and takes a full log-softmax, as miles does), so rollout
+// and trainer log-probs agree up to numerics and the importance ratio / mismatch metrics are
+// meaningful. The top-k / top-p truncation is a property of the sampler, not of the policy, and is
+// deliberately not reflected. With T == 0 the scaled distribution is undefined; greedy rows then
+// report log_softmax(logits) (T taken as 1), so a trainer that uses rollout temperature 1 for
+// greedy rollouts matches.
 //
 // Randomness: only the uniforms. SampleWithUniforms takes them explicitly (the engine draws one per
 // row from that row's own CPU generator, so a row's tokens do not depend on its batch-mates);
