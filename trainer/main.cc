@@ -25,6 +25,7 @@
 #include "trainer/engine_rollout.h"
 #include "trainer/config/config.h"
 #include "trainer/config/validate.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
 #include "trainer/plan.h"
 #include "trainer/rank_layout.h"

@@ -5,6 +5,7 @@
 
 #include "launch/json.h"
 #include "trainer/config/validate.h"
+#include "trainer/model/hf_config.h"
 
 namespace rl {
 namespace {

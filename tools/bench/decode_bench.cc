@@ -22,6 +22,7 @@
 #include "launch/device.h"
 #include "launch/json.h"
 #include "trainer/model/decoder.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
 #include "trainer/model/safetensors.h"

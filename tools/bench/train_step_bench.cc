@@ -24,6 +24,7 @@
 #include "launch/mpi_session.h"
 #include "optimizer/distributed_optimizer.h"
 #include "trainer/model/decoder.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/params.h"
 #include "trainer/model/safetensors.h"
 

@@ -24,6 +24,7 @@
 #include "launch/mpi_session.h"
 #include "optimizer/distributed_optimizer.h"
 #include "trainer/memory/process_memory.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/params.h"
 #include "weight_sync/engine_layout.h"
 #include "weight_sync/weight_sync.h"

@@ -40,6 +40,66 @@ std::optional<std::string> TokenName(const Value* v) {
   return v->at("content").AsString();
 }
 
+[[noreturn]] void Fail(const std::string& source, const std::string& what) {
+  throw CheckpointError(fmt::format("{}: {}", source, what));
+}
+
+// tokenizer.json's "model", refused unless it is a byte-level BPE with none of the options this
+// tokenizer does not implement.
+const Value& CheckedModel(const Value& root, const std::string& source) {
+  const Value* model = root.Find("model");
+  if (model == nullptr || model->is_null()) {
+    Fail(source, "no \"model\": not a tokenizers tokenizer.json");
+  }
+  if (!model->is_object()) Fail(source, "\"model\" is not an object");
+  const Value* type = model->Find("type");
+  if (type == nullptr) Fail(source, "model has no \"type\" (expected \"BPE\")");
+  if (type->AsString() != "BPE") {
+    Fail(source, fmt::format("model type \"{}\" is not supported (only byte-level \"BPE\")",
+                             type->AsString()));
+  }
+  if (OptionalBool(*model, "byte_fallback", false)) {
+    Fail(source, "model.byte_fallback = true (SentencePiece-style BPE) is not supported");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const Value* v = model->Find(key);
+    if (v != nullptr && !v->is_null() && !v->AsString().empty()) {
+      Fail(source, fmt::format("model.{} = {} is not supported", key, Quote(v->AsString())));
+    }
+  }
+  if (const Value* dropout = model->Find("dropout");
+      dropout != nullptr && !dropout->is_null() && dropout->AsDouble() != 0.0) {
+    Fail(source, "model.dropout is set: BPE dropout is random, not supported for rollouts");
+  }
+  return *model;
+}
+
+// Only null or NFC normalizers (alone or in a Sequence) are accepted.
+void CheckNormalizer(const Value& root, const std::string& source) {
+  const Value* norm = root.Find("normalizer");
+  if (norm == nullptr || norm->is_null()) return;
+  const std::string& kind = norm->at("type").AsString();
+  bool ok = kind == "NFC";
+  if (kind == "Sequence") {
+    ok = true;
+    for (const Value& step : norm->at("normalizers").AsArray()) {
+      ok = ok && step.at("type").AsString() == "NFC";
+    }
+  }
+  if (!ok) {
+    Fail(source,
+         fmt::format("normalizer {} is not supported (only null or NFC)", json::Dump(*norm)));
+  }
+}
+
+void CheckDecoder(const Value& root, const std::string& source) {
+  const Value* decoder = root.Find("decoder");
+  if (decoder == nullptr || decoder->is_null() || decoder->at("type").AsString() != "ByteLevel") {
+    Fail(source, fmt::format("decoder {} is not supported (only ByteLevel)",
+                             decoder == nullptr ? std::string("(none)") : json::Dump(*decoder)));
+  }
+}
+
 bool IsWordChar(char32_t cp) { return cp == '_' || IsLetter(cp) || IsNumber(cp); }
 
 // The code point ending just before byte `pos` (pos > 0).
@@ -178,289 +238,262 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::FromFile(const std::string& path,
 std::unique_ptr<BpeTokenizer> BpeTokenizer::FromJson(const Value& root, const std::string& source,
                                                      const TokenizerConfig& config) {
   std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
-  const auto fail = [&](const std::string& what) {
-    throw CheckpointError(fmt::format("{}: {}", source, what));
-  };
   try {
-    if (!root.is_object())
-      fail(fmt::format("expected a JSON object, found {}", json::KindName(root.kind())));
-
-    // -- model --
-    const Value* model = root.Find("model");
-    if (model == nullptr || model->is_null()) fail("no \"model\": not a tokenizers tokenizer.json");
-    if (!model->is_object()) fail("\"model\" is not an object");
-    const Value* type = model->Find("type");
-    if (type == nullptr) fail("model has no \"type\" (expected \"BPE\")");
-    if (type->AsString() != "BPE") {
-      fail(fmt::format("model type \"{}\" is not supported (only byte-level \"BPE\")",
-                       type->AsString()));
+    if (!root.is_object()) {
+      Fail(source, fmt::format("expected a JSON object, found {}", json::KindName(root.kind())));
     }
-    if (OptionalBool(*model, "byte_fallback", false)) {
-      fail("model.byte_fallback = true (SentencePiece-style BPE) is not supported");
-    }
-    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      const Value* v = model->Find(key);
-      if (v != nullptr && !v->is_null() && !v->AsString().empty()) {
-        fail(fmt::format("model.{} = {} is not supported", key, Quote(v->AsString())));
-      }
-    }
-    if (const Value* dropout = model->Find("dropout");
-        dropout != nullptr && !dropout->is_null() && dropout->AsDouble() != 0.0) {
-      fail("model.dropout is set: BPE dropout is random, not supported for rollouts");
-    }
-    tok->ignore_merges_ = OptionalBool(*model, "ignore_merges", false);
-
-    // -- vocab --
-    const Value* vocab = model->Find("vocab");
-    if (vocab == nullptr) fail("model has no \"vocab\"");
-    if (!vocab->is_object()) fail("model.vocab is not an object of token -> id");
-    std::unordered_map<int64_t, std::string> by_id;
-    by_id.reserve(vocab->AsObject().size());
-    for (const auto& [token, id_value] : vocab->AsObject()) {
-      if (!id_value.is_integer())
-        fail(fmt::format("vocab token {}: id is not an integer", Quote(token)));
-      const int64_t id = id_value.AsInt64();
-      if (id < 0) fail(fmt::format("vocab token {} has negative id {}", Quote(token), id));
-      const auto [it, inserted] = by_id.emplace(id, token);
-      if (!inserted) {
-        fail(fmt::format("duplicate id {} in vocab: {} and {}", id, Quote(it->second),
-                         Quote(token)));
-      }
-      tok->token_to_id_.emplace(token, id);
-    }
-
-    // -- added tokens --
-    if (const Value* added = root.Find("added_tokens"); added != nullptr && !added->is_null()) {
-      std::unordered_map<int64_t, std::string> added_by_id;
-      for (const Value& entry : added->AsArray()) {
-        AddedToken t;
-        t.id = entry.at("id").AsInt64();
-        t.content = entry.at("content").AsString();
-        t.special = OptionalBool(entry, "special", false);
-        t.single_word = OptionalBool(entry, "single_word", false);
-        t.lstrip = OptionalBool(entry, "lstrip", false);
-        t.rstrip = OptionalBool(entry, "rstrip", false);
-        t.normalized = OptionalBool(entry, "normalized", !t.special);
-        if (t.content.empty()) fail(fmt::format("added token {} has empty content", t.id));
-        if (t.id < 0)
-          fail(fmt::format("added token {} has negative id {}", Quote(t.content), t.id));
-        if (!added_by_id.emplace(t.id, t.content).second) {
-          fail(fmt::format("duplicate id {} in added_tokens: {} and {}", t.id,
-                           Quote(added_by_id[t.id]), Quote(t.content)));
-        }
-        if (const auto it = by_id.find(t.id); it != by_id.end() && it->second != t.content) {
-          fail(fmt::format("added token {} has id {}, which the vocab gives to {}",
-                           Quote(t.content), t.id, Quote(it->second)));
-        }
-        by_id.emplace(t.id, t.content);
-        tok->token_to_id_[t.content] = t.id;  // an added token overrides the vocab, as in HF
-        tok->added_tokens_.push_back(std::move(t));
-      }
-    }
-
-    // -- ids must be exactly 0..n-1 --
-    const int64_t n = static_cast<int64_t>(by_id.size());
-    if (n == 0) fail("empty vocab");
-    tok->id_to_token_.resize(static_cast<size_t>(n));
-    tok->is_special_.assign(static_cast<size_t>(n), 0);
-    for (auto& [id, token] : by_id) {
-      if (id >= n) {
-        int64_t missing = 0;
-        while (by_id.count(missing) != 0) ++missing;
-        fail(
-            fmt::format("token ids are not contiguous: {} tokens, but {} has id {} and id {} "
-                        "is unused",
-                        n, Quote(token), id, missing));
-      }
-      tok->id_to_token_[static_cast<size_t>(id)] = token;
-    }
-    for (const AddedToken& t : tok->added_tokens_) {
-      tok->is_special_[static_cast<size_t>(t.id)] = t.special ? 1 : 0;
-    }
-    std::stable_sort(tok->added_tokens_.begin(), tok->added_tokens_.end(),
-                     [](const AddedToken& a, const AddedToken& b) {
-                       return a.content.size() > b.content.size();
-                     });
-    tok->added_by_first_byte_.assign(256, {});
-    for (size_t i = 0; i < tok->added_tokens_.size(); ++i) {
-      const auto first = static_cast<unsigned char>(tok->added_tokens_[i].content[0]);
-      tok->added_by_first_byte_[first].push_back(static_cast<uint32_t>(i));
-    }
-
-    // -- byte alphabet --
-    for (int b = 0; b < 256; ++b) {
-      const std::string byte_token = ByteLevelEncode(std::string(1, static_cast<char>(b)));
-      if (tok->token_to_id_.count(byte_token) == 0) {
-        fail(
-            fmt::format("vocab lacks the byte-level token {} for byte 0x{:02X}: not a "
-                        "byte-level BPE vocabulary",
-                        Quote(byte_token), b));
-      }
-    }
-
-    // -- merges --
-    const Value* merges = model->Find("merges");
-    if (merges == nullptr) fail("model has no \"merges\"");
-    if (!merges->is_array()) fail("model.merges is not an array");
-    const Value::Array& merge_list = merges->AsArray();
-    tok->merges_.reserve(merge_list.size());
-    for (size_t rank = 0; rank < merge_list.size(); ++rank) {
-      const Value& m = merge_list[rank];
-      std::string left;
-      std::string right;
-      if (m.is_string()) {
-        const std::string& s = m.AsString();
-        const size_t space = s.find(' ');
-        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
-          fail(fmt::format("merge {} ({}) is not two tokens separated by one space", rank,
-                           Quote(s)));
-        }
-        left = s.substr(0, space);
-        right = s.substr(space + 1);
-      } else if (m.is_array() && m.AsArray().size() == 2) {
-        left = m.AsArray()[0].AsString();
-        right = m.AsArray()[1].AsString();
-      } else {
-        fail(fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", rank));
-      }
-      const auto id_of = [&](const std::string& token) {
-        const auto it = tok->token_to_id_.find(token);
-        if (it == tok->token_to_id_.end()) {
-          fail(fmt::format("merge {} ({} + {}): {} is not in the vocab", rank, Quote(left),
-                           Quote(right), Quote(token)));
-        }
-        return it->second;
-      };
-      const int64_t left_id = id_of(left);
-      const int64_t right_id = id_of(right);
-      const int64_t merged_id = id_of(left + right);
-      const uint64_t key = (static_cast<uint64_t>(left_id) << 32) | static_cast<uint64_t>(right_id);
-      // A repeated merge keeps its first (best) rank, as tokenizers does.
-      tok->merges_.emplace(key, Merge{static_cast<int32_t>(rank), merged_id});
-    }
-
-    // -- normalizer --
-    if (const Value* norm = root.Find("normalizer"); norm != nullptr && !norm->is_null()) {
-      const std::string& kind = norm->at("type").AsString();
-      bool ok = kind == "NFC";
-      if (kind == "Sequence") {
-        ok = true;
-        for (const Value& step : norm->at("normalizers").AsArray()) {
-          ok = ok && step.at("type").AsString() == "NFC";
-        }
-      }
-      if (!ok)
-        fail(fmt::format("normalizer {} is not supported (only null or NFC)", json::Dump(*norm)));
-    }
-
-    // -- pre-tokenizer --
-    const Value* pre = root.Find("pre_tokenizer");
-    if (pre == nullptr || pre->is_null()) {
-      fail("no pre_tokenizer: a byte-level BPE tokenizer needs a ByteLevel pre-tokenizer");
-    }
-    std::vector<const Value*> steps;
-    if (pre->at("type").AsString() == "Sequence") {
-      for (const Value& step : pre->at("pretokenizers").AsArray()) steps.push_back(&step);
-    } else {
-      steps.push_back(pre);
-    }
-    for (const Value* step : steps) {
-      const std::string& kind = step->at("type").AsString();
-      PreTokenizerStep s;
-      if (!tok->steps_.empty() && tok->steps_.back().kind == PreTokenizerStep::Kind::kByteLevel) {
-        fail(fmt::format("pre_tokenizer step {} after ByteLevel is not supported", kind));
-      }
-      if (kind == "Split") {
-        const Value& pattern = step->at("pattern");
-        const Value* regex = pattern.Find("Regex");
-        if (regex == nullptr) {
-          fail(fmt::format("Split pre-tokenizer with pattern {} is not supported (only Regex)",
-                           json::Dump(pattern)));
-        }
-        const std::optional<SplitPattern> known = RecognizeSplitPattern(regex->AsString());
-        if (!known) {
-          fail(
-              fmt::format("Split pre-tokenizer regex {} is not one of the supported patterns "
-                          "(GPT-2, GPT-4/Llama-3/GLM, Qwen2; see trainer/data/pretokenizer.h)",
-                          Quote(regex->AsString())));
-        }
-        const Value* behavior = step->Find("behavior");
-        if (behavior != nullptr && behavior->AsString() != "Isolated") {
-          fail(fmt::format("Split pre-tokenizer behavior \"{}\" is not supported (only Isolated)",
-                           behavior->AsString()));
-        }
-        if (OptionalBool(*step, "invert", false))
-          fail(
-              "Split pre-tokenizer with invert = true "
-              "is not supported");
-        s.kind = PreTokenizerStep::Kind::kSplit;
-        s.pattern = *known;
-      } else if (kind == "ByteLevel") {
-        s.kind = PreTokenizerStep::Kind::kByteLevel;
-        s.add_prefix_space = OptionalBool(*step, "add_prefix_space", true);
-        s.use_regex = OptionalBool(*step, "use_regex", true);
-        s.pattern = SplitPattern::kGpt2;
-      } else {
-        fail(fmt::format("pre_tokenizer type \"{}\" is not supported (only Split and ByteLevel)",
-                         kind));
-      }
-      tok->steps_.push_back(s);
-    }
-    if (tok->steps_.empty() || tok->steps_.back().kind != PreTokenizerStep::Kind::kByteLevel) {
-      fail("pre_tokenizer has no ByteLevel step: not a byte-level BPE tokenizer");
-    }
-
-    // -- decoder --
-    const Value* decoder = root.Find("decoder");
-    if (decoder == nullptr || decoder->is_null() || decoder->at("type").AsString() != "ByteLevel") {
-      fail(fmt::format("decoder {} is not supported (only ByteLevel)",
-                       decoder == nullptr ? std::string("(none)") : json::Dump(*decoder)));
-    }
+    const Value& model = CheckedModel(root, source);
+    tok->ignore_merges_ = OptionalBool(model, "ignore_merges", false);
+    std::unordered_map<int64_t, std::string> by_id = tok->ReadVocab(model, source);
+    tok->ReadAddedTokens(root, source, &by_id);
+    tok->IndexTokens(by_id, source);
+    tok->ReadMerges(model, source);
+    CheckNormalizer(root, source);
+    tok->ReadPreTokenizer(root, source);
+    CheckDecoder(root, source);
   } catch (const json::TypeError& e) {
-    fail(e.what());
+    Fail(source, e.what());
   }
+  tok->ReadSpecialIds(config, source);
+  return tok;
+}
 
-  // -- special ids --
+std::unordered_map<int64_t, std::string> BpeTokenizer::ReadVocab(const Value& model,
+                                                                 const std::string& source) {
+  const Value* vocab = model.Find("vocab");
+  if (vocab == nullptr) Fail(source, "model has no \"vocab\"");
+  if (!vocab->is_object()) Fail(source, "model.vocab is not an object of token -> id");
+  std::unordered_map<int64_t, std::string> by_id;
+  by_id.reserve(vocab->AsObject().size());
+  for (const auto& [token, id_value] : vocab->AsObject()) {
+    if (!id_value.is_integer()) {
+      Fail(source, fmt::format("vocab token {}: id is not an integer", Quote(token)));
+    }
+    const int64_t id = id_value.AsInt64();
+    if (id < 0) Fail(source, fmt::format("vocab token {} has negative id {}", Quote(token), id));
+    const auto [it, inserted] = by_id.emplace(id, token);
+    if (!inserted) {
+      Fail(source,
+           fmt::format("duplicate id {} in vocab: {} and {}", id, Quote(it->second), Quote(token)));
+    }
+    token_to_id_.emplace(token, id);
+  }
+  return by_id;
+}
+
+void BpeTokenizer::ReadAddedTokens(const Value& root, const std::string& source,
+                                   std::unordered_map<int64_t, std::string>* by_id) {
+  const Value* added = root.Find("added_tokens");
+  if (added == nullptr || added->is_null()) return;
+  std::unordered_map<int64_t, std::string> added_by_id;
+  for (const Value& entry : added->AsArray()) {
+    AddedToken t;
+    t.id = entry.at("id").AsInt64();
+    t.content = entry.at("content").AsString();
+    t.special = OptionalBool(entry, "special", false);
+    t.single_word = OptionalBool(entry, "single_word", false);
+    t.lstrip = OptionalBool(entry, "lstrip", false);
+    t.rstrip = OptionalBool(entry, "rstrip", false);
+    t.normalized = OptionalBool(entry, "normalized", !t.special);
+    if (t.content.empty()) Fail(source, fmt::format("added token {} has empty content", t.id));
+    if (t.id < 0) {
+      Fail(source, fmt::format("added token {} has negative id {}", Quote(t.content), t.id));
+    }
+    if (!added_by_id.emplace(t.id, t.content).second) {
+      Fail(source, fmt::format("duplicate id {} in added_tokens: {} and {}", t.id,
+                               Quote(added_by_id[t.id]), Quote(t.content)));
+    }
+    if (const auto it = by_id->find(t.id); it != by_id->end() && it->second != t.content) {
+      Fail(source, fmt::format("added token {} has id {}, which the vocab gives to {}",
+                               Quote(t.content), t.id, Quote(it->second)));
+    }
+    by_id->emplace(t.id, t.content);
+    token_to_id_[t.content] = t.id;  // an added token overrides the vocab, as in HF
+    added_tokens_.push_back(std::move(t));
+  }
+}
+
+void BpeTokenizer::IndexTokens(const std::unordered_map<int64_t, std::string>& by_id,
+                               const std::string& source) {
+  const int64_t n = static_cast<int64_t>(by_id.size());
+  if (n == 0) Fail(source, "empty vocab");
+  id_to_token_.resize(static_cast<size_t>(n));
+  is_special_.assign(static_cast<size_t>(n), 0);
+  for (const auto& [id, token] : by_id) {
+    if (id >= n) {
+      int64_t missing = 0;
+      while (by_id.count(missing) != 0) ++missing;
+      Fail(source, fmt::format("token ids are not contiguous: {} tokens, but {} has id {} and id "
+                               "{} is unused",
+                               n, Quote(token), id, missing));
+    }
+    id_to_token_[static_cast<size_t>(id)] = token;
+  }
+  for (const AddedToken& t : added_tokens_) {
+    is_special_[static_cast<size_t>(t.id)] = t.special ? 1 : 0;
+  }
+  std::stable_sort(
+      added_tokens_.begin(), added_tokens_.end(),
+      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  added_by_first_byte_.assign(256, {});
+  for (size_t i = 0; i < added_tokens_.size(); ++i) {
+    const auto first = static_cast<unsigned char>(added_tokens_[i].content[0]);
+    added_by_first_byte_[first].push_back(static_cast<uint32_t>(i));
+  }
+  for (int b = 0; b < 256; ++b) {
+    const std::string byte_token = ByteLevelEncode(std::string(1, static_cast<char>(b)));
+    if (token_to_id_.count(byte_token) == 0) {
+      Fail(source, fmt::format("vocab lacks the byte-level token {} for byte 0x{:02X}: not a "
+                               "byte-level BPE vocabulary",
+                               Quote(byte_token), b));
+    }
+  }
+}
+
+void BpeTokenizer::ReadMerges(const Value& model, const std::string& source) {
+  const Value* merges = model.Find("merges");
+  if (merges == nullptr) Fail(source, "model has no \"merges\"");
+  if (!merges->is_array()) Fail(source, "model.merges is not an array");
+  const Value::Array& merge_list = merges->AsArray();
+  merges_.reserve(merge_list.size());
+  for (size_t rank = 0; rank < merge_list.size(); ++rank) {
+    const Value& m = merge_list[rank];
+    std::string left;
+    std::string right;
+    if (m.is_string()) {
+      const std::string& s = m.AsString();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+        Fail(source,
+             fmt::format("merge {} ({}) is not two tokens separated by one space", rank, Quote(s)));
+      }
+      left = s.substr(0, space);
+      right = s.substr(space + 1);
+    } else if (m.is_array() && m.AsArray().size() == 2) {
+      left = m.AsArray()[0].AsString();
+      right = m.AsArray()[1].AsString();
+    } else {
+      Fail(source, fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", rank));
+    }
+    const auto id_of = [&](const std::string& token) {
+      const auto it = token_to_id_.find(token);
+      if (it == token_to_id_.end()) {
+        Fail(source, fmt::format("merge {} ({} + {}): {} is not in the vocab", rank, Quote(left),
+                                 Quote(right), Quote(token)));
+      }
+      return it->second;
+    };
+    const int64_t left_id = id_of(left);
+    const int64_t right_id = id_of(right);
+    const int64_t merged_id = id_of(left + right);
+    const uint64_t key = (static_cast<uint64_t>(left_id) << 32) | static_cast<uint64_t>(right_id);
+    // A repeated merge keeps its first (best) rank, as tokenizers does.
+    merges_.emplace(key, Merge{static_cast<int32_t>(rank), merged_id});
+  }
+}
+
+void BpeTokenizer::ReadPreTokenizer(const Value& root, const std::string& source) {
+  const Value* pre = root.Find("pre_tokenizer");
+  if (pre == nullptr || pre->is_null()) {
+    Fail(source, "no pre_tokenizer: a byte-level BPE tokenizer needs a ByteLevel pre-tokenizer");
+  }
+  std::vector<const Value*> steps;
+  if (pre->at("type").AsString() == "Sequence") {
+    for (const Value& step : pre->at("pretokenizers").AsArray()) steps.push_back(&step);
+  } else {
+    steps.push_back(pre);
+  }
+  for (const Value* step : steps) {
+    const std::string& kind = step->at("type").AsString();
+    PreTokenizerStep s;
+    if (!steps_.empty() && steps_.back().kind == PreTokenizerStep::Kind::kByteLevel) {
+      Fail(source, fmt::format("pre_tokenizer step {} after ByteLevel is not supported", kind));
+    }
+    if (kind == "Split") {
+      const Value& pattern = step->at("pattern");
+      const Value* regex = pattern.Find("Regex");
+      if (regex == nullptr) {
+        Fail(source, fmt::format("Split pre-tokenizer with pattern {} is not supported (only "
+                                 "Regex)",
+                                 json::Dump(pattern)));
+      }
+      const std::optional<SplitPattern> known = RecognizeSplitPattern(regex->AsString());
+      if (!known) {
+        Fail(source,
+             fmt::format("Split pre-tokenizer regex {} is not one of the supported patterns "
+                         "(GPT-2, GPT-4/Llama-3/GLM, Qwen2; see trainer/data/pretokenizer.h)",
+                         Quote(regex->AsString())));
+      }
+      const Value* behavior = step->Find("behavior");
+      if (behavior != nullptr && behavior->AsString() != "Isolated") {
+        Fail(source, fmt::format("Split pre-tokenizer behavior \"{}\" is not supported (only "
+                                 "Isolated)",
+                                 behavior->AsString()));
+      }
+      if (OptionalBool(*step, "invert", false)) {
+        Fail(source, "Split pre-tokenizer with invert = true is not supported");
+      }
+      s.kind = PreTokenizerStep::Kind::kSplit;
+      s.pattern = *known;
+    } else if (kind == "ByteLevel") {
+      s.kind = PreTokenizerStep::Kind::kByteLevel;
+      s.add_prefix_space = OptionalBool(*step, "add_prefix_space", true);
+      s.use_regex = OptionalBool(*step, "use_regex", true);
+      s.pattern = SplitPattern::kGpt2;
+    } else {
+      Fail(source, fmt::format("pre_tokenizer type \"{}\" is not supported (only Split and "
+                               "ByteLevel)",
+                               kind));
+    }
+    steps_.push_back(s);
+  }
+  if (steps_.empty() || steps_.back().kind != PreTokenizerStep::Kind::kByteLevel) {
+    Fail(source, "pre_tokenizer has no ByteLevel step: not a byte-level BPE tokenizer");
+  }
+}
+
+void BpeTokenizer::ReadSpecialIds(const TokenizerConfig& config, const std::string& source) {
   const auto special_id = [&](const std::optional<std::string>& name, const char* what) {
     std::optional<int64_t> id;
     if (name) {
-      id = tok->TokenToId(*name);
-      if (!id)
-        fail(fmt::format("tokenizer_config.json's {} {} is not a token of the vocab", what,
-                         Quote(*name)));
+      id = TokenToId(*name);
+      if (!id) {
+        Fail(source, fmt::format("tokenizer_config.json's {} {} is not a token of the vocab", what,
+                                 Quote(*name)));
+      }
     }
     return id;
   };
   if (std::optional<int64_t> eos = special_id(config.eos_token, "eos_token")) {
-    tok->eos_id_ = *eos;
+    eos_id_ = *eos;
   } else {
     for (const char* name :
          {"<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<|end_of_text|>", "<eos>"}) {
-      if (std::optional<int64_t> id = tok->TokenToId(name)) {
-        tok->eos_id_ = *id;
+      if (std::optional<int64_t> id = TokenToId(name)) {
+        eos_id_ = *id;
         break;
       }
     }
-    if (tok->eos_id_ < 0) {
-      fail(
-          "no eos token: tokenizer_config.json has no eos_token and the vocab has none of "
-          "<|endoftext|>, <｜end▁of▁sentence｜>, </s>, <|end_of_text|>, <eos>");
+    if (eos_id_ < 0) {
+      Fail(source,
+           "no eos token: tokenizer_config.json has no eos_token and the vocab has none of "
+           "<|endoftext|>, <｜end▁of▁sentence｜>, </s>, <|end_of_text|>, <eos>");
     }
   }
-  tok->pad_id_ = special_id(config.pad_token, "pad_token");
-  tok->bos_id_ = special_id(config.bos_token, "bos_token");
-  tok->stop_ids_.push_back(tok->eos_id_);
+  pad_id_ = special_id(config.pad_token, "pad_token");
+  bos_id_ = special_id(config.bos_token, "bos_token");
+  stop_ids_.push_back(eos_id_);
   for (const int64_t id : config.extra_stop_ids) {
-    if (id < 0 || id >= tok->vocab_size()) {
-      fail(fmt::format("generation_config.json's eos_token_id {} is outside the vocab (size {})",
-                       id, tok->vocab_size()));
+    if (id < 0 || id >= vocab_size()) {
+      Fail(source, fmt::format("generation_config.json's eos_token_id {} is outside the vocab "
+                               "(size {})",
+                               id, vocab_size()));
     }
-    if (std::find(tok->stop_ids_.begin(), tok->stop_ids_.end(), id) == tok->stop_ids_.end()) {
-      tok->stop_ids_.push_back(id);
+    if (std::find(stop_ids_.begin(), stop_ids_.end(), id) == stop_ids_.end()) {
+      stop_ids_.push_back(id);
     }
   }
-  tok->chat_template_ = config.chat_template;
-  return tok;
+  chat_template_ = config.chat_template;
 }
 
 // ---- BpeTokenizer: encoding ----

@@ -186,6 +186,21 @@ class BpeTokenizer final : public Tokenizer {
   void SplitOnAddedTokens(std::string_view text, bool normalized_pass,
                           std::vector<Segment>* out) const;
   void EncodeWord(std::string_view byte_level_word, std::vector<int64_t>* ids) const;
+  // The steps of FromJson, in its order, one part of tokenizer.json each. They throw
+  // CheckpointError naming `source`, or json::TypeError, which FromJson reports the same way.
+  std::unordered_map<int64_t, std::string> ReadVocab(const json::Value& model,
+                                                     const std::string& source);
+  void ReadAddedTokens(const json::Value& root, const std::string& source,
+                       std::unordered_map<int64_t, std::string>* by_id);
+  // Ids must be exactly 0..n-1 and the vocab must hold the 256 byte-level tokens; builds the
+  // id and added-token indexes.
+  void IndexTokens(const std::unordered_map<int64_t, std::string>& by_id,
+                   const std::string& source);
+  void ReadMerges(const json::Value& model, const std::string& source);
+  void ReadPreTokenizer(const json::Value& root, const std::string& source);
+  // eos (from the config, else the first known name in the vocab), pad, bos, the stop ids and
+  // the chat template.
+  void ReadSpecialIds(const TokenizerConfig& config, const std::string& source);
 
   std::unordered_map<std::string, int64_t> token_to_id_;    // vocab and added tokens
   std::vector<std::string> id_to_token_;                    // added tokens override the vocab

@@ -1,25 +1,13 @@
-// The architecture of a decoder checkpoint, read from its Hugging Face `config.json`.
+// The architecture of a decoder checkpoint and the values derived from it.
 //
 // One typed struct covers every model family the trainer runs: Qwen3 and Qwen3-MoE (GQA, q/k norm,
 // softmax router), GLM-4.5 (GQA with partial rotary and qkv bias, sigmoid router), GLM-4.7-Flash,
 // DeepSeek-V3 and Kimi K2/K2.5 (MLA, sigmoid router, YaRN for DeepSeek/Kimi) and GLM-5/5.2 (MLA
 // plus the DSA lightning indexer). Everything the model code needs is a typed field here; nothing
-// downstream reads the JSON again.
+// downstream reads the JSON again. Reading and writing config.json is hf_config.h's job.
 //
-// Two config.json dialects are read: the one real checkpoints carry (`rope_theta` and
-// `rope_scaling` at top level, `partial_rotary_factor` at top level) and the one transformers 5
-// writes (`rope_parameters` holding rope_theta, rope_type and the YaRN fields; per-layer lists such
-// as `mlp_layer_types` and `indexer_types`). Keys that define a tensor shape are required; keys
-// with a transformers default take that default when absent.
-//
-// The parsed document is kept (`hf_config`) so that a checkpoint the trainer saves carries the
-// same config.json it was loaded from; ToHfConfigJson() synthesises one for a config built in
-// code (tests, tools).
-//
-// Failures: a missing required key, a value of the wrong type, an unsupported model_type or
-// RoPE type, or inconsistent sizes throw rl::CheckpointError naming the file and the key.
-//
-// Thread safety: plain values; the free functions are stateless.
+// Thread safety: plain values; the free functions are stateless. ModelTypeName throws rl::Error
+// only for a value outside the enum.
 #ifndef RL_TRAINER_MODEL_MODEL_CONFIG_H_
 #define RL_TRAINER_MODEL_MODEL_CONFIG_H_
 
@@ -131,7 +119,8 @@ struct ModelConfig {
   std::string weight_prefix;
   // Where the config came from, for error messages ("ckpt/config.json").
   std::string source_name;
-  // The parsed config.json, written back by ToHfConfigJson(); null for configs built in code.
+  // The parsed config.json, written back by ToHfConfigJson() (hf_config.h); null for configs
+  // built in code.
   json::Value hf_config;
 
   AttentionKind attention_kind() const;
@@ -146,16 +135,6 @@ struct ModelConfig {
   // The multiplier transformers applies to cos and sin (1 except YaRN).
   double rope_attention_factor() const;
 };
-
-// Parses a config.json document. `source_name` names the file in error messages.
-ModelConfig ParseModelConfig(const json::Value& doc, std::string_view source_name);
-
-// Reads `<checkpoint_dir>/config.json`.
-ModelConfig LoadModelConfig(const std::string& checkpoint_dir);
-
-// A config.json that transformers loads into the same architecture: the stored document when the
-// config was parsed from one, else one synthesised from the fields (transformers 5 dialect).
-json::Value ToHfConfigJson(const ModelConfig& config);
 
 }  // namespace rl::model
 

@@ -15,6 +15,7 @@
 #include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/json.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
 
 namespace rl::model {

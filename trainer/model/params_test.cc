@@ -8,6 +8,7 @@
 
 #include "launch/json.h"
 #include "launch/sha256.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/model/test_fixtures.h"
 

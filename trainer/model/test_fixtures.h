@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "launch/check.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
 #include "trainer/model/safetensors.h"
