@@ -1,15 +1,16 @@
 // The config stage, part 2: a pure function from the parsed Config to the resolved config, or to
 // the list of every rule it breaks.
 //
-// It holds every rule of reference/colocate-semantics.md §3.1 (rematerialize) and the parts of
-// §3.2 that apply to this trainer, in that order, plus the range checks of single options. Each
-// message names the option(s) as flags and says how to fix it. Derived values are written into
-// the resolved config (every std::optional option is set afterwards) or into ResolvedConfig's
-// own fields. Rules that depend on the model's structure (frozen parameters) are checked when
+// It holds every rule of --rematerialize-param-from-master-weight and of the colocate, offload
+// and debug modes that apply to this trainer, plus the range checks of single options (choice
+// options are enums: the config parser already refused unknown names). Each message names the
+// option(s) as flags and says how to fix it. Derived values are written into the resolved config
+// (every std::optional option is set afterwards) or into ResolvedConfig's own fields. Rules that depend on the model's structure (frozen parameters) are checked when
 // the model is built, not here.
 //
-// Not here either: whether this binary can run a layout today (main checks that at start-up),
-// because full-scale recipes must validate for --plan.
+// Not here either: whether this binary can run a layout today (NotRunnable in
+// trainer/config/config.h, checked by main at start-up), because full-scale recipes must
+// validate for --plan.
 #ifndef RL_TRAINER_CONFIG_VALIDATE_H_
 #define RL_TRAINER_CONFIG_VALIDATE_H_
 
