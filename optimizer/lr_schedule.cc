@@ -3,16 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "launch/check.h"
-
 namespace rl::optimizer {
-
-LrDecayStyle ParseLrDecayStyle(const std::string& name) {
-  if (name == "constant") return LrDecayStyle::kConstant;
-  if (name == "linear") return LrDecayStyle::kLinear;
-  if (name == "cosine") return LrDecayStyle::kCosine;
-  throw Error("--lr-decay-style must be constant, linear or cosine; got '" + name + "'");
-}
 
 double LrSchedule::At(int64_t step) const {
   if (warmup_steps > 0 && step <= warmup_steps) {

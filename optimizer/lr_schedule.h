@@ -4,13 +4,18 @@
 #define RL_OPTIMIZER_LR_SCHEDULE_H_
 
 #include <cstdint>
-#include <string>
+#include <utility>
 
 namespace rl::optimizer {
 
+// --lr-decay-style, with its name table (EnumNames is how trainer/config finds it).
 enum class LrDecayStyle { kConstant, kLinear, kCosine };
-// "constant", "linear", "cosine"; throws rl::Error otherwise.
-LrDecayStyle ParseLrDecayStyle(const std::string& name);
+inline constexpr std::pair<LrDecayStyle, const char*> kLrDecayStyleNames[] = {
+    {LrDecayStyle::kConstant, "constant"},
+    {LrDecayStyle::kLinear, "linear"},
+    {LrDecayStyle::kCosine, "cosine"},
+};
+constexpr const auto& EnumNames(LrDecayStyle) { return kLrDecayStyleNames; }
 
 struct LrSchedule {
   double lr = 1e-6;       // peak

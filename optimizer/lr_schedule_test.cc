@@ -3,6 +3,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <iterator>
+#include <string>
+
 namespace rl::optimizer {
 namespace {
 
@@ -24,9 +27,13 @@ TEST_CASE("linear and cosine decay reach min_lr at the end of decay and stay the
   CHECK(cosine.At(6) == Approx(0.0).margin(1e-12));
 }
 
-TEST_CASE("unknown decay styles are refused") {
-  CHECK(ParseLrDecayStyle("cosine") == LrDecayStyle::kCosine);
-  CHECK_THROWS(ParseLrDecayStyle("exponential"));
+// Unknown names are refused by the config parser that reads this table (trainer/config).
+TEST_CASE("the name table spells each decay style once, as --lr-decay-style takes it") {
+  const auto& names = EnumNames(LrDecayStyle::kConstant);
+  REQUIRE(std::size(names) == 3);
+  CHECK((names[0].first == LrDecayStyle::kConstant && names[0].second == std::string("constant")));
+  CHECK((names[1].first == LrDecayStyle::kLinear && names[1].second == std::string("linear")));
+  CHECK((names[2].first == LrDecayStyle::kCosine && names[2].second == std::string("cosine")));
 }
 
 }  // namespace

@@ -14,15 +14,15 @@
 namespace rl {
 namespace {
 
-at::ScalarType ParamsDtype(const std::string& name) {
-  return name == "fp32" ? at::kFloat : at::kBFloat16;
+at::ScalarType ParamsDtype(config::ParamsDtype dtype) {
+  return dtype == config::ParamsDtype::kFp32 ? at::kFloat : at::kBFloat16;
 }
 
 optimizer::AdamOptions AdamOptionsFrom(const config::Config& c) {
   optimizer::AdamOptions o;
   o.schedule.lr = c.optimizer.lr;
   o.schedule.min_lr = c.optimizer.min_lr;
-  o.schedule.style = optimizer::ParseLrDecayStyle(c.optimizer.lr_decay_style);
+  o.schedule.style = c.optimizer.lr_decay_style;
   o.schedule.warmup_steps = c.optimizer.lr_warmup_iters;
   const int64_t total_steps = c.run.num_rollout * c.rollout.num_steps_per_rollout;
   o.schedule.decay_steps = c.optimizer.lr_decay_iters > 0
@@ -177,7 +177,7 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
   for (const optimizer::ParamDecl& p : split.trained) trained_numel += p.numel();
   spdlog::info("actor: {} trained parameters in {} tensors, {} fp32 extras, {} frozen; params {}",
                trained_numel, split.trained.size(), split.extras.size(), split.frozen.size(),
-               c.model.params_dtype);
+               config::NameOf(c.model.params_dtype));
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
       std::move(split.trained), comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
@@ -215,7 +215,7 @@ std::unordered_set<const void*> Actor::ParamBufferIds() const {
 void Actor::LoadInitialWeights() {
   const config::ModelOptions& m = resolved_.config.model;
   model::TensorMap all = AllTensors();
-  if (m.init == "random") {
+  if (m.init == config::InitMode::kRandom) {
     model::InitParamsRandom(specs_, all, static_cast<uint64_t>(resolved_.config.run.seed));
   } else {
     model::LoadParams(model::CheckpointReader::Open(m.hf_checkpoint), model_, all);

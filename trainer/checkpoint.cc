@@ -256,7 +256,8 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
   // Rank 0: the shared files, the manifest, the rename, `latest`.
   if (comm.rank() == 0) {
     model::SaveHfCheckpoint(partial, actor.model_config(), actor.AllTensors());
-    if (config.model.init == "checkpoint" && !config.model.hf_checkpoint.empty()) {
+    if (config.model.init == config::InitMode::kCheckpoint &&
+        !config.model.hf_checkpoint.empty()) {
       CopyTokenizerFiles(config.model.hf_checkpoint, partial);
     }
     WriteFileAtomically(JoinPath(partial, kStateFile),

@@ -22,16 +22,6 @@ namespace {
 
 using memory::RegionTag;
 
-std::vector<int64_t> ParseIds(const std::string& csv) {
-  std::vector<int64_t> ids;
-  std::stringstream in(csv);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) ids.push_back(std::stoll(item));
-  }
-  return ids;
-}
-
 class EngineRollout final : public Rollout {
  public:
   EngineRollout(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
@@ -70,7 +60,8 @@ class EngineRollout final : public Rollout {
     const int64_t max_batch = c.rollout.rollout_batch_size * c.rollout.n_samples_per_prompt;
     const int64_t max_length = longest_prompt + c.rollout.rollout_max_response_len;
     stop_ids_ = tokenizer_->stop_ids();
-    for (int64_t id : ParseIds(c.rollout.rollout_stop_token_ids)) stop_ids_.push_back(id);
+    stop_ids_.insert(stop_ids_.end(), c.rollout.rollout_stop_token_ids.begin(),
+                     c.rollout.rollout_stop_token_ids.end());
 
     const auto allocate = [this, device](std::string_view tag, int64_t bytes) {
       const RegionTag region_tag = memory::ParseRegionTagOrThrow(tag);
@@ -81,7 +72,7 @@ class EngineRollout final : public Rollout {
       return region.View(at::kByte, 0, {bytes});
     };
     const at::ScalarType dtype =
-        c.model.params_dtype == "fp32" ? at::kFloat : at::kBFloat16;
+        c.model.params_dtype == config::ParamsDtype::kFp32 ? at::kFloat : at::kBFloat16;
     engine_ = std::make_unique<rollout::RolloutEngine>(model, dtype, device, max_batch,
                                                        max_length, allocate);
     engine_->set_cuda_graphs(c.rollout.rollout_cuda_graphs);
@@ -95,7 +86,8 @@ class EngineRollout final : public Rollout {
         [this] { regions_.Resume(RegionTag::kKvCache); });
     spdlog::info(
         "rollout engine: {} prompts, batch {} x {} tokens, stop ids {}, reward {}, decode {}",
-        dataset_->size(), max_batch, max_length, fmt::join(stop_ids_, ","), c.data.rm_type,
+        dataset_->size(), max_batch, max_length, fmt::join(stop_ids_, ","),
+        config::NameOf(c.data.rm_type),
         engine_->uses_cuda_graphs() ? "by CUDA graphs" : "eager");
   }
 

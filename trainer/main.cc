@@ -53,38 +53,15 @@ model::ModelConfig LoadArchitecture(const config::ModelOptions& options) {
   return model::LoadModelConfig(options.hf_checkpoint);
 }
 
-// What this binary can run today: data-parallel layouts, and not the options that --plan knows
-// about but the trainer does not implement yet. Full-scale recipes validate and plan; running
-// them stops here, naming what to change.
+// What this binary can run today: data-parallel layouts, and only the defaults of the options
+// that --plan knows about but the trainer does not implement yet (--help marks them). Full-scale
+// recipes validate and plan; running them stops here, naming what to change.
 void CheckRunnable(const config::Config& c) {
-  const auto& p = c.parallel;
-  std::vector<std::string> problems;
-  if (p.tensor_model_parallel_size != 1 || p.pipeline_model_parallel_size != 1 ||
-      p.context_parallel_size != 1 || p.expert_model_parallel_size != 1 ||
-      p.expert_tensor_parallel_size != 1) {
-    problems.push_back(fmt::format(
-        "this binary runs data-parallel layouts only (TP = PP = CP = EP = ETP = 1); the recipe "
-        "asks for TP {} PP {} CP {} EP {} ETP {}, which --plan can plan but not run. Override "
-        "with --tensor-model-parallel-size 1 ... or use a *_4layer_ci recipe",
-        p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
-        p.expert_model_parallel_size, p.expert_tensor_parallel_size));
-  }
-  const std::pair<bool, const char*> unimplemented[] = {
-      {c.model.lora_rank != 0, "--lora-rank (LoRA)"},
-      {p.overlap_param_gather, "--overlap-param-gather"},
-      {!p.use_distributed_optimizer, "--no-use-distributed-optimizer (the optimizer is ZeRO-1)"},
-      {c.optimizer.use_precision_aware_optimizer, "--use-precision-aware-optimizer"},
-      {c.optimizer.optimizer_cpu_offload, "--optimizer-cpu-offload"},
-      {c.optimizer.debug_disable_optimizer, "--debug-disable-optimizer"},
-      {c.colocate.debug_rollout_only, "--debug-rollout-only"},
-      {c.colocate.keep_old_actor, "--keep-old-actor"},
-      {!c.rl.compute_advantages_and_returns, "--no-compute-advantages-and-returns"},
-  };
-  for (const auto& [asked, what] : unimplemented) {
-    if (asked) problems.push_back(fmt::format("{} is not implemented by this trainer yet", what));
-  }
+  const std::vector<std::string> problems = config::NotRunnable(c);
   if (problems.empty()) return;
-  std::string message = "the recipe validates but this binary cannot run it:";
+  std::string message =
+      "the recipe validates but this binary cannot run it (override these options, or use a "
+      "*_4layer_ci recipe):";
   for (const std::string& problem : problems) message += "\n  " + problem;
   throw ConfigError(message);
 }
@@ -144,11 +121,13 @@ std::optional<config::ResolvedConfig> ConfigStage(const std::vector<std::string>
 int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
   const config::Config& cfg = resolved.config;
   InitLogging(session.rank(), session.host(),
-              cfg.logging.log_level == "debug" ? LogVerbosity::kDebug : LogVerbosity::kNormal);
+              cfg.logging.log_level == config::LogLevel::kDebug ? LogVerbosity::kDebug
+                                                                 : LogVerbosity::kNormal);
   const DevicePreference preference =
-      cfg.run.device == "cpu" ? DevicePreference::kCpu : DevicePreference::kCudaIfAvailable;
+      cfg.run.device == config::Device::kCpu ? DevicePreference::kCpu
+                                             : DevicePreference::kCudaIfAvailable;
   const c10::Device device = BindDevice(session.local_rank(), preference);
-  RL_CHECK(cfg.run.device != "cuda" || device.is_cuda(), ConfigError,
+  RL_CHECK(cfg.run.device != config::Device::kCuda || device.is_cuda(), ConfigError,
            "--device cuda but this host has no CUDA device; use --device auto or cpu");
   std::unique_ptr<Communicator> comm = CreateCommunicator(
       session, device, CommOptions{std::chrono::seconds(cfg.parallel.comm_timeout_s)});

@@ -28,7 +28,7 @@ constexpr const char* kMoe = R"({
   "max_position_embeddings": 64, "tie_word_embeddings": false, "attention_bias": false})";
 
 config::ResolvedConfig Resolve(config::Config c) {
-  c.model.init = "random";
+  c.model.init = config::InitMode::kRandom;
   c.model.model_config = "inline";
   const config::ValidationResult r = config::Validate(c);
   INFO((r.errors.empty() ? std::string() : r.errors[0]));

@@ -2,8 +2,10 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -37,40 +39,95 @@ struct IsOptional : std::false_type {};
 template <class T>
 struct IsOptional<std::optional<T>> : std::true_type {};
 
+// True for the enums of choice options: those with a name table (options.h).
+template <class T, class = void>
+struct IsChoice : std::false_type {};
+template <class T>
+struct IsChoice<T, std::void_t<decltype(EnumNames(std::declval<T>()))>> : std::true_type {};
+
+// "a, b, c": the names of Enum's table.
+template <class Enum>
+std::string ChoiceList() {
+  std::string out;
+  for (const auto& [value, name] : EnumNames(Enum{})) {
+    out += fmt::format("{}{}", out.empty() ? "" : ", ", name);
+  }
+  return out;
+}
+
+// Enum's value called `name`, or "" and `error` saying what is allowed.
+template <class Enum>
+std::string FromName(std::string_view name, Enum& out) {
+  for (const auto& [value, candidate] : EnumNames(Enum{})) {
+    if (name == candidate) {
+      out = value;
+      return "";
+    }
+  }
+  return fmt::format("expected one of {}; got '{}'", ChoiceList<Enum>(), name);
+}
+
+// "2,151329" -> {2, 151329}; "" -> {}. Each id is decimal digits that fit in int64.
+std::string ParseIdList(std::string_view text, std::vector<int64_t>& out) {
+  std::vector<int64_t> ids;
+  for (size_t begin = 0; !text.empty();) {
+    const size_t comma = std::min(text.find(',', begin), text.size());
+    const std::string_view item = text.substr(begin, comma - begin);
+    int64_t id = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+    if (item.empty() || item[0] == '-' || ec != std::errc() || end != item.data() + item.size()) {
+      return fmt::format("expected comma-separated token ids like \"2,151329\"; got '{}'", text);
+    }
+    ids.push_back(id);
+    if (comma == text.size()) break;
+    begin = comma + 1;
+  }
+  out = std::move(ids);
+  return "";
+}
+
 // ---- TOML values into typed members ---------------------------------------------------------
 
-// Returns "" on success, else what was wrong.
-std::string Assign(const TomlValue& v, bool& out) {
-  if (const bool* b = std::get_if<bool>(&v.value)) {
-    out = *b;
+// Each returns "" on success, else what was wrong. Take sets `out` when `v` holds a V.
+template <class V, class T>
+std::string Take(const TomlValue& v, T& out, const char* expected) {
+  if (const V* value = std::get_if<V>(&v.value)) {
+    out = static_cast<T>(*value);
     return "";
   }
-  return fmt::format("expected true or false, got a {}", v.TypeName());
+  return fmt::format("expected {}, got a {}", expected, v.TypeName());
 }
-std::string Assign(const TomlValue& v, int64_t& out) {
-  if (const int64_t* i = std::get_if<int64_t>(&v.value)) {
-    out = *i;
-    return "";
-  }
-  return fmt::format("expected an integer, got a {}", v.TypeName());
-}
+std::string Assign(const TomlValue& v, bool& out) { return Take<bool>(v, out, "true or false"); }
+std::string Assign(const TomlValue& v, int64_t& out) { return Take<int64_t>(v, out, "an integer"); }
 std::string Assign(const TomlValue& v, double& out) {
-  if (const double* d = std::get_if<double>(&v.value)) {
-    out = *d;
-    return "";
-  }
-  if (const int64_t* i = std::get_if<int64_t>(&v.value)) {
-    out = static_cast<double>(*i);
-    return "";
-  }
-  return fmt::format("expected a number, got a {}", v.TypeName());
+  if (std::holds_alternative<int64_t>(v.value)) return Take<int64_t>(v, out, "a number");
+  return Take<double>(v, out, "a number");
 }
 std::string Assign(const TomlValue& v, std::string& out) {
-  if (const std::string* s = std::get_if<std::string>(&v.value)) {
-    out = *s;
-    return "";
+  return Take<std::string>(v, out, "a string in quotes");
+}
+template <class Enum>
+std::enable_if_t<IsChoice<Enum>::value, std::string> Assign(const TomlValue& v, Enum& out) {
+  if (const std::string* s = std::get_if<std::string>(&v.value)) return FromName(*s, out);
+  return fmt::format("expected one of \"{}\" in quotes, got a {}", ChoiceList<Enum>(),
+                     v.TypeName());
+}
+// An array of integers, or one string of comma-separated ids (the older spelling).
+std::string Assign(const TomlValue& v, std::vector<int64_t>& out) {
+  if (const std::string* s = std::get_if<std::string>(&v.value)) return ParseIdList(*s, out);
+  TomlArray array;
+  if (std::string error = Take<TomlArray>(v, array, "an array of integers"); !error.empty()) {
+    return error;
   }
-  return fmt::format("expected a string in quotes, got a {}", v.TypeName());
+  std::vector<int64_t> ids(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    if (std::string error = Take<int64_t>(array[i], ids[i], "integers in the array");
+        !error.empty()) {
+      return error;
+    }
+  }
+  out = std::move(ids);
+  return "";
 }
 template <class T>
 std::string Assign(const TomlValue& v, std::optional<T>& out) {
@@ -85,21 +142,15 @@ std::string Assign(const TomlValue& v, std::optional<T>& out) {
 std::string Quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        out.push_back(c);
+    const char* escaped = c == '"'    ? "\\\""
+                          : c == '\\' ? "\\\\"
+                          : c == '\n' ? "\\n"
+                          : c == '\t' ? "\\t"
+                                      : nullptr;
+    if (escaped != nullptr) {
+      out += escaped;
+    } else {
+      out.push_back(c);
     }
   }
   return out + "\"";
@@ -112,32 +163,62 @@ std::string Format(double v) {
   return s;
 }
 std::string Format(const std::string& v) { return Quote(v); }
+std::string Format(const std::vector<int64_t>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
+template <class Enum>
+std::enable_if_t<IsChoice<Enum>::value, std::string> Format(Enum v) {
+  return Quote(NameOf(v));
+}
+// An option's value as TOML text, "(unset)" for an unset optional.
+template <class T>
+std::string FormatMember(const T& member) {
+  if constexpr (IsOptional<T>::value) {
+    return member.has_value() ? Format(*member) : "(unset)";
+  } else {
+    return Format(member);
+  }
+}
 
 // ---- CLI11 registration ---------------------------------------------------------------------
 
-CLI::Option* AddFlag(CLI::App& app, const OptionInfo& info, bool& member) {
-  const std::string flag = FlagName(info.key);
-  return app
-      .add_flag_function(
-          flag + ",!--no-" + flag.substr(2), [&member](int64_t count) { member = count > 0; },
-          info.help)
-      ->default_str(member ? "true" : "false");
-}
-CLI::Option* AddFlag(CLI::App& app, const OptionInfo& info, std::optional<bool>& member) {
-  const std::string flag = FlagName(info.key);
-  return app
-      .add_flag_function(
-          flag + ",!--no-" + flag.substr(2), [&member](int64_t count) { member = count > 0; },
-          info.help)
-      ->default_str(member.has_value() ? (*member ? "true" : "false") : "derived");
-}
 template <class T>
 CLI::Option* AddFlag(CLI::App& app, const OptionInfo& info, T& member) {
-  return app.add_option(FlagName(info.key), member, info.help)->capture_default_str();
+  const std::string flag = FlagName(info.key);
+  // Choices and id lists go through the parsers the TOML values use; the error names the flag.
+  const auto parse_with = [&member, flag](auto parse) {
+    return [&member, flag, parse](const std::string& text) {
+      const std::string error = parse(text, member);
+      if (!error.empty()) throw ConfigError(fmt::format("{}: {}", flag, error));
+    };
+  };
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) {
+    const std::string value = FormatMember(member);
+    return app
+        .add_flag_function(
+            flag + ",!--no-" + flag.substr(2), [&member](int64_t count) { member = count > 0; },
+            info.help)
+        ->default_str(value == "(unset)" ? "derived" : value);
+  } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+    return app.add_option_function<double>(
+        flag, [&member](const double& v) { member = v; }, info.help);
+  } else if constexpr (IsChoice<T>::value) {
+    return app
+        .add_option_function<std::string>(
+            flag, parse_with([](std::string_view s, T& out) { return FromName(s, out); }),
+            fmt::format("{} One of: {}.", info.help, ChoiceList<T>()))
+        ->default_str(NameOf(member));
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    return app.add_option_function<std::string>(flag, parse_with(ParseIdList), info.help)
+        ->default_str(fmt::format("{}", fmt::join(member, ",")));
+  } else {
+    return app.add_option(flag, member, info.help)->capture_default_str();
+  }
 }
-CLI::Option* AddFlag(CLI::App& app, const OptionInfo& info, std::optional<double>& member) {
-  return app.add_option_function<double>(
-      FlagName(info.key), [&member](const double& v) { member = v; }, info.help);
+
+bool IsNotRunnableYet(const char* key) {
+  return std::any_of(std::begin(kNotRunnableYet), std::end(kNotRunnableYet),
+                     [&](const char* k) { return std::string_view(k) == key; });
 }
 
 std::string Key(const char* section, const char* key) {
@@ -204,18 +285,27 @@ std::string DumpToml(const Config& config) {
       section = info.section;
       out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
     }
-    using T = std::decay_t<decltype(member)>;
-    if constexpr (IsOptional<T>::value) {
-      if (member.has_value()) {
-        out += fmt::format("{} = {}\n", info.key, Format(*member));
-      } else {
-        out += fmt::format("# {} = (unset)\n", info.key);
-      }
-    } else {
-      out += fmt::format("{} = {}\n", info.key, Format(member));
-    }
+    const std::string value = FormatMember(member);
+    out += fmt::format("{}{} = {}\n", value == "(unset)" ? "# " : "", info.key, value);
   });
   return out;
+}
+
+std::vector<std::string> NotRunnable(const Config& config) {
+  const Config default_config;
+  std::map<std::string, std::string> defaults;
+  VisitOptions(default_config, [&](const OptionInfo& info, const auto& member) {
+    defaults[info.key] = FormatMember(member);
+  });
+  std::vector<std::string> problems;
+  VisitOptions(config, [&](const OptionInfo& info, const auto& member) {
+    const std::string value = FormatMember(member);
+    if (IsNotRunnableYet(info.key) && value != defaults[info.key]) {
+      problems.push_back(
+          fmt::format("{} {}: only {} runs yet", FlagName(info.key), value, defaults[info.key]));
+    }
+  });
+  return problems;
 }
 
 std::optional<CommandLine> ParseCommandLine(const std::vector<std::string>& args,
@@ -242,6 +332,10 @@ std::optional<CommandLine> ParseCommandLine(const std::vector<std::string>& args
   VisitOptions(result.config, [&](const OptionInfo& info, auto& member) {
     CLI::Option* option = AddFlag(app, info, member);
     option->group(info.section);
+    if (IsNotRunnableYet(info.key)) {
+      option->description(option->get_description() +
+                          " [Validates and plans, but only the default runs yet.]");
+    }
     flags[Key(info.section, info.key)] = option;
   });
 

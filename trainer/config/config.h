@@ -42,6 +42,10 @@ void ApplyToml(const TomlDocument& doc, Config& config,
 // (unset optionals as comments). Parsing it back gives the same Config.
 std::string DumpToml(const Config& config);
 
+// One line per option of kNotRunnableYet (options.h) that `config` sets to other than its
+// default, naming the flag, the value and the default; empty when this binary can run it.
+std::vector<std::string> NotRunnable(const Config& config);
+
 // The options that were removed on purpose: passing them is an error that says what replaced
 // them. Key (TOML spelling) -> message.
 const std::vector<std::pair<std::string, std::string>>& RemovedOptions();

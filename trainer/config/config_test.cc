@@ -3,6 +3,7 @@
 #include "trainer/config/config.h"
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -60,7 +61,7 @@ TEST_CASE("flags set options; every boolean has --x and --no-x") {
   CHECK_FALSE(cl.config.parallel.use_distributed_optimizer);
   CHECK(cl.config.colocate.offload_train == std::optional<bool>(true));
   CHECK(cl.config.rl.eps_clip_high == std::optional<double>(0.28));
-  CHECK(cl.config.model.init == "random");
+  CHECK(cl.config.model.init == InitMode::kRandom);
   CHECK(Parse({"--no-offload-train"}).config.colocate.offload_train == std::optional<bool>(false));
 }
 
@@ -97,6 +98,68 @@ TEST_CASE("bad flags name the flag") {
   CHECK(Contains(ErrorOf({"--no-such-flag"}), "--no-such-flag"));
 }
 
+TEST_CASE("choice options take the names of their table; others name the option and the choices") {
+  const CommandLine cl = Parse({"--advantage-estimator", "gspo", "--lr-decay-style", "cosine",
+                                "--kl-loss-type", "low_var_kl", "--device", "cpu"});
+  CHECK(cl.config.rl.advantage_estimator == AdvantageEstimator::kGspo);
+  CHECK(cl.config.optimizer.lr_decay_style == LrDecayStyle::kCosine);
+  CHECK(cl.config.rl.kl_loss_type == KlType::kLowVarKl);
+  CHECK(cl.config.run.device == Device::kCpu);
+  CHECK(ErrorOf({"--kl-loss-type", "k4"}) ==
+        "--kl-loss-type: expected one of k1, k2, k3, low_var_kl; got 'k4'");
+  CHECK(Contains(ErrorOf({"--lr-decay-style", "exponential"}), "--lr-decay-style"));
+  CHECK(Contains(ErrorOf({"--advantage-estimator", "grpoo"}), "--advantage-estimator"));
+  CHECK(Contains(ErrorOf({"--rm-type", "rm_model"}), "exact_match, math, toy; got 'rm_model'"));
+  const std::string path = WriteTemp("[rl]\nkl_loss_type = \"k4\"\nadvantage_estimator = 1\n");
+  const std::string error = ErrorOf({"--config", path});
+  CHECK(Contains(error, path + ":2: [rl] kl_loss_type: expected one of k1, k2, k3, low_var_kl; "
+                               "got 'k4'"));
+  CHECK(Contains(error, path + ":3: [rl] advantage_estimator: expected one of \"grpo, gspo,"));
+}
+
+TEST_CASE("stop token ids: comma-separated on the command line, array or string in TOML") {
+  const std::vector<int64_t> ids = {2, 151329};
+  CHECK(Parse({"--rollout-stop-token-ids", "2,151329"}).config.rollout.rollout_stop_token_ids ==
+        ids);
+  for (const char* value : {"\"2,151329\"", "[2, 151329]"}) {
+    const std::string path =
+        WriteTemp(fmt::format("[rollout]\nrollout_stop_token_ids = {}\n", value));
+    CHECK(Parse({"--config", path}).config.rollout.rollout_stop_token_ids == ids);
+  }
+  CHECK(Parse({}).config.rollout.rollout_stop_token_ids.empty());
+  // 19 digits may not fit in int64; a sign, a space or an empty item is not an id.
+  for (const char* bad : {"2, x", "2,", "2,9999999999999999999", "-2", "x"}) {
+    CHECK(Contains(ErrorOf({"--rollout-stop-token-ids", bad}), "-stop-token-ids: expected"));
+    const std::string path =
+        WriteTemp(fmt::format("[rollout]\nrollout_stop_token_ids = \"{}\"\n", bad));
+    CHECK(Contains(ErrorOf({"--config", path}), "rollout_stop_token_ids: expected"));
+  }
+  const std::string path = WriteTemp("[rollout]\nrollout_stop_token_ids = [2, \"x\"]\n");
+  CHECK(Contains(ErrorOf({"--config", path}), "expected integers in the array, got a string"));
+}
+
+TEST_CASE("options that validate but cannot run yet: marked in --help, listed by NotRunnable") {
+  std::ostringstream out;
+  ParseCommandLine({"--help"}, out);
+  const std::string help = out.str();
+  const size_t tp = help.find("--tensor-model-parallel-size");
+  REQUIRE(tp != std::string::npos);
+  CHECK(help.find("only the default runs yet", tp) < help.find("--pipeline-model-parallel-size"));
+  CHECK(Contains(help, "One of: auto, cuda, cpu."));
+
+  CHECK(NotRunnable(Config{}).empty());
+  Config c;
+  c.parallel.tensor_model_parallel_size = 8;
+  c.optimizer.optimizer_cpu_offload = true;
+  c.rl.compute_advantages_and_returns = false;
+  c.rollout.rollout_batch_size = 3;  // runnable with any value
+  const std::vector<std::string> expected = {
+      "--tensor-model-parallel-size 8: only 1 runs yet",
+      "--optimizer-cpu-offload true: only false runs yet",
+      "--compute-advantages-and-returns false: only true runs yet"};
+  CHECK(NotRunnable(c) == expected);
+}
+
 TEST_CASE("the removed --disable-weights-backuper fails and says what replaced it") {
   const std::string flag_error = ErrorOf({"--disable-weights-backuper"});
   CHECK(Contains(flag_error, "--disable-weights-backuper was removed"));
@@ -121,7 +184,8 @@ TEST_CASE("--help prints every option with its section and returns no config") {
 
 TEST_CASE("the dump parses back to the same config") {
   Config config = Parse({"--lr", "3e-4", "--colocate", "--eps-clip-high", "0.28",
-                         "--prompt-data", "a \"quoted\" path", "--seed", "7"})
+                         "--prompt-data", "a \"quoted\" path", "--seed", "7",
+                         "--rollout-stop-token-ids", "2,5", "--kl-loss-type", "k3"})
                       .config;
   const std::string dump = DumpToml(config);
   Config reread;
@@ -131,6 +195,10 @@ TEST_CASE("the dump parses back to the same config") {
   CHECK(reread.rl.eps_clip_high == std::optional<double>(0.28));
   CHECK(reread.data.prompt_data == "a \"quoted\" path");
   CHECK_FALSE(reread.colocate.offload_train.has_value());
+  CHECK(reread.rollout.rollout_stop_token_ids == std::vector<int64_t>{2, 5});
+  CHECK(reread.rl.kl_loss_type == KlType::kK3);
+  CHECK(Contains(dump, "rollout_stop_token_ids = [2, 5]\nrollout_cuda_graphs"));
+  CHECK(Contains(dump, "kl_loss_type = \"k3\"\n"));
 }
 
 }  // namespace

@@ -17,20 +17,83 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "optimizer/lr_schedule.h"
+#include "trainer/data/rewards.h"
+#include "trainer/rl/choices.h"
+
+namespace rl::config {
+
+// Choice options are enums. Each has one name table, a constexpr array of {value, "name"}
+// pairs that EnumNames(value) returns; trainer/config/config.h reads flags and TOML, lists the
+// choices in --help and dumps the config from it. Enums of a domain package live there, next to
+// the code that uses them; these have no package below the config.
+enum class Device { kAuto, kCuda, kCpu };
+inline constexpr std::pair<Device, const char*> kDeviceNames[] = {
+    {Device::kAuto, "auto"}, {Device::kCuda, "cuda"}, {Device::kCpu, "cpu"}};
+constexpr const auto& EnumNames(Device) { return kDeviceNames; }
+enum class InitMode { kCheckpoint, kRandom };
+inline constexpr std::pair<InitMode, const char*> kInitModeNames[] = {
+    {InitMode::kCheckpoint, "checkpoint"}, {InitMode::kRandom, "random"}};
+constexpr const auto& EnumNames(InitMode) { return kInitModeNames; }
+enum class ParamsDtype { kBf16, kFp32 };
+inline constexpr std::pair<ParamsDtype, const char*> kParamsDtypeNames[] = {
+    {ParamsDtype::kBf16, "bf16"}, {ParamsDtype::kFp32, "fp32"}};
+constexpr const auto& EnumNames(ParamsDtype) { return kParamsDtypeNames; }
+enum class OptimizerKind { kAdam };
+inline constexpr std::pair<OptimizerKind, const char*> kOptimizerKindNames[] = {
+    {OptimizerKind::kAdam, "adam"}};
+constexpr const auto& EnumNames(OptimizerKind) { return kOptimizerKindNames; }
+enum class OffloadTarget { kCpu, kDisk };
+inline constexpr std::pair<OffloadTarget, const char*> kOffloadTargetNames[] = {
+    {OffloadTarget::kCpu, "cpu"}, {OffloadTarget::kDisk, "disk"}};
+constexpr const auto& EnumNames(OffloadTarget) { return kOffloadTargetNames; }
+enum class LogLevel { kInfo, kDebug };
+inline constexpr std::pair<LogLevel, const char*> kLogLevelNames[] = {
+    {LogLevel::kInfo, "info"}, {LogLevel::kDebug, "debug"}};
+constexpr const auto& EnumNames(LogLevel) { return kLogLevelNames; }
+
+using AdvantageEstimator = rl_algo::AdvantageEstimator;
+using KlType = rl_algo::KlType;
+using LrDecayStyle = optimizer::LrDecayStyle;
+using RewardType = data::RewardType;
+
+// The name of `value` in its table.
+template <class Enum>
+const char* NameOf(Enum value) {
+  for (const auto& [v, name] : EnumNames(value)) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+// Options that validate (so that --plan plans full-scale recipes) but that this binary cannot
+// run with any value other than their default yet. --help marks them; the trainer refuses to
+// run with them (NotRunnable in trainer/config/config.h).
+inline constexpr const char* kNotRunnableYet[] = {
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+    "expert_model_parallel_size", "expert_tensor_parallel_size", "lora_rank",
+    "overlap_param_gather", "use_distributed_optimizer", "use_precision_aware_optimizer",
+    "optimizer_cpu_offload", "debug_disable_optimizer", "debug_rollout_only", "keep_old_actor",
+    "compute_advantages_and_returns"};
+
+}  // namespace rl::config
 
 // clang-format off
 #define RL_RUN_OPTIONS(X)                                                                          \
   X(int64_t, num_rollout, 1, "Number of RL iterations (rollout + train + weight sync).")           \
   X(int64_t, seed, 1234, "Seed for initialisation, sampling and data order.")                      \
-  X(std::string, device, "auto", "auto (cuda:<local rank> when a GPU is present), cuda, or cpu.")  \
+  X(Device, device, Device::kAuto, "auto = cuda:<local rank> when a GPU is present, else cpu.")    \
   X(int64_t, actor_num_nodes, 1, "Nodes of the job (for --plan at full scale).")                    \
   X(int64_t, actor_num_gpus_per_node, 2, "Ranks per node (for --plan at full scale).")
 
 #define RL_MODEL_OPTIONS(X)                                                                        \
   X(std::string, hf_checkpoint, "", "Hugging Face checkpoint directory of the policy.")           \
   X(std::string, model_config, "", "config.json describing the architecture (default: the one in --hf-checkpoint).") \
-  X(std::string, init, "checkpoint", "checkpoint (load --hf-checkpoint) or random (from --model-config and --seed).") \
-  X(std::string, params_dtype, "bf16", "Dtype of the trained params and the engine weights: bf16 or fp32 (masters are fp32).") \
+  X(InitMode, init, InitMode::kCheckpoint, "checkpoint = load --hf-checkpoint; random = from --model-config and --seed.") \
+  X(ParamsDtype, params_dtype, ParamsDtype::kBf16, "Dtype of the trained params and the engine weights (masters are fp32).") \
   X(std::string, ref_load, "", "Reference model checkpoint for the KL term (default: the initial actor weights).") \
   X(std::string, freeze_params, "", "Regex: parameters whose names match are frozen (not trained).") \
   X(int64_t, lora_rank, 0, "LoRA rank; 0 disables LoRA.")
@@ -47,10 +110,10 @@
   X(int64_t, comm_timeout_s, 600, "Timeout of every collective, seconds; a late rank ends the job.")
 
 #define RL_OPTIMIZER_OPTIONS(X)                                                                    \
-  X(std::string, optimizer, "adam", "Optimizer: adam (AdamW).")                                   \
+  X(OptimizerKind, optimizer, OptimizerKind::kAdam, "Optimizer (adam = AdamW).")                  \
   X(double, lr, 1e-6, "Peak learning rate.")                                                       \
   X(double, min_lr, 0.0, "Learning rate at the end of a linear or cosine decay.")                  \
-  X(std::string, lr_decay_style, "constant", "constant, linear or cosine.")                       \
+  X(LrDecayStyle, lr_decay_style, LrDecayStyle::kConstant, "Decay after warm-up.")                \
   X(int64_t, lr_warmup_iters, 0, "Optimizer steps of linear warm-up from 0.")                      \
   X(int64_t, lr_decay_iters, 0, "Optimizer steps of decay after warm-up; 0 = all remaining steps.") \
   X(double, weight_decay, 0.1, "Decoupled weight decay (AdamW).")                                  \
@@ -69,14 +132,14 @@
   X(double, rollout_temperature, 1.0, "Sampling temperature.")                                     \
   X(double, rollout_top_p, 1.0, "Nucleus sampling threshold; 1 disables it.")                      \
   X(int64_t, rollout_top_k, -1, "Top-k sampling; -1 disables it.")                                 \
-  X(std::string, rollout_stop_token_ids, "", "Comma-separated token ids that end a response.")     \
+  X(std::vector<int64_t>, rollout_stop_token_ids, {}, "Token ids that end a response (comma-separated; in TOML also an array).") \
   X(bool, rollout_cuda_graphs, true, "Replay the decode step as CUDA graphs (GPU, models without MoE layers).") \
   X(int64_t, global_batch_size, 0, "Samples per optimizer step; 0 = derived from the rollout batch.") \
   X(int64_t, num_steps_per_rollout, 0, "Optimizer steps per rollout; 0 = derived (1 unless --global-batch-size says otherwise).") \
   X(int64_t, micro_batch_size, 1, "Samples per micro-batch (gradient accumulation within a step).")
 
 #define RL_RL_OPTIONS(X)                                                                           \
-  X(std::string, advantage_estimator, "grpo", "grpo, gspo, reinforce_plus_plus, reinforce_plus_plus_baseline or ppo.") \
+  X(AdvantageEstimator, advantage_estimator, AdvantageEstimator::kGrpo, "Advantage estimator (ppo needs a critic, which this trainer does not have).") \
   X(bool, rewards_normalization, true, "Subtract the group mean reward (GRPO family).")            \
   X(bool, grpo_std_normalization, true, "Divide by the group std + 1e-6 (off = Dr.GRPO).")        \
   X(double, eps_clip, 0.2, "PPO clip, lower side.")                                                \
@@ -84,7 +147,7 @@
   X(std::optional<double>, eps_clip_c, std::nullopt, "Dual-clip constant (> 1) for negative advantages.") \
   X(bool, use_kl_loss, false, "Add a KL(policy || reference) loss term.")                         \
   X(double, kl_loss_coef, 0.0, "Coefficient of the KL loss.")                                      \
-  X(std::string, kl_loss_type, "k1", "k1, k2, k3 or low_var_kl.")                                 \
+  X(KlType, kl_loss_type, KlType::kK1, "KL estimator of the KL loss.")                             \
   X(double, kl_coef, 0.0, "KL penalty in the reward (needs a reference model).")                   \
   X(double, entropy_coef, 0.0, "Entropy bonus coefficient.")                                       \
   X(bool, calculate_per_token_loss, false, "Aggregate the loss per token instead of per sample.")  \
@@ -100,7 +163,7 @@
   X(bool, colocate, false, "Actor and rollout engine share each GPU and take turns.")             \
   X(std::optional<bool>, offload_train, std::nullopt, "Release the actor's memory while the engine works (default: on with --colocate).") \
   X(std::optional<bool>, offload_rollout, std::nullopt, "Release the engine's memory while the actor works (default: on with --colocate).") \
-  X(std::string, offload_train_target, "cpu", "Where the actor's state goes while asleep: cpu or disk.") \
+  X(OffloadTarget, offload_train_target, OffloadTarget::kCpu, "Where the actor's state goes while asleep (disk is not supported yet).") \
   X(bool, rematerialize_param_from_master_weight, false, "On wake-up, rebuild bf16 params from the fp32 master shards (cast + all-gather) instead of a pinned host copy.") \
   X(bool, keep_old_actor, false, "Keep a copy of the previous actor weights (needs backup copy()).") \
   X(bool, debug_train_only, false, "Train on recorded data; no rollout engine.")                 \
@@ -123,7 +186,7 @@
   X(std::string, input_key, "prompt", "Key of the prompt in each JSONL line.")                     \
   X(std::string, label_key, "label", "Key of the label (the verifier's answer) in each JSONL line.") \
   X(bool, apply_chat_template, false, "Wrap prompts in the tokenizer's chat template.")           \
-  X(std::string, rm_type, "math", "Reward: exact_match, math (\\boxed{} / final number) or toy (the embedded task).")       \
+  X(RewardType, rm_type, RewardType::kMath, "Reward verifier: math = \\boxed{} / final number, toy = the embedded task.")\
   X(std::string, load_debug_rollout_data, "", "Replay recorded rollout data (JSONL) instead of generating.") \
   X(std::string, save_debug_rollout_data, "", "Record each rollout's data to this JSONL file.")
 
@@ -133,7 +196,7 @@
   X(std::string, save, "", "Checkpoint directory (actor, optimizer, RNG, data position).")        \
   X(int64_t, save_interval, 0, "Save every N iterations; 0 = only at the end when --save is set.") \
   X(std::string, load, "", "Resume from this checkpoint directory.")                              \
-  X(std::string, log_level, "info", "info or debug.")
+  X(LogLevel, log_level, LogLevel::kInfo, "Log verbosity.")
 
 // Section name, struct name, option list.
 #define RL_CONFIG_SECTIONS(S)                          \

@@ -2,15 +2,16 @@
 // the list of every rule it breaks.
 //
 // It holds every rule of miles for --rematerialize-param-from-master-weight and those of its
-// colocate/offload/backup rules that apply to this trainer, in miles' order, plus the range
-// checks of single options. Each
-// message names the option(s) as flags and says how to fix it. Derived values are written into
-// the resolved config (every std::optional option is set afterwards) or into ResolvedConfig's
-// own fields. Rules that depend on the model's structure (frozen parameters) are checked when
-// the model is built, not here.
+// colocate, offload and debug rules that apply to this trainer, in miles' order, plus the range
+// checks of single options (choice options are enums: the config parser already refused unknown
+// names). Each message names the option(s) as flags and says how to fix it. Derived values are
+// written into the resolved config (every std::optional option is set afterwards) or into
+// ResolvedConfig's own fields. Rules that depend on the model's structure (frozen parameters) are
+// checked when the model is built, not here.
 //
-// Not here either: whether this binary can run a layout today (main checks that at start-up),
-// because full-scale recipes must validate for --plan.
+// Not here either: whether this binary can run a layout today (NotRunnable in
+// trainer/config/config.h, checked by main at start-up), because full-scale recipes must
+// validate for --plan.
 #ifndef RL_TRAINER_CONFIG_VALIDATE_H_
 #define RL_TRAINER_CONFIG_VALIDATE_H_
 

@@ -1,7 +1,5 @@
 #include "trainer/data/rewards.h"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -201,18 +199,16 @@ double MathReward(std::string_view response, std::string_view label) {
   return got == want ? 1.0 : 0.0;
 }
 
-std::vector<std::string> RewardTypes() { return {"exact_match", "math", "toy"}; }
-
-RewardFn MakeRewardFn(std::string_view rm_type) {
-  if (rm_type == "exact_match") return ExactMatchReward;
-  if (rm_type == "math") return MathReward;
-  if (rm_type == "toy") return ToyTaskReward;
-  throw ConfigError(fmt::format("--rm-type \"{}\" is unknown; built-in verifiers: {}", rm_type,
-                                fmt::join(RewardTypes(), ", ")));
-}
-
-double ComputeReward(std::string_view rm_type, std::string_view response, std::string_view label) {
-  return MakeRewardFn(rm_type)(response, label);
+RewardFn MakeRewardFn(RewardType type) {
+  switch (type) {
+    case RewardType::kExactMatch:
+      return ExactMatchReward;
+    case RewardType::kMath:
+      return MathReward;
+    case RewardType::kToy:
+      return ToyTaskReward;
+  }
+  throw Error("MakeRewardFn: not a RewardType");
 }
 
 }  // namespace rl::data

@@ -18,19 +18,23 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace rl::data {
 
 using RewardFn = std::function<double(std::string_view response, std::string_view label)>;
 
-// The verifier named `rm_type`; throws ConfigError listing the known names for another.
-RewardFn MakeRewardFn(std::string_view rm_type);
-// The names MakeRewardFn accepts.
-std::vector<std::string> RewardTypes();
+// --rm-type, with its name table (EnumNames is how trainer/config finds it).
+enum class RewardType { kExactMatch, kMath, kToy };
+inline constexpr std::pair<RewardType, const char*> kRewardTypeNames[] = {
+    {RewardType::kExactMatch, "exact_match"},
+    {RewardType::kMath, "math"},
+    {RewardType::kToy, "toy"},
+};
+constexpr const auto& EnumNames(RewardType) { return kRewardTypeNames; }
 
-// MakeRewardFn(rm_type)(response, label).
-double ComputeReward(std::string_view rm_type, std::string_view response, std::string_view label);
+RewardFn MakeRewardFn(RewardType type);
 
 double ExactMatchReward(std::string_view response, std::string_view label);
 double MathReward(std::string_view response, std::string_view label);

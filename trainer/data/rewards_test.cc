@@ -8,10 +8,10 @@
 namespace rl::data {
 
 TEST_CASE("exact_match compares trimmed strings", "[rewards]") {
-  CHECK(ComputeReward("exact_match", "  Paris\n", "Paris") == 1.0);
-  CHECK(ComputeReward("exact_match", "paris", "Paris") == 0.0);
-  CHECK(ComputeReward("exact_match", "Paris.", "Paris") == 0.0);
-  CHECK(ComputeReward("exact_match", "", "") == 1.0);
+  CHECK(MakeRewardFn(RewardType::kExactMatch)("  Paris\n", "Paris") == 1.0);
+  CHECK(MakeRewardFn(RewardType::kExactMatch)("paris", "Paris") == 0.0);
+  CHECK(MakeRewardFn(RewardType::kExactMatch)("Paris.", "Paris") == 0.0);
+  CHECK(MakeRewardFn(RewardType::kExactMatch)("", "") == 1.0);
 }
 
 TEST_CASE("math: answer extraction", "[rewards]") {
@@ -66,12 +66,8 @@ TEST_CASE("math rewards", "[rewards]") {
 }
 
 TEST_CASE("reward factory", "[rewards]") {
-  CHECK(MakeRewardFn("math")("\\boxed{3}", "3") == 1.0);
-  CHECK(MakeRewardFn("toy")("4<eos>", "4") == 1.0);
-  CHECK_THROWS_WITH(MakeRewardFn("rm_model"),
-                    Catch::Contains("--rm-type \"rm_model\" is unknown") &&
-                        Catch::Contains("exact_match, math, toy"));
-  CHECK_THROWS_AS(ComputeReward("nope", "", ""), ConfigError);
+  CHECK(MakeRewardFn(RewardType::kMath)("\\boxed{3}", "3") == 1.0);
+  CHECK(MakeRewardFn(RewardType::kToy)("4<eos>", "4") == 1.0);
 }
 
 }  // namespace rl::data

@@ -46,27 +46,9 @@ at::Tensor NormaliseGroups(const at::Tensor& groups, const RewardOptions& option
 
 }  // namespace
 
-AdvantageEstimator ParseAdvantageEstimator(const std::string& name) {
-  if (name == "grpo") return AdvantageEstimator::kGrpo;
-  if (name == "gspo") return AdvantageEstimator::kGspo;
-  if (name == "reinforce_plus_plus") return AdvantageEstimator::kReinforcePlusPlus;
-  if (name == "reinforce_plus_plus_baseline") {
-    return AdvantageEstimator::kReinforcePlusPlusBaseline;
-  }
-  if (name == "ppo") {
-    throw ConfigError(
-        "--advantage-estimator ppo needs a critic model, which this trainer does not have; use "
-        "grpo, gspo, reinforce_plus_plus or reinforce_plus_plus_baseline");
-  }
-  throw ConfigError(
-      fmt::format("--advantage-estimator '{}' is not one of grpo, gspo, reinforce_plus_plus, "
-                  "reinforce_plus_plus_baseline",
-                  name));
-}
-
 RewardOptions RewardOptionsFrom(const config::Config& config) {
   RewardOptions options;
-  options.estimator = ParseAdvantageEstimator(config.rl.advantage_estimator);
+  options.estimator = config.rl.advantage_estimator;
   options.rewards_normalization = config.rl.rewards_normalization;
   options.grpo_std_normalization = config.rl.grpo_std_normalization;
   return options;
@@ -74,7 +56,7 @@ RewardOptions RewardOptionsFrom(const config::Config& config) {
 
 AdvantageOptions AdvantageOptionsFrom(const config::Config& config) {
   AdvantageOptions options;
-  options.estimator = ParseAdvantageEstimator(config.rl.advantage_estimator);
+  options.estimator = config.rl.advantage_estimator;
   options.kl_coef = config.rl.kl_coef;
   options.normalize_advantages = config.rl.normalize_advantages;
   return options;
@@ -195,6 +177,8 @@ AdvantagesAndReturns ComputeAdvantagesAndReturns(const at::Tensor& rewards,
       out.advantages = out.returns;
       break;
     }
+    case AdvantageEstimator::kPpo:
+      throw Error("advantages: ppo needs a critic; validation should have refused it");
   }
   if (options.normalize_advantages) {
     out.advantages = MaskedWhiten(out.advantages, loss_mask, all_reduce_sum);

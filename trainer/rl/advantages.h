@@ -13,8 +13,7 @@
 // Distributed: only MaskedWhiten (--normalize-advantages) needs the other DP ranks; it takes the
 // all-reduce as a function, so one rank and tests pass IdentityAllReduce.
 //
-// Failures: inconsistent shapes or group sizes throw rl::Error; an unknown estimator name throws
-// rl::ConfigError naming --advantage-estimator.
+// Failures: inconsistent shapes or group sizes, and kPpo (refused by validation), throw rl::Error.
 //
 // Thread safety: stateless pure functions.
 #ifndef RL_TRAINER_RL_ADVANTAGES_H_
@@ -24,19 +23,12 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "trainer/config/options.h"
+#include "trainer/rl/choices.h"
 
 namespace rl::rl_algo {
-
-// --advantage-estimator. "ppo" needs a critic, which this trainer does not have.
-enum class AdvantageEstimator { kGrpo, kGspo, kReinforcePlusPlus, kReinforcePlusPlusBaseline };
-
-// "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"; anything else (ppo
-// included) throws rl::ConfigError.
-AdvantageEstimator ParseAdvantageEstimator(const std::string& name);
 
 // Added to the group std before dividing (the reference's constant).
 inline constexpr double kGroupStdEpsilon = 1e-6;
@@ -56,8 +48,7 @@ struct AdvantageOptions {
   bool normalize_advantages = false;  // whiten over all DP ranks' trainable tokens
 };
 
-// From the resolved config (trainer/config/validate.h); throws rl::ConfigError for an estimator
-// this trainer does not implement.
+// From the resolved config (trainer/config/validate.h).
 RewardOptions RewardOptionsFrom(const config::Config& config);
 AdvantageOptions AdvantageOptionsFrom(const config::Config& config);
 

@@ -35,14 +35,6 @@ at::Tensor FiniteOrZero(const at::Tensor& x, const at::Tensor& active) {
 
 }  // namespace
 
-KlType ParseKlType(const std::string& name) {
-  if (name == "k1") return KlType::kK1;
-  if (name == "k2") return KlType::kK2;
-  if (name == "k3") return KlType::kK3;
-  if (name == "low_var_kl") return KlType::kLowVarKl;
-  throw ConfigError(fmt::format("--kl-loss-type '{}' is not one of k1, k2, k3, low_var_kl", name));
-}
-
 at::Tensor ApproxKl(const at::Tensor& log_probs, const at::Tensor& ref_log_probs, KlType type) {
   RL_CHECK(log_probs.sizes() == ref_log_probs.sizes(), Error,
            "ApproxKl: log_probs {} and ref_log_probs {} differ in shape", Shape(log_probs),
@@ -116,10 +108,9 @@ LossOptions LossOptionsFrom(const config::Config& config) {
   options.eps_clip = rl.eps_clip;
   options.eps_clip_high = rl.eps_clip_high.value_or(rl.eps_clip);
   options.eps_clip_c = rl.eps_clip_c;
-  options.policy_ratio =
-      ParseAdvantageEstimator(rl.advantage_estimator) == AdvantageEstimator::kGspo
-          ? PolicyRatio::kSequence
-          : PolicyRatio::kToken;
+  options.policy_ratio = rl.advantage_estimator == AdvantageEstimator::kGspo
+                             ? PolicyRatio::kSequence
+                             : PolicyRatio::kToken;
   options.use_rollout_logprobs = rl.use_rollout_logprobs;
   options.use_tis = rl.use_tis;
   options.tis_clip = rl.tis_clip;
@@ -127,7 +118,7 @@ LossOptions LossOptionsFrom(const config::Config& config) {
   options.entropy_coef = rl.entropy_coef;
   options.use_kl_loss = rl.use_kl_loss;
   options.kl_loss_coef = rl.kl_loss_coef;
-  options.kl_loss_type = ParseKlType(rl.kl_loss_type);
+  options.kl_loss_type = rl.kl_loss_type;
   options.aggregation =
       rl.calculate_per_token_loss ? LossAggregation::kTokenSum : LossAggregation::kSampleMean;
   return options;

@@ -44,20 +44,14 @@
 #include <vector>
 
 #include "trainer/config/options.h"
+#include "trainer/rl/choices.h"
 
 namespace rl::rl_algo {
 
 // ---- KL estimators ----
 
-// --kl-loss-type. With r = log_probs - ref_log_probs:
-//   k1 = r;  k2 = r^2 / 2;  k3 = exp(-r) - 1 + r;
-//   low_var_kl = k3 with -r clamped to [-20, 20] first, and the result clamped to [-10, 10].
-enum class KlType { kK1, kK2, kK3, kLowVarKl };
-
-// "k1", "k2", "k3", "low_var_kl"; anything else throws rl::ConfigError.
-KlType ParseKlType(const std::string& name);
-
-// Per-token KL estimate; same shape as the inputs, dtype at least fp32. Differentiable in both.
+// Per-token KL estimate of --kl-loss-type (KlType, trainer/rl/choices.h); same shape as the
+// inputs, dtype at least fp32. Differentiable in both.
 at::Tensor ApproxKl(const at::Tensor& log_probs, const at::Tensor& ref_log_probs, KlType type);
 
 // ---- The PPO-clip formula and its parts ----
@@ -108,8 +102,7 @@ struct LossOptions {
   LossAggregation aggregation = LossAggregation::kSampleMean;
 };
 
-// From the resolved config (trainer/config/validate.h). Throws rl::ConfigError for an unknown
-// --kl-loss-type or --advantage-estimator.
+// From the resolved config (trainer/config/validate.h).
 LossOptions LossOptionsFrom(const config::Config& config);
 
 // See Note [Loss scaling]. Fixed for one optimizer step.

@@ -381,19 +381,17 @@ TEST_CASE("loss options come from the config", "[losses]") {
   CHECK(o.policy_ratio == PolicyRatio::kToken);
   CHECK(o.aggregation == LossAggregation::kSampleMean);
   CHECK(o.kl_loss_type == KlType::kK1);
-  c.rl.advantage_estimator = "gspo";
+  c.rl.advantage_estimator = AdvantageEstimator::kGspo;
   c.rl.eps_clip_high = 0.28;
   c.rl.eps_clip_c = 3.0;
   c.rl.calculate_per_token_loss = true;
-  c.rl.kl_loss_type = "low_var_kl";
+  c.rl.kl_loss_type = KlType::kLowVarKl;
   o = LossOptionsFrom(c);
   CHECK(o.policy_ratio == PolicyRatio::kSequence);
   CHECK(o.eps_clip_high == 0.28);
   CHECK(o.eps_clip_c == 3.0);
   CHECK(o.aggregation == LossAggregation::kTokenSum);
   CHECK(o.kl_loss_type == KlType::kLowVarKl);
-  c.rl.kl_loss_type = "k4";
-  CHECK_THROWS_AS(LossOptionsFrom(c), ConfigError);
 }
 
 }  // namespace
