@@ -172,7 +172,7 @@ class ColocatedCycle {
  private:
   // Runs `fn` as phase `name`, timed and logged with the memory after it; returns its result.
   template <class Fn>
-  auto Phase(const std::string& name, Fn&& fn) {
+  std::invoke_result_t<Fn> Phase(const std::string& name, Fn&& fn) {
     const auto start = Clock::now();
     if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {
       fn();

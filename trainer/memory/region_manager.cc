@@ -39,8 +39,6 @@ const Region* RegionManager::Find(RegionTag tag) const {
   return regions_.at(static_cast<size_t>(tag)).get();
 }
 
-bool RegionManager::Contains(RegionTag tag) const { return Find(tag) != nullptr; }
-
 const Region& RegionManager::GetOrThrow(RegionTag tag) const {
   const Region* region = Find(tag);
   RL_CHECK(region != nullptr, Error, "memory region '{}' was never created", RegionTagName(tag));

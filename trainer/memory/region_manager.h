@@ -55,7 +55,6 @@ class RegionManager {
   // (zero it when zeros are needed). Throws rl::Error naming the tag when the region is too small.
   at::Tensor Carve(RegionTag tag, int64_t numel, at::ScalarType dtype);
 
-  bool Contains(RegionTag tag) const;
   // Throws rl::Error naming the tag when it was never created.
   Region& GetOrThrow(RegionTag tag);
   const Region& GetOrThrow(RegionTag tag) const;
