@@ -45,6 +45,7 @@ using NamedTensors = std::vector<NamedTensor>;
 using SourceGetter = std::function<NamedTensors()>;
 
 inline constexpr const char* kActorTag = "actor";
+inline constexpr const char* kRefTag = "ref";  // the reference model (KL loss)
 
 class TensorBackuper {
  public:

@@ -80,9 +80,7 @@ class Actor {
   void LoadInitialWeights();
 
   const model::ModelConfig& model_config() const { return model_; }
-  const model::Decoder& decoder() const { return *decoder_; }
   optimizer::DistributedOptimizer& optimizer() { return *optimizer_; }
-  at::ScalarType dtype() const { return dtype_; }
   c10::Device device() const { return device_; }
 
   // Every model tensor in ListParams order (params, extras, frozen): the backuper's source.

@@ -25,12 +25,13 @@ using memory::RegionTag;
 class EngineRollout final : public Rollout {
  public:
   EngineRollout(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                c10::Device device)
+                c10::Device device, memory::RegionManager& regions)
       : resolved_(resolved),
         tokenizer_(model.hf_config.is_null() || resolved.config.model.hf_checkpoint.empty()
                        ? std::unique_ptr<data::Tokenizer>(new data::ByteTokenizer())
                        : data::LoadTokenizer(resolved.config.model.hf_checkpoint)),
-        reward_(data::MakeRewardFn(resolved.config.data.rm_type)) {
+        reward_(data::MakeRewardFn(resolved.config.data.rm_type)),
+        regions_(regions) {
     const config::Config& c = resolved.config;
     RL_CHECK(!c.data.prompt_data.empty(), ConfigError,
              "generation needs prompts: pass --prompt-data FILE (JSONL), or replay recorded data "
@@ -63,13 +64,9 @@ class EngineRollout final : public Rollout {
     stop_ids_.insert(stop_ids_.end(), c.rollout.rollout_stop_token_ids.begin(),
                      c.rollout.rollout_stop_token_ids.end());
 
-    const auto allocate = [this, device](std::string_view tag, int64_t bytes) {
-      const RegionTag region_tag = memory::ParseRegionTagOrThrow(tag);
-      memory::Region& region = regions_.Create(
-          region_tag, std::max<int64_t>(bytes, 256), device, memory::HostBackup::kNone,
-          resolved_.config.checks.ci_test ? memory::FreshPages::kPoison
-                                          : memory::FreshPages::kAsMapped);
-      return region.View(at::kByte, 0, {bytes});
+    const auto allocate = [this](RegionTag tag, int64_t bytes) {
+      regions_.Create(tag, bytes, memory::HostBackup::kNone);
+      return regions_.Carve(tag, bytes, at::kByte);
     };
     const at::ScalarType dtype =
         c.model.params_dtype == config::ParamsDtype::kFp32 ? at::kFloat : at::kBFloat16;
@@ -158,8 +155,6 @@ class EngineRollout final : public Rollout {
     weight_sync::CheckWeightsEqual(Pairs(weights), engine_->layout(), engine_->weight_storage());
   }
 
-  int64_t DeviceBytes() const override { return regions_.total_device_bytes(); }
-
   json::Value ExportState() const override { return dataset_->ExportState(); }
   void ImportState(const json::Value& state) override {
     RL_CHECK(!state.is_null(), CheckpointError,
@@ -195,15 +190,16 @@ class EngineRollout final : public Rollout {
   std::unique_ptr<data::ChatTemplate> template_;
   std::vector<int64_t> stop_ids_;
   std::unordered_map<int64_t, std::vector<int64_t>> prompt_ids_;  // line -> token ids
-  memory::RegionManager regions_;
+  memory::RegionManager& regions_;
   std::unique_ptr<rollout::RolloutEngine> engine_;
 };
 
 }  // namespace
 
 std::unique_ptr<Rollout> MakeEngineRollout(const config::ResolvedConfig& resolved,
-                                           const model::ModelConfig& model, c10::Device device) {
-  return std::make_unique<EngineRollout>(resolved, model, device);
+                                           const model::ModelConfig& model, c10::Device device,
+                                           memory::RegionManager& regions) {
+  return std::make_unique<EngineRollout>(resolved, model, device, regions);
 }
 
 }  // namespace rl

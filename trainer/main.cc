@@ -26,9 +26,11 @@
 #include "trainer/config/config.h"
 #include "trainer/config/validate.h"
 #include "trainer/model/hf_config.h"
+#include "trainer/memory/region_manager.h"
 #include "trainer/model/model_config.h"
 #include "trainer/plan.h"
 #include "trainer/rank_layout.h"
+#include "trainer/rollout.h"
 
 namespace rl {
 namespace {
@@ -135,14 +137,17 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
   spdlog::info("rank layout ({} ranks, backend {}):\n{}", session.world_size(), comm->backend(),
                FormatRankLayout(layout));
   const model::ModelConfig model = LoadArchitecture(cfg.model);
+  // The process's regions, actor's and engine's; CI runs poison fresh pages.
+  memory::RegionManager regions(
+      device, cfg.checks.ci_test ? memory::FreshPages::kPoison : memory::FreshPages::kAsMapped);
   std::unique_ptr<Rollout> rollout;
   if (!cfg.colocate.debug_train_only) {
     rollout = cfg.data.load_debug_rollout_data.empty()
-                  ? MakeEngineRollout(resolved, model, device)
+                  ? MakeEngineRollout(resolved, model, device, regions)
                   : MakeReplayRollout(resolved);
   }
   try {
-    RunColocated(resolved, model, *comm, device, std::move(rollout));
+    RunColocated(resolved, model, *comm, device, regions, std::move(rollout));
     comm->Barrier();
   } catch (const CommError& e) {
     // End the job now, while the communicator (and its pending collective) still exists: a peer

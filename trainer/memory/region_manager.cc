@@ -2,30 +2,42 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "launch/check.h"
 
 namespace rl::memory {
 
-RegionManager::RegionManager() = default;
+RegionManager::RegionManager(c10::Device device, FreshPages fresh_pages)
+    : device_(device), fresh_pages_(fresh_pages) {}
 RegionManager::~RegionManager() = default;
 
-Region& RegionManager::Create(RegionTag tag, int64_t num_bytes, c10::Device device,
-                              HostBackup backup, FreshPages fresh_pages) {
+Region& RegionManager::Create(RegionTag tag, int64_t num_bytes, HostBackup backup) {
   std::unique_ptr<Region>& slot = regions_.at(static_cast<size_t>(tag));
   RL_CHECK(slot == nullptr, Error,
            "memory region '{}' exists already ({} bytes on {}); each region is created once",
            RegionTagName(tag), slot->num_bytes(), slot->device().str());
-  slot = std::make_unique<Region>(tag, num_bytes, device, backup, fresh_pages);
+  slot = std::make_unique<Region>(tag, std::max(num_bytes, kCarveAlignmentBytes), device_, backup,
+                                  fresh_pages_);
   return *slot;
+}
+
+at::Tensor RegionManager::Carve(RegionTag tag, int64_t numel, at::ScalarType dtype) {
+  const Region& region = GetOrThrow(tag);
+  int64_t& cursor = carved_bytes_.at(static_cast<size_t>(tag));
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  RL_CHECK(cursor + bytes <= region.num_bytes(), Error,
+           "region '{}' is too small: {} bytes asked at offset {} of {}", region.name(), bytes,
+           cursor, region.num_bytes());
+  at::Tensor view = region.View(dtype, cursor, {numel});
+  cursor += CarvedBytes(bytes);
+  return view;
 }
 
 const Region* RegionManager::Find(RegionTag tag) const {
   return regions_.at(static_cast<size_t>(tag)).get();
 }
-
-bool RegionManager::Contains(RegionTag tag) const { return Find(tag) != nullptr; }
 
 const Region& RegionManager::GetOrThrow(RegionTag tag) const {
   const Region* region = Find(tag);

@@ -1,6 +1,8 @@
 // The manager owns one region per tag, forwards pause/resume, and sums the byte reports.
 #include "trainer/memory/region_manager.h"
 
+#include <ATen/ATen.h>
+
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -13,9 +15,9 @@ const c10::Device kCpu(c10::kCPU);
 constexpr int64_t kMiB = 1 << 20;
 
 TEST_CASE("the manager reports per-tag and total bytes through pause and resume") {
-  RegionManager manager;
-  manager.Create(RegionTag::kParamBuffer, 4 * kMiB, kCpu, HostBackup::kNone);
-  manager.Create(RegionTag::kOptimizer, 2 * kMiB, kCpu, HostBackup::kSaveOnPause);
+  RegionManager manager(kCpu, FreshPages::kAsMapped);
+  manager.Create(RegionTag::kParamBuffer, 4 * kMiB, HostBackup::kNone);
+  manager.Create(RegionTag::kOptimizer, 2 * kMiB, HostBackup::kSaveOnPause);
   CHECK(manager.device_bytes(RegionTag::kParamBuffer) == 4 * kMiB);
   CHECK(manager.host_bytes(RegionTag::kParamBuffer) == 0);
   CHECK(manager.host_bytes(RegionTag::kOptimizer) == 2 * kMiB);
@@ -36,17 +38,33 @@ TEST_CASE("the manager reports per-tag and total bytes through pause and resume"
 }
 
 TEST_CASE("a tag is created once and must exist to be used") {
-  RegionManager manager;
-  manager.Create(RegionTag::kGradBuffer, kMiB, kCpu, HostBackup::kNone);
-  CHECK(manager.Contains(RegionTag::kGradBuffer));
-  CHECK(!manager.Contains(RegionTag::kExtras));
-  CHECK_THROWS_WITH(manager.Create(RegionTag::kGradBuffer, kMiB, kCpu, HostBackup::kNone),
+  RegionManager manager(kCpu, FreshPages::kAsMapped);
+  manager.Create(RegionTag::kGradBuffer, kMiB, HostBackup::kNone);
+  CHECK_THROWS_WITH(manager.Create(RegionTag::kGradBuffer, kMiB, HostBackup::kNone),
                     Catch::Contains("'grad_buffer' exists already"));
   CHECK_THROWS_WITH(manager.Pause(RegionTag::kExtras),
                     Catch::Contains("'extras' was never created"));
   manager.Pause(RegionTag::kGradBuffer);
   CHECK_THROWS_WITH(manager.Pause(RegionTag::kGradBuffer),
                     "cannot pause region 'grad_buffer': it is already paused");
+}
+
+TEST_CASE("carves follow each other at aligned offsets until the region is full") {
+  RegionManager manager(kCpu, FreshPages::kPoison);
+  const Region& region = manager.Create(RegionTag::kExtras, 0, HostBackup::kNone);
+  CHECK(region.num_bytes() == kCarveAlignmentBytes);  // an empty region still exists
+  manager.Create(RegionTag::kKvCache, 3 * kCarveAlignmentBytes, HostBackup::kNone);
+  const at::Tensor a = manager.Carve(RegionTag::kKvCache, 3, at::kFloat);
+  const at::Tensor b = manager.Carve(RegionTag::kKvCache, kCarveAlignmentBytes, at::kByte);
+  const char* base = static_cast<const char*>(manager.GetOrThrow(RegionTag::kKvCache).data());
+  CHECK(a.data_ptr() == base);
+  CHECK(b.data_ptr() == base + kCarveAlignmentBytes);
+  CHECK(b.numel() == kCarveAlignmentBytes);
+  CHECK(b[0].item<uint8_t>() == 0xFF);  // the region's contents: carving does not zero
+  CHECK_THROWS_WITH(manager.Carve(RegionTag::kKvCache, kCarveAlignmentBytes + 1, at::kByte),
+                    "region 'kv_cache' is too small: 257 bytes asked at offset 512 of 768");
+  CHECK(manager.Carve(RegionTag::kKvCache, kCarveAlignmentBytes, at::kByte).numel() ==
+        kCarveAlignmentBytes);
 }
 
 TEST_CASE("FormatBytes picks a binary unit with two decimals") {

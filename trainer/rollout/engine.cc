@@ -15,12 +15,12 @@
 namespace rl::rollout {
 namespace {
 
-constexpr std::string_view kWeightsTag = "rollout_weights";
-constexpr std::string_view kKvCacheTag = "kv_cache";
+using memory::RegionTag;
 
-at::Tensor AllocateChecked(const StorageAllocator& allocator, std::string_view tag,
+at::Tensor AllocateChecked(const StorageAllocator& allocator, RegionTag region_tag,
                            int64_t num_bytes, at::Device device) {
-  at::Tensor storage = allocator(tag, num_bytes);
+  const std::string_view tag = memory::RegionTagName(region_tag);
+  at::Tensor storage = allocator(region_tag, num_bytes);
   RL_CHECK(storage.defined() && storage.dim() == 1 && storage.scalar_type() == at::kByte &&
                storage.is_contiguous() && storage.numel() >= num_bytes,
            Error,
@@ -65,7 +65,7 @@ void CompactCache(model::KvCache& cache, int64_t num_layers, const at::Tensor& k
 }  // namespace
 
 StorageAllocator PlainAllocator(at::Device device) {
-  return [device](std::string_view, int64_t num_bytes) {
+  return [device](RegionTag, int64_t num_bytes) {
     return at::zeros({num_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
   };
 }
@@ -88,7 +88,8 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
     decls.push_back({spec.name, spec.shape, model::ParamDtype(spec, dtype_)});
   }
   layout_ = weight_sync::MakeEngineLayout(decls);
-  weight_storage_ = AllocateChecked(allocator, kWeightsTag, layout_.total_bytes, device_);
+  weight_storage_ =
+      AllocateChecked(allocator, RegionTag::kRolloutWeights, layout_.total_bytes, device_);
   const auto views = weight_sync::HfViews(layout_, weight_storage_);
   weights_ = model::TensorMap(views.begin(), views.end());
   // Note [Inference kernels]: fused on a GPU.
@@ -97,7 +98,7 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
 
   const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
   const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
-  kv_storage_ = AllocateChecked(allocator, kKvCacheTag, kv_bytes, device_)
+  kv_storage_ = AllocateChecked(allocator, RegionTag::kKvCache, kv_bytes, device_)
                     .narrow(0, 0, kv_bytes)
                     .view(dtype_);
   cache_ = std::make_unique<model::KvCache>(config_, kv_storage_, max_batch_, max_length_);

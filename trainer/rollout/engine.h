@@ -63,9 +63,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string_view>
 #include <vector>
 
+#include "trainer/memory/region.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
@@ -91,8 +91,8 @@ struct Generation {
 };
 
 // Returns 1-D uint8 storage of at least `num_bytes` bytes on the engine's device for `tag`
-// ("rollout_weights" or "kv_cache").
-using StorageAllocator = std::function<at::Tensor(std::string_view tag, int64_t num_bytes)>;
+// (kRolloutWeights or kKvCache).
+using StorageAllocator = std::function<at::Tensor(memory::RegionTag tag, int64_t num_bytes)>;
 
 // An allocator of plain zero-filled tensors (tests and tools).
 StorageAllocator PlainAllocator(at::Device device);
