@@ -1,12 +1,12 @@
 // UTF-8 decoding follows Unicode's "maximal subpart" rule; the expected strings are Python's
 // bytes.decode("utf-8", "replace"), which follows the same rule as Rust's from_utf8_lossy.
-#include "trainer/data/unicode.h"
+#include "launch/utf8.h"
 
 #include <catch2/catch.hpp>
 
-namespace rl::data {
+namespace rl {
 
-TEST_CASE("Utf8Lossy replaces each maximal invalid subpart by one U+FFFD", "[unicode]") {
+TEST_CASE("Utf8Lossy replaces each maximal invalid subpart by one U+FFFD", "[utf8]") {
   const std::string r = "\xEF\xBF\xBD";
   CHECK(Utf8Lossy("plain ascii") == "plain ascii");
   CHECK(Utf8Lossy("caf\xC3\xA9") == "caf\xC3\xA9");
@@ -19,7 +19,7 @@ TEST_CASE("Utf8Lossy replaces each maximal invalid subpart by one U+FFFD", "[uni
   CHECK(Utf8Lossy("ok\xE2\x82") == "ok" + r);
 }
 
-TEST_CASE("DecodeUtf8At and AppendUtf8 agree on every scalar value class", "[unicode]") {
+TEST_CASE("DecodeUtf8At and AppendUtf8 agree on every scalar value class", "[utf8]") {
   for (const char32_t cp :
        {0x41u, 0x7Fu, 0x80u, 0x7FFu, 0x800u, 0xD7FFu, 0xE000u, 0xFFFFu, 0x10000u, 0x10FFFFu}) {
     std::string s;
@@ -33,23 +33,4 @@ TEST_CASE("DecodeUtf8At and AppendUtf8 agree on every scalar value class", "[uni
   CHECK(IsValidUtf8("\xF0\x9F\x98\x80"));
 }
 
-TEST_CASE("letter, number and whitespace classes", "[unicode]") {
-  CHECK(IsLetter('a'));
-  CHECK(IsLetter(0x00E9));         // é
-  CHECK(IsLetter(0x4F60));         // 你
-  CHECK(IsLetter(0x30AB));         // カ
-  CHECK_FALSE(IsLetter(0x0301));   // combining acute accent (Mn)
-  CHECK_FALSE(IsLetter(0x1F600));  // emoji
-  CHECK_FALSE(IsLetter('1'));
-  CHECK(IsNumber('7'));
-  CHECK(IsNumber(0x00B2));  // superscript two (No)
-  CHECK(IsNumber(0x0663));  // Arabic-Indic three (Nd)
-  CHECK(IsNumber(0x216B));  // Roman numeral twelve (Nl)
-  CHECK_FALSE(IsNumber('x'));
-  CHECK(IsWhitespace(0x00A0));
-  CHECK(IsWhitespace(0x3000));
-  CHECK(IsWhitespace(0x2003));
-  CHECK_FALSE(IsWhitespace(0x200B));  // zero width space is not White_Space
-}
-
-}  // namespace rl::data
+}  // namespace rl
