@@ -99,7 +99,12 @@ std::string Quote(const std::string& s) {
         out += "\\t";
         break;
       default:
-        out.push_back(c);
+        // TOML allows no other control character unescaped.
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+          out += fmt::format("\\u{:04X}", c);
+        } else {
+          out.push_back(c);
+        }
     }
   }
   return out + "\"";

@@ -3,15 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
-#include <cstdlib>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <utility>
 
 #include "launch/check.h"
+#include "launch/utf8.h"
+
+// Only the parser: toml++'s formatters are unused and slow to compile.
+#define TOML_ENABLE_FORMATTERS 0
+#include <toml++/toml.h>
 
 namespace rl::config {
 
@@ -32,194 +33,82 @@ std::string_view TomlValue::TypeName() const {
 
 namespace {
 
-class LineParser {
+// Turns toml++'s tree into entries, refusing what a recipe must not contain: a recipe is flat
+// [section] key = value lines, so a value never means something other than what it says.
+class Flattener {
  public:
-  LineParser(std::string_view line, const std::string& source, int line_number)
-      : text_(line), source_(source), line_number_(line_number) {}
+  explicit Flattener(TomlDocument& doc) : doc_(doc) {}
 
-  [[noreturn]] void Fail(std::string_view what) const {
-    throw ConfigError(fmt::format("{}:{}: {}", source_, line_number_, what));
-  }
-
-  void SkipSpaces() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t')) ++pos_;
-  }
-  bool AtEnd() {
-    SkipSpaces();
-    return pos_ >= text_.size() || text_[pos_] == '#';
-  }
-  char Peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
-  bool Consume(char c) {
-    SkipSpaces();
-    if (Peek() != c) return false;
-    ++pos_;
-    return true;
+  [[noreturn]] void Fail(const toml::source_region& where, std::string_view what) const {
+    throw ConfigError(fmt::format("{}:{}: {}", doc_.source, where.begin.line, what));
   }
 
-  std::string BareKey() {
-    SkipSpaces();
-    const size_t start = pos_;
-    while (pos_ < text_.size()) {
-      const char c = text_[pos_];
-      if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-') {
-        ++pos_;
-      } else {
-        break;
+  // The members of the root table (section "") or of one [section].
+  void AddTable(const toml::table& table, const std::string& section) {
+    for (const auto& [key, node] : table) {
+      const std::string name(key.str());
+      const toml::table* sub = node.as_table();
+      // toml++ gives a table made by a dotted key (a.b = 1) the key's own source region.
+      if (sub != nullptr && !sub->is_inline() && sub->source().begin == key.source().begin) {
+        Fail(key.source(), "dotted keys are not supported; use a [section] header");
       }
+      if (sub != nullptr && !sub->is_inline()) {
+        if (!section.empty()) {
+          Fail(sub->source(), fmt::format("[{}.{}]: sections do not nest; use [{}] and [{}]",
+                                          section, name, section, name));
+        }
+        AddTable(*sub, name);
+        continue;
+      }
+      if (node.is_array_of_tables() && section.empty() && !node.as_array()->empty() &&
+          !node.as_array()->front().as_table()->is_inline()) {
+        Fail(key.source(), fmt::format("[[{}]]: arrays of tables are not supported", name));
+      }
+      doc_.entries.push_back(
+          {section, name, Convert(node, name), static_cast<int>(key.source().begin.line)});
+      columns_.push_back(key.source().begin.column);
     }
-    if (start == pos_) Fail("expected a key (letters, digits, '_' or '-')");
-    if (Peek() == '.') Fail("dotted keys are not supported; use a [section] header");
-    return std::string(text_.substr(start, pos_ - start));
   }
 
-  TomlValue Value(int depth) {
-    SkipSpaces();
-    const char c = Peek();
-    if (c == '"') return {BasicString()};
-    if (c == '\'') return {LiteralString()};
-    if (c == '[') return {Array(depth)};
-    if (c == '{') Fail("inline tables are not supported");
-    if (text_.substr(pos_, 4) == "true") {
-      pos_ += 4;
-      return {true};
-    }
-    if (text_.substr(pos_, 5) == "false") {
-      pos_ += 5;
-      return {false};
-    }
-    return Number();
-  }
-
-  void ExpectEnd() {
-    if (!AtEnd()) Fail(fmt::format("unexpected '{}' after the value", text_.substr(pos_)));
+  // File order, as the checks of ApplyToml report them.
+  void SortEntries() {
+    std::vector<size_t> order(doc_.entries.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return std::pair(doc_.entries[a].line, columns_[a]) <
+             std::pair(doc_.entries[b].line, columns_[b]);
+    });
+    std::vector<TomlEntry> sorted;
+    sorted.reserve(order.size());
+    for (const size_t i : order) sorted.push_back(std::move(doc_.entries[i]));
+    doc_.entries = std::move(sorted);
   }
 
  private:
-  std::string BasicString() {
-    ++pos_;  // opening quote
-    std::string out;
-    while (true) {
-      if (pos_ >= text_.size()) Fail("unterminated string (multi-line strings are not supported)");
-      const char c = text_[pos_++];
-      if (c == '"') return out;
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
+  TomlValue Convert(const toml::node& node, const std::string& key) const {
+    switch (node.type()) {
+      case toml::node_type::boolean:
+        return {node.as_boolean()->get()};
+      case toml::node_type::integer:
+        return {node.as_integer()->get()};
+      case toml::node_type::floating_point:
+        return {node.as_floating_point()->get()};
+      case toml::node_type::string:
+        return {node.as_string()->get()};
+      case toml::node_type::array: {
+        TomlArray out;
+        for (const toml::node& element : *node.as_array()) out.push_back(Convert(element, key));
+        return {std::move(out)};
       }
-      if (pos_ >= text_.size()) Fail("unterminated escape in string");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-          out.push_back('"');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u': {
-          // Exactly four hex digits: strtol alone also takes a sign, spaces and "0x".
-          const std::string hex(text_.substr(pos_, 4));
-          if (hex.size() != 4 || !std::all_of(hex.begin(), hex.end(), [](char h) {
-                return std::isxdigit(static_cast<unsigned char>(h));
-              })) {
-            Fail("\\u needs 4 hex digits");
-          }
-          const long code = std::strtol(hex.c_str(), nullptr, 16);
-          if (code >= 0xD800 && code <= 0xDFFF) {
-            Fail(fmt::format("\\u{} is a UTF-16 surrogate, not a character", hex));
-          }
-          pos_ += 4;
-          if (code < 0x80) {
-            out.push_back(static_cast<char>(code));
-          } else if (code < 0x800) {
-            out.push_back(static_cast<char>(0xC0 | (code >> 6)));
-            out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-          } else {
-            out.push_back(static_cast<char>(0xE0 | (code >> 12)));
-            out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-            out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-          }
-          break;
-        }
-        default:
-          Fail(fmt::format("unknown escape '\\{}' in string", e));
-      }
+      case toml::node_type::table:
+        Fail(node.source(), fmt::format("key '{}': inline tables are not supported", key));
+      default:
+        Fail(node.source(), fmt::format("key '{}': dates and times are not supported", key));
     }
   }
 
-  std::string LiteralString() {
-    ++pos_;
-    const size_t end = text_.find('\'', pos_);
-    if (end == std::string_view::npos) Fail("unterminated literal string");
-    std::string out(text_.substr(pos_, end - pos_));
-    pos_ = end + 1;
-    return out;
-  }
-
-  TomlArray Array(int depth) {
-    if (depth > 8) Fail("arrays nested too deeply");
-    ++pos_;  // [
-    TomlArray out;
-    while (true) {
-      SkipSpaces();
-      if (Consume(']')) return out;
-      if (pos_ >= text_.size()) Fail("unterminated array (multi-line arrays are not supported)");
-      out.push_back(Value(depth + 1));
-      SkipSpaces();
-      if (Consume(',')) continue;
-      if (Consume(']')) return out;
-      Fail("expected ',' or ']' in array");
-    }
-  }
-
-  TomlValue Number() {
-    const size_t start = pos_;
-    while (pos_ < text_.size()) {
-      const char c = text_[pos_];
-      if (std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.' ||
-          c == '_') {
-        ++pos_;
-      } else {
-        break;
-      }
-    }
-    std::string token;
-    for (char c : text_.substr(start, pos_ - start)) {
-      if (c != '_') token.push_back(c);
-    }
-    if (token.empty()) Fail("expected a value (string, number, boolean or array)");
-    const size_t first = (token[0] == '+' || token[0] == '-') ? 1 : 0;
-    if (first >= token.size() || !std::isdigit(static_cast<unsigned char>(token[first]))) {
-      Fail(fmt::format("'{}' is not a value (strings need quotes)", token));
-    }
-    const bool is_float = token.find_first_of(".eE") != std::string::npos &&
-                          token.find_first_of("xX") == std::string::npos;
-    errno = 0;
-    char* end = nullptr;
-    if (is_float) {
-      const double v = std::strtod(token.c_str(), &end);
-      if (end != token.c_str() + token.size() || errno == ERANGE) {
-        Fail(fmt::format("'{}' is not a number", token));
-      }
-      return {v};
-    }
-    const long long v = std::strtoll(token.c_str(), &end, 10);
-    if (end != token.c_str() + token.size()) {
-      Fail(fmt::format("'{}' is not a value (strings need quotes)", token));
-    }
-    if (errno == ERANGE) Fail(fmt::format("integer '{}' is out of range", token));
-    return {static_cast<int64_t>(v)};
-  }
-
-  std::string_view text_;
-  const std::string& source_;
-  int line_number_;
-  size_t pos_ = 0;
+  TomlDocument& doc_;
+  std::vector<uint32_t> columns_;  // of each entry's key, to sort by
 };
 
 }  // namespace
@@ -227,47 +116,33 @@ class LineParser {
 TomlDocument ParseToml(std::string_view text, std::string source) {
   TomlDocument doc;
   doc.source = std::move(source);
-  std::string section;
-  std::set<std::pair<std::string, std::string>> seen;
-  std::set<std::string> sections_seen;
-  int line_number = 0;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(begin, end - begin);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    ++line_number;
-    begin = end + 1;
-
-    LineParser p(line, doc.source, line_number);
-    if (p.AtEnd()) {
-      if (end == text.size()) break;
-      continue;
+  toml::table root;
+  try {
+    root = toml::parse(text, doc.source);
+  } catch (const toml::parse_error& e) {
+    // toml++ names what it expected; quoting the line names the key.
+    const size_t line = e.source().begin.line;
+    size_t begin = 0;
+    for (size_t n = 1; n < line && begin != std::string_view::npos; ++n) {
+      begin = text.find('\n', begin);
+      if (begin != std::string_view::npos) ++begin;
     }
-    if (p.Consume('[')) {
-      if (p.Peek() == '[') p.Fail("arrays of tables are not supported");
-      section = p.BareKey();
-      if (!p.Consume(']')) p.Fail("expected ']' after the section name");
-      p.ExpectEnd();
-      if (!sections_seen.insert(section).second) {
-        p.Fail(fmt::format("section [{}] appears twice", section));
-      }
-    } else {
-      TomlEntry entry;
-      entry.section = section;
-      entry.key = p.BareKey();
-      entry.line = line_number;
-      if (!p.Consume('=')) p.Fail(fmt::format("expected '=' after key '{}'", entry.key));
-      entry.value = p.Value(0);
-      p.ExpectEnd();
-      if (!seen.insert({section, entry.key}).second) {
-        p.Fail(fmt::format("key '{}' appears twice in [{}]", entry.key, section));
-      }
-      doc.entries.push_back(std::move(entry));
+    std::string_view quoted = begin == std::string_view::npos ? "" : text.substr(begin);
+    std::string shown = Utf8Lossy(quoted.substr(0, std::min(quoted.find('\n'), size_t{80})));
+    for (char& c : shown) {
+      if (static_cast<unsigned char>(c) < 0x20) c = ' ';
     }
-    if (end == text.size()) break;
+    std::string_view what = e.description();
+    if (what.substr(0, 19) == "Error while parsing") what.remove_prefix(20);
+    throw ConfigError(fmt::format("{}:{}: {}{} (in \"{}\")", doc.source, line, what,
+                                  what.find("could not determine value type") != what.npos
+                                      ? "; strings need quotes"
+                                      : "",
+                                  shown));
   }
+  Flattener flattener(doc);
+  flattener.AddTable(root, "");
+  flattener.SortEntries();
   return doc;
 }
 
