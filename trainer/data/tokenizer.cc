@@ -9,7 +9,7 @@
 
 #include "launch/atomic_file.h"
 #include "launch/check.h"
-#include "trainer/data/unicode.h"
+#include "launch/utf8.h"
 
 namespace rl::data {
 namespace {
@@ -39,8 +39,6 @@ std::optional<std::string> TokenName(const Value* v) {
   if (v->is_string()) return v->AsString();
   return v->at("content").AsString();
 }
-
-bool IsWordChar(char32_t cp) { return cp == '_' || IsLetter(cp) || IsNumber(cp); }
 
 // The code point ending just before byte `pos` (pos > 0).
 char32_t CodePointBefore(std::string_view text, size_t pos) {
@@ -377,12 +375,10 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::FromJson(const Value& root, const st
           fail(fmt::format("Split pre-tokenizer with pattern {} is not supported (only Regex)",
                            json::Dump(pattern)));
         }
-        const std::optional<SplitPattern> known = RecognizeSplitPattern(regex->AsString());
-        if (!known) {
-          fail(
-              fmt::format("Split pre-tokenizer regex {} is not one of the supported patterns "
-                          "(GPT-2, GPT-4/Llama-3/GLM, Qwen2; see trainer/data/pretokenizer.h)",
-                          Quote(regex->AsString())));
+        try {
+          s.regex = std::make_shared<const SplitRegex>(regex->AsString());
+        } catch (const CheckpointError& e) {
+          fail(fmt::format("Split pre-tokenizer: {}", e.what()));
         }
         const Value* behavior = step->Find("behavior");
         if (behavior != nullptr && behavior->AsString() != "Isolated") {
@@ -394,12 +390,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::FromJson(const Value& root, const st
               "Split pre-tokenizer with invert = true "
               "is not supported");
         s.kind = PreTokenizerStep::Kind::kSplit;
-        s.pattern = *known;
       } else if (kind == "ByteLevel") {
         s.kind = PreTokenizerStep::Kind::kByteLevel;
         s.add_prefix_space = OptionalBool(*step, "add_prefix_space", true);
         s.use_regex = OptionalBool(*step, "use_regex", true);
-        s.pattern = SplitPattern::kGpt2;
+        if (s.use_regex) s.regex = Gpt2Regex();
       } else {
         fail(fmt::format("pre_tokenizer type \"{}\" is not supported (only Split and ByteLevel)",
                          kind));
@@ -518,12 +513,12 @@ std::vector<std::string> BpeTokenizer::PreTokenize(std::string_view text) const 
     std::vector<std::string> next;
     for (std::string& piece : pieces) {
       if (step.kind == PreTokenizerStep::Kind::kSplit) {
-        for (std::string_view w : SplitWords(piece, step.pattern)) next.emplace_back(w);
+        for (std::string_view w : step.regex->Split(piece)) next.emplace_back(w);
         continue;
       }
       if (step.add_prefix_space && (piece.empty() || piece[0] != ' ')) piece.insert(0, " ");
       if (step.use_regex) {
-        for (std::string_view w : SplitWords(piece, step.pattern)) {
+        for (std::string_view w : step.regex->Split(piece)) {
           next.push_back(ByteLevelEncode(w));
         }
       } else {
