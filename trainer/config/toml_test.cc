@@ -66,6 +66,9 @@ TEST_CASE("malformed lines are refused with file, line, toml++'s reason and the 
   CHECK(ErrorOf("x = [1, 2\n") ==
         "recipe.toml:1: array: encountered end-of-file (in \"x = [1, 2\")");
   CHECK(ErrorOf("x = \"open\n").rfind("recipe.toml:1: string: ", 0) == 0);
+  CHECK(ErrorOf("[#\n") ==
+        "recipe.toml:1: key: expected bare key starting character or string delimiter, saw '#' "
+        "(in \"[#\")");
   CHECK(ErrorOf("x = \"\xff\"\n") ==
         "recipe.toml:1: Encountered invalid utf-8 sequence (in \"x = \"\xef\xbf\xbd\"\")");
 }
