@@ -63,8 +63,14 @@ def main():
             split = pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False)
             case[name] = [piece for piece, _ in split.pre_tokenize_str(text)]
         reference["cases"].append(case)
+    # One line per pattern and per case, so that a change shows as the cases it touches.
+    dump = lambda v: json.dumps(v, ensure_ascii=False)
     with open(os.path.join(HERE, "pretokenizer_reference.json"), "w", encoding="utf-8") as f:
-        json.dump(reference, f, ensure_ascii=False, indent=1)
+        f.write('{"tokenizers_version": %s,\n "patterns": {\n' % dump(tokenizers.__version__))
+        f.write(",\n".join("  %s: %s" % (dump(k), dump(v)) for k, v in PATTERNS.items()))
+        f.write('},\n "cases": [\n')
+        f.write(",\n".join("  " + dump(c) for c in reference["cases"]))
+        f.write("]}\n")
 
 
 if __name__ == "__main__":
