@@ -66,6 +66,10 @@ TEST_CASE("malformed lines are refused with file, line, toml++'s reason and the 
   CHECK(ErrorOf("x = [1, 2\n") ==
         "recipe.toml:1: array: encountered end-of-file (in \"x = [1, 2\")");
   CHECK(ErrorOf("x = \"open\n").rfind("recipe.toml:1: string: ", 0) == 0);
+  // toml++ 3.3 reached undefined behaviour on these (see toml.cc).
+  CHECK(ErrorOf("[a]\nb \xc2\xa7= 1\n") ==
+        "recipe.toml:2: key-value pair: expected '=', saw '\xc2\xa7' (in \"b \xc2\xa7= 1\")");
+  CHECK(ErrorOf("c = 1 \xc3\xa9\n").rfind("recipe.toml:1: ", 0) == 0);
   CHECK(ErrorOf("[#\n") ==
         "recipe.toml:1: key: expected bare key starting character or string delimiter, saw '#' "
         "(in \"[#\")");
