@@ -23,7 +23,7 @@ std::shared_ptr<pcre2_code> Compile(std::string_view pattern) {
   if (code == nullptr) {
     std::array<PCRE2_UCHAR, 256> message{};
     pcre2_get_error_message(error, message.data(), message.size());
-    throw CheckpointError(fmt::format("regex {} does not compile: {} at offset {}",
+    throw CheckpointError(fmt::format("regex \"{}\" does not compile: {} at offset {}",
                                       Utf8Lossy(pattern), reinterpret_cast<char*>(message.data()),
                                       offset));
   }
@@ -50,7 +50,7 @@ bool Match(const pcre2_code* code, std::string_view text, size_t start, uint32_t
   if (rc < 0) {
     std::array<PCRE2_UCHAR, 256> message{};
     pcre2_get_error_message(rc, message.data(), message.size());
-    throw CheckpointError(fmt::format("regex {} failed on a text of {} bytes: {}",
+    throw CheckpointError(fmt::format("regex \"{}\" failed on a text of {} bytes: {}",
                                       Utf8Lossy(pattern), text.size(),
                                       reinterpret_cast<char*>(message.data())));
   }

@@ -71,7 +71,13 @@ TEST_CASE("invalid UTF-8 matches nothing and is kept between the matches", "[pre
 
 TEST_CASE("a pattern PCRE2 cannot compile is refused naming it", "[pretokenizer]") {
   CHECK_THROWS_WITH(SplitRegex("(\\p{L}+"),
-                    "regex (\\p{L}+ does not compile: missing closing parenthesis at offset 7");
+                    "regex \"(\\p{L}+\" does not compile: missing closing parenthesis at offset 7");
+}
+
+TEST_CASE("a match beyond PCRE2's limits throws instead of running on", "[pretokenizer]") {
+  const SplitRegex regex("(a+)+$");
+  CHECK_THROWS_WITH(regex.Split(std::string(40, 'a') + "b"),
+                    Catch::Contains("regex \"(a+)+$\" failed on a text of 41 bytes: "));
 }
 
 TEST_CASE("word characters and whitespace for added tokens", "[pretokenizer]") {

@@ -206,7 +206,7 @@ TEST_CASE("malformed tokenizer.json files give specific CheckpointErrors", "[tok
                                           {{"Regex", json::Value::String("(\\p{L}+|\\s+")}}));
                }
              }),
-             Catch::Contains("Split pre-tokenizer: regex (\\p{L}+|\\s+ does not compile: "
+             Catch::Contains("Split pre-tokenizer: regex \"(\\p{L}+|\\s+\" does not compile: "
                              "missing closing parenthesis at offset 11"));
   CHECK_THAT(
       LoadErrorAfterEdit([](json::Value& r) {
