@@ -79,7 +79,7 @@ sources_of() {
     safetensors) echo trainer/model/safetensors.cc launch/json.cc launch/utf8.cc \
                       launch/atomic_file.cc ;;
     tokenizer) echo trainer/data/tokenizer.cc trainer/data/pretokenizer.cc launch/utf8.cc \
-                    launch/json.cc ;;
+                    launch/json.cc launch/atomic_file.cc ;;
     rollout_data) echo trainer/rl/rollout_data.cc launch/json.cc launch/utf8.cc \
                        launch/atomic_file.cc ;;
     toml) echo trainer/config/toml.cc trainer/config/config.cc trainer/config/validate.cc \

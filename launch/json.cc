@@ -256,6 +256,7 @@ class ValueBuilder {
 
 bool ValueBuilder::parse_error(size_t position, const std::string& token,
                                const nlohmann::detail::exception& e) {
+  constexpr size_t npos = std::string_view::npos;
   const std::string_view what = e.what();
   const size_t size = text_.size();
   const size_t read = std::min(position, size);                 // bytes read
@@ -271,19 +272,27 @@ bool ValueBuilder::parse_error(size_t position, const std::string& token,
   const size_t token_start = read >= raw ? read - raw : 0;
   if (e.id == 406) FailAt(text_, token_start, "number is beyond the range of a double");
 
+  // A lexer error quotes the input ("; last read: '<token>'"), which must not be read as the
+  // message: split it off.
+  const std::string last_read = "; last read: '" + token + "'";
+  const size_t quoted = what.rfind(last_read);
+  const std::string_view message = what.substr(0, quoted);
+  const std::string_view suffix =
+      quoted == std::string_view::npos ? what : what.substr(quoted + last_read.size());
   // What the grammar expected decides the message when the token found is wrong as a whole.
   std::string expected;
-  if (EndsWith(what, "; expected ':'")) {
+  if (EndsWith(suffix, "; expected ':'")) {
     expected = "expected ':' after an object key";
-  } else if (EndsWith(what, "; expected ']'")) {
+  } else if (EndsWith(suffix, "; expected ']'")) {
     expected = "expected ',' or ']' after an array element";
-  } else if (EndsWith(what, "; expected '}'")) {
+  } else if (EndsWith(suffix, "; expected '}'")) {
     expected = "expected ',' or '}' after an object member";
-  } else if (EndsWith(what, "; expected end of input")) {
+  } else if (EndsWith(suffix, "; expected end of input")) {
     expected = "unexpected characters after the JSON value";
   }
-  const bool key_expected = EndsWith(what, "; expected string literal");
-  const std::string_view detail = what.substr(std::min(what.find(" - "), what.size() - 3) + 3);
+  const bool key_expected = EndsWith(suffix, "; expected string literal");
+  const std::string_view detail =
+      message.substr(std::min(message.find(" - "), message.size() - 3) + 3);
 
   if (StartsWith(detail, "unexpected ")) {  // a well-formed token in the wrong place
     const std::string_view found = detail.substr(11);
@@ -296,14 +305,14 @@ bool ValueBuilder::parse_error(size_t position, const std::string& token,
       start = read - 5;
     }
     // A number right after a lone 0 can only be the rest of a number with leading zeros.
-    if (StartsWith(found, "number literal") && start > 0 && text_[start] != '-' &&
+    if (StartsWith(found, "number literal") && start > 0 && start < size && text_[start] != '-' &&
         text_[start - 1] == '0') {
       FailAt(text_, start >= 2 && text_[start - 2] == '-' ? start - 2 : start - 1,
              "leading zeros are not allowed in numbers");
     }
     if (start < size && (text_[start] == ']' || text_[start] == '}')) {
       size_t before = start;
-      while (before > 0 && std::strchr(" \t\n\r", text_[before - 1]) != nullptr) --before;
+      while (before > 0 && std::string_view(" \t\n\r").find(text_[before - 1]) != npos) --before;
       if (before > 0 && text_[before - 1] == ',') {
         FailAt(text_, start, fmt::format("trailing comma before '{}'", text_[start]));
       }
@@ -332,7 +341,7 @@ bool ValueBuilder::parse_error(size_t position, const std::string& token,
       }
       FailAt(text_, lead,
              fmt::format("invalid UTF-8 byte 0x{:02X} in a string",
-                         static_cast<unsigned char>(text_[lead])));
+                         lead < size ? static_cast<unsigned char>(text_[lead]) : 0));
     }
     if (has("control character")) {
       FailAt(text_, last, fmt::format("control character 0x{:02X} in a string must be escaped", c));
@@ -350,14 +359,14 @@ bool ValueBuilder::parse_error(size_t position, const std::string& token,
     }
     // Surrogates: the lexer read \uXXXX (and maybe a second \uXXXX) before it could tell.
     const auto hex_at = [&](size_t escape) {
-      std::string hex(text_.substr(escape + 2, 4));
+      std::string hex(escape + 2 <= size ? text_.substr(escape + 2, 4) : "");
       for (char& h : hex) h = static_cast<char>(std::toupper(static_cast<unsigned char>(h)));
       return hex;
     };
     const auto is_high_escape = [&](size_t at) {
       return at + 6 <= size && text_.substr(at, 2) == "\\u" &&
              std::toupper(static_cast<unsigned char>(text_[at + 2])) == 'D' &&
-             std::strchr("89abAB", text_[at + 3]) != nullptr;
+             std::string_view("89abAB").find(text_[at + 3]) != npos;
     };
     if (has("must follow U+D800") && last >= 5) {
       FailAt(text_, last - 5, "unpaired low surrogate \\u" + hex_at(last - 5));
