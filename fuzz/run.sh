@@ -76,11 +76,14 @@ torch_libs=(-L"$torch_root/lib" -Wl,-rpath,"$torch_root/lib" -ltorch_cpu -lc10)
 
 sources_of() {
   case "$1" in
-    safetensors) echo trainer/model/safetensors.cc launch/json.cc launch/atomic_file.cc ;;
-    tokenizer) echo trainer/data/tokenizer.cc trainer/data/pretokenizer.cc trainer/data/unicode.cc \
-                    launch/json.cc ;;
-    rollout_data) echo trainer/rl/rollout_data.cc launch/json.cc launch/atomic_file.cc ;;
-    toml) echo trainer/config/toml.cc trainer/config/config.cc trainer/config/validate.cc ;;
+    safetensors) echo trainer/model/safetensors.cc launch/json.cc launch/utf8.cc \
+                      launch/atomic_file.cc ;;
+    tokenizer) echo trainer/data/tokenizer.cc trainer/data/pretokenizer.cc launch/utf8.cc \
+                    launch/json.cc launch/atomic_file.cc ;;
+    rollout_data) echo trainer/rl/rollout_data.cc launch/json.cc launch/utf8.cc \
+                       launch/atomic_file.cc ;;
+    toml) echo trainer/config/toml.cc trainer/config/config.cc trainer/config/validate.cc \
+               launch/utf8.cc ;;
   esac
 }
 
@@ -111,6 +114,7 @@ build() {
   if [[ -x "$binary" && $relink -eq 0 ]]; then return 0; fi
   local libs=()
   [[ "$target" != safetensors ]] || libs=("${torch_libs[@]}")
+  [[ "$target" != tokenizer ]] || libs=(-l:libpcre2-8.a)  # static, as in the Bazel build
   nice -n 19 clang++ -fsanitize=fuzzer,address,undefined "${objects[@]}" "${libs[@]}" \
     -o "$binary"
 }

@@ -5,7 +5,8 @@
 // refuses bad files with CheckpointError (json::ParseError for text that is not JSON). A
 // tokenizer that loads is then used as the trainer uses it: a fixed string (ASCII, multi-byte
 // UTF-8, special tokens, odd whitespace) and the config's chat template are encoded and decoded,
-// and must give ids inside the vocabulary and valid UTF-8, without throwing.
+// and must give ids inside the vocabulary and valid UTF-8, without throwing (except for a Split
+// regex beyond PCRE2's match limits, see pretokenizer.h).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,7 +17,7 @@
 #include "launch/check.h"
 #include "launch/json.h"
 #include "trainer/data/tokenizer.h"
-#include "trainer/data/unicode.h"
+#include "launch/utf8.h"
 
 namespace {
 
@@ -35,11 +36,19 @@ void CheckIds(const BpeTokenizer& tok, const std::vector<int64_t>& ids, std::str
 }
 
 void Exercise(const BpeTokenizer& tok, std::string_view text, std::string_view what) {
-  const std::vector<int64_t> ids = tok.Encode(text);
+  std::vector<int64_t> ids;
+  try {
+    ids = tok.Encode(text);
+  } catch (const rl::CheckpointError& e) {
+    // The one failure pretokenizer.h allows: a Split regex that backtracks beyond PCRE2's limits.
+    RL_FUZZ_EXPECT(std::string_view(e.what()).find("failed on a text of") != std::string::npos,
+                   "{}: Encode threw {}", what, e.what());
+    return;
+  }
   CheckIds(tok, ids, what);
   for (const SkipSpecial skip : {SkipSpecial::kNo, SkipSpecial::kYes}) {
     const std::string decoded = tok.Decode(ids, skip);
-    RL_FUZZ_EXPECT(rl::data::IsValidUtf8(decoded), "{}: Decode gave invalid UTF-8", what);
+    RL_FUZZ_EXPECT(rl::IsValidUtf8(decoded), "{}: Decode gave invalid UTF-8", what);
   }
 }
 

@@ -3,75 +3,21 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
-#include <system_error>
 #include <unordered_set>
+
+#include "launch/utf8.h"
 
 namespace rl::json {
 namespace {
-
-// The length (1 to 4) of the well-formed UTF-8 sequence that starts at s[i], or 0 when the bytes
-// there are not one (overlong forms, surrogates and code points above U+10FFFF are not).
-size_t Utf8SequenceLength(std::string_view s, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char b0 = byte(i);
-  if (b0 < 0x80) return 1;
-  size_t length = 0;
-  unsigned char low = 0x80;
-  unsigned char high = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    length = 2;
-  } else if (b0 == 0xE0) {
-    length = 3;
-    low = 0xA0;
-  } else if ((b0 >= 0xE1 && b0 <= 0xEC) || b0 == 0xEE || b0 == 0xEF) {
-    length = 3;
-  } else if (b0 == 0xED) {
-    length = 3;
-    high = 0x9F;
-  } else if (b0 == 0xF0) {
-    length = 4;
-    low = 0x90;
-  } else if (b0 >= 0xF1 && b0 <= 0xF3) {
-    length = 4;
-  } else if (b0 == 0xF4) {
-    length = 4;
-    high = 0x8F;
-  } else {
-    return 0;
-  }
-  if (s.size() - i < length) return 0;
-  const unsigned char b1 = byte(i + 1);
-  if (b1 < low || b1 > high) return 0;
-  for (size_t k = 2; k < length; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
-  }
-  return length;
-}
-
-void AppendUtf8(uint32_t code_point, std::string& out) {
-  if (code_point < 0x80) {
-    out += static_cast<char>(code_point);
-  } else if (code_point < 0x800) {
-    out += static_cast<char>(0xC0 | (code_point >> 6));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else if (code_point < 0x10000) {
-    out += static_cast<char>(0xE0 | (code_point >> 12));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (code_point >> 18));
-    out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  }
-}
 
 // Appends `s` as a quoted JSON string. Throws TypeError when `s` is not UTF-8.
 void AppendQuoted(std::string_view s, std::string& out) {
@@ -107,14 +53,14 @@ void AppendQuoted(std::string_view s, std::string& out) {
         } else if (c < 0x80) {
           out += static_cast<char>(c);
         } else {
-          const size_t length = Utf8SequenceLength(s, i);
-          if (length == 0) {
+          const DecodedChar d = DecodeUtf8At(s, i);
+          if (!d.valid) {
             throw TypeError(fmt::format(
                 "cannot write a string as JSON: byte 0x{:02X} at offset {} is not valid UTF-8", c,
                 i));
           }
-          out.append(s.data() + i, length);
-          i += length;
+          out.append(s.data() + i, static_cast<size_t>(d.num_bytes));
+          i += static_cast<size_t>(d.num_bytes);
           continue;
         }
     }
@@ -159,365 +105,303 @@ std::string Describe(const Value& v) {
   throw TypeError(fmt::format("expected {}, found {}", expected, Describe(found)));
 }
 
-// The decimal exponent of the leading nonzero digit of a valid JSON number (1234.5 -> 3,
-// 0.0012 -> -3, 5e-400 -> -400), saturating far beyond any double. Tells a number that overflows a
-// double from one that underflows it.
-int64_t DecimalExponent(std::string_view number) {
-  constexpr int64_t kSaturation = int64_t{1} << 40;
-  size_t i = number[0] == '-' ? 1 : 0;
-  int64_t magnitude = 0;
-  bool seen_nonzero = false;
-  int64_t digits_before_point = 0;
-  for (; i < number.size() && number[i] >= '0' && number[i] <= '9'; ++i) {
-    if (!seen_nonzero && number[i] != '0') seen_nonzero = true;
-    if (seen_nonzero) ++digits_before_point;
-  }
-  magnitude = digits_before_point - 1;
-  if (i < number.size() && number[i] == '.') {
-    int64_t position = 0;
-    for (++i; i < number.size() && number[i] >= '0' && number[i] <= '9'; ++i) {
-      --position;
-      if (!seen_nonzero && number[i] != '0') {
-        seen_nonzero = true;
-        magnitude = position;
-      }
+// ---- Parse: nlohmann's SAX parser builds the Value; this file adds what RFC 8259 and our callers
+// need beyond it (duplicate keys, the depth limit, no byte order mark, no NUL after the value)
+// and turns its messages into "line L, column C: reason" at the byte the problem starts at.
+
+[[noreturn]] void FailAt(std::string_view text, size_t offset, std::string reason) {
+  if (offset >= text.size()) reason = "unexpected end of input: " + reason;
+  offset = std::min(offset, text.size());
+  int64_t line = 1;
+  size_t line_start = 0;
+  for (size_t i = 0; i < offset; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      line_start = i + 1;
     }
   }
-  int64_t exponent = 0;
-  if (i < number.size() && (number[i] == 'e' || number[i] == 'E')) {
-    ++i;
-    const bool negative = i < number.size() && number[i] == '-';
-    if (i < number.size() && (number[i] == '-' || number[i] == '+')) ++i;
-    for (; i < number.size(); ++i)
-      exponent = std::min(exponent * 10 + (number[i] - '0'), kSaturation);
-    if (negative) exponent = -exponent;
-  }
-  return magnitude + exponent;
+  throw ParseError(std::move(reason), line, static_cast<int64_t>(offset - line_start) + 1,
+                   static_cast<int64_t>(offset));
 }
 
-class Parser {
- public:
-  explicit Parser(std::string_view text) : text_(text) {}
+// "'x'" for printable ASCII, "byte 0xNN" otherwise.
+std::string DescribeByte(unsigned char c) {
+  if (c >= 0x20 && c < 0x7F) return fmt::format("'{}'", static_cast<char>(c));
+  return fmt::format("byte 0x{:02X}", c);
+}
 
-  Value ParseDocument() {
-    SkipWhitespace();
-    Value value = ParseValue(/*depth=*/0);
-    SkipWhitespace();
-    if (pos_ != text_.size()) Fail("unexpected characters after the JSON value");
-    return value;
+// A byte iterator for nlohmann's input adapter that records how far the lexer has read: SAX
+// events carry no position, and duplicate keys and the depth limit need one.
+class TrackedIterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+
+  TrackedIterator(const char* p, const char** read_end) : p_(p), read_end_(read_end) {}
+  reference operator*() const { return *p_; }
+  TrackedIterator& operator++() {
+    *read_end_ = ++p_;
+    return *this;
   }
+  bool operator==(const TrackedIterator& other) const { return p_ == other.p_; }
+  bool operator!=(const TrackedIterator& other) const { return p_ != other.p_; }
 
  private:
-  bool AtEnd() const { return pos_ >= text_.size(); }
-  unsigned char Peek() const { return static_cast<unsigned char>(text_[pos_]); }
+  const char* p_;
+  const char** read_end_;
+};
 
-  [[noreturn]] void FailAt(size_t offset, std::string reason) const {
-    if (offset >= text_.size()) reason = "unexpected end of input: " + reason;
-    offset = std::min(offset, text_.size());
-    int64_t line = 1;
-    size_t line_start = 0;
-    for (size_t i = 0; i < offset; ++i) {
-      if (text_[i] == '\n') {
-        ++line;
-        line_start = i + 1;
-      }
-    }
-    throw ParseError(std::move(reason), line, static_cast<int64_t>(offset - line_start) + 1,
-                     static_cast<int64_t>(offset));
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// The nlohmann::json SAX interface.
+class ValueBuilder {
+ public:
+  ValueBuilder(std::string_view text, const char* const* read_end)
+      : text_(text), read_end_(read_end) {}
+
+  bool null() { return Put(Value()); }
+  bool boolean(bool b) { return Put(Value::Bool(b)); }
+  bool number_integer(int64_t v) { return Put(Value::Int(v)); }
+  bool number_unsigned(uint64_t v) {
+    // Beyond int64: kept as a double, like any other number.
+    return Put(v <= static_cast<uint64_t>(INT64_MAX) ? Value::Int(static_cast<int64_t>(v))
+                                                      : Value::Double(static_cast<double>(v)));
   }
-  [[noreturn]] void Fail(std::string reason) const { FailAt(pos_, std::move(reason)); }
+  bool number_float(double v, const std::string& /*text*/) { return Put(Value::Double(v)); }
+  bool string(std::string& s) { return Put(Value::String(std::move(s))); }
+  bool binary(nlohmann::json::binary_t& /*bytes*/) { return false; }  // not in JSON text
+  bool start_object(size_t /*unknown*/) { return Open(Value::MakeObject({})); }
+  bool start_array(size_t /*unknown*/) { return Open(Value::MakeArray({})); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
 
-  // "'x'" for printable ASCII, "byte 0xNN" otherwise.
-  std::string DescribeCurrent() const {
-    const unsigned char c = Peek();
-    if (c >= 0x20 && c < 0x7F) return fmt::format("'{}'", static_cast<char>(c));
-    return fmt::format("byte 0x{:02X}", c);
-  }
-
-  void SkipWhitespace() {
-    while (!AtEnd()) {
-      const unsigned char c = Peek();
-      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return;
-      ++pos_;
+  bool key(std::string& k) {
+    Frame& top = stack_.back();
+    if (!top.keys.insert(k).second) {
+      FailAt(text_, KeyOffset(), fmt::format("duplicate object key {}", Preview(k)));
     }
-  }
-
-  Value ParseValue(int depth) {
-    if (AtEnd()) Fail("expected a value");
-    switch (Peek()) {
-      case '{':
-        return ParseObject(depth + 1);
-      case '[':
-        return ParseArray(depth + 1);
-      case '"':
-        return Value::String(ParseString());
-      case 't':
-        ExpectLiteral("true");
-        return Value::Bool(true);
-      case 'f':
-        ExpectLiteral("false");
-        return Value::Bool(false);
-      case 'n':
-        ExpectLiteral("null");
-        return Value();
-      case 'N':
-      case 'I':
-        Fail("NaN and Infinity are not valid JSON numbers");
-      default:
-        if (Peek() == '-' || (Peek() >= '0' && Peek() <= '9')) return ParseNumber();
-        Fail(fmt::format("expected a value, found {}", DescribeCurrent()));
-    }
+    top.key = std::move(k);
+    return true;
   }
 
-  void ExpectLiteral(std::string_view literal) {
-    for (size_t i = 0; i < literal.size(); ++i) {
-      if (pos_ + i >= text_.size() || text_[pos_ + i] != literal[i]) {
-        FailAt(pos_ + i, fmt::format("invalid literal, expected '{}'", literal));
-      }
+  // `position` counts the bytes the lexer read (one more when it read the end of the input);
+  // `token` is what it read of the current token, with control characters written <U+00XX>.
+  bool parse_error(size_t position, const std::string& token,
+                   const nlohmann::detail::exception& e);
+
+  Value TakeRoot() { return std::move(root_); }
+
+ private:
+  struct Frame {
+    Value value;
+    std::string key;                       // objects: the member being read
+    std::unordered_set<std::string> keys;  // objects: every key so far
+  };
+
+  size_t ReadOffset() const { return static_cast<size_t>(*read_end_ - text_.data()); }
+
+  // The opening quote of the key the lexer just read: the last '"' before its closing quote that
+  // is not escaped (preceded by an even number of backslashes).
+  size_t KeyOffset() const {
+    size_t i = ReadOffset() - 1;
+    while (i > 0) {
+      --i;
+      if (text_[i] != '"') continue;
+      size_t backslashes = 0;
+      while (backslashes < i && text_[i - 1 - backslashes] == '\\') ++backslashes;
+      if (backslashes % 2 == 0) break;
     }
-    pos_ += literal.size();
+    return i;
   }
 
-  void CheckDepth(int depth) const {
-    if (depth > kMaxDepth) {
-      Fail(fmt::format("nesting deeper than {} arrays/objects", kMaxDepth));
+  bool Open(Value v) {
+    if (stack_.size() >= static_cast<size_t>(kMaxDepth)) {
+      FailAt(text_, ReadOffset() - 1,
+             fmt::format("nesting deeper than {} arrays/objects", kMaxDepth));
     }
+    stack_.push_back({std::move(v), {}, {}});
+    return true;
   }
 
-  Value ParseArray(int depth) {
-    CheckDepth(depth);
-    ++pos_;  // '['
-    Value::Array elements;
-    SkipWhitespace();
-    if (!AtEnd() && Peek() == ']') {
-      ++pos_;
-      return Value::MakeArray(std::move(elements));
-    }
-    while (true) {
-      elements.push_back(ParseValue(depth));
-      SkipWhitespace();
-      if (AtEnd()) Fail("expected ',' or ']' after an array element");
-      if (Peek() == ']') {
-        ++pos_;
-        return Value::MakeArray(std::move(elements));
-      }
-      if (Peek() != ',') Fail("expected ',' or ']' after an array element");
-      ++pos_;
-      SkipWhitespace();
-      if (!AtEnd() && Peek() == ']') Fail("trailing comma before ']'");
-    }
+  bool Close() {
+    Value v = std::move(stack_.back().value);
+    stack_.pop_back();
+    return Put(std::move(v));
   }
 
-  Value ParseObject(int depth) {
-    CheckDepth(depth);
-    ++pos_;  // '{'
-    Value::Object members;
-    std::unordered_set<std::string> keys;
-    SkipWhitespace();
-    if (!AtEnd() && Peek() == '}') {
-      ++pos_;
-      return Value::MakeObject(std::move(members));
-    }
-    while (true) {
-      if (AtEnd() || Peek() != '"') Fail("expected '\"' to start an object key");
-      const size_t key_offset = pos_;
-      std::string key = ParseString();
-      if (!keys.insert(key).second) {
-        FailAt(key_offset, fmt::format("duplicate object key {}", Preview(key)));
-      }
-      SkipWhitespace();
-      if (AtEnd() || Peek() != ':') Fail("expected ':' after an object key");
-      ++pos_;
-      SkipWhitespace();
-      Value value = ParseValue(depth);
-      members.emplace_back(std::move(key), std::move(value));
-      SkipWhitespace();
-      if (AtEnd()) Fail("expected ',' or '}' after an object member");
-      if (Peek() == '}') {
-        ++pos_;
-        return Value::MakeObject(std::move(members));
-      }
-      if (Peek() != ',') Fail("expected ',' or '}' after an object member");
-      ++pos_;
-      SkipWhitespace();
-      if (!AtEnd() && Peek() == '}') Fail("trailing comma before '}'");
-    }
-  }
-
-  // Four hex digits at text_[at..at+4) as a number.
-  uint32_t ParseHex4(size_t at) const {
-    uint32_t value = 0;
-    for (size_t i = at; i < at + 4; ++i) {
-      if (i >= text_.size()) FailAt(i, "expected four hex digits after \\u");
-      const char c = text_[i];
-      uint32_t digit = 0;
-      if (c >= '0' && c <= '9') {
-        digit = c - '0';
-      } else if (c >= 'a' && c <= 'f') {
-        digit = c - 'a' + 10;
-      } else if (c >= 'A' && c <= 'F') {
-        digit = c - 'A' + 10;
-      } else {
-        FailAt(i, "expected four hex digits after \\u");
-      }
-      value = value * 16 + digit;
-    }
-    return value;
-  }
-
-  // At a '"'; returns the decoded contents and moves past the closing quote.
-  std::string ParseString() {
-    ++pos_;  // '"'
-    std::string out;
-    while (true) {
-      if (AtEnd()) Fail("expected '\"' to close a string");
-      const unsigned char c = Peek();
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (c == '\\') {
-        ParseEscape(out);
-      } else if (c < 0x20) {
-        Fail(fmt::format("control character 0x{:02X} in a string must be escaped", c));
-      } else if (c < 0x80) {
-        // A run of plain ASCII in one append.
-        const size_t start = pos_;
-        while (!AtEnd() && Peek() >= 0x20 && Peek() < 0x80 && Peek() != '"' && Peek() != '\\') {
-          ++pos_;
-        }
-        out.append(text_.data() + start, pos_ - start);
-      } else {
-        const size_t length = Utf8SequenceLength(text_, pos_);
-        if (length == 0) Fail(fmt::format("invalid UTF-8 byte 0x{:02X} in a string", c));
-        out.append(text_.data() + pos_, length);
-        pos_ += length;
-      }
-    }
-  }
-
-  // At a backslash inside a string.
-  void ParseEscape(std::string& out) {
-    const size_t escape_offset = pos_;
-    if (pos_ + 1 >= text_.size()) FailAt(pos_ + 1, "expected an escape character after '\\'");
-    const char e = text_[pos_ + 1];
-    switch (e) {
-      case '"':
-        out += '"';
-        break;
-      case '\\':
-        out += '\\';
-        break;
-      case '/':
-        out += '/';
-        break;
-      case 'b':
-        out += '\b';
-        break;
-      case 'f':
-        out += '\f';
-        break;
-      case 'n':
-        out += '\n';
-        break;
-      case 'r':
-        out += '\r';
-        break;
-      case 't':
-        out += '\t';
-        break;
-      case 'u': {
-        uint32_t code_point = ParseHex4(pos_ + 2);
-        pos_ += 6;
-        if (code_point >= 0xDC00 && code_point <= 0xDFFF) {
-          FailAt(escape_offset, fmt::format("unpaired low surrogate \\u{:04X}", code_point));
-        }
-        if (code_point >= 0xD800 && code_point <= 0xDBFF) {
-          if (pos_ + 1 >= text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u') {
-            FailAt(escape_offset, fmt::format("unpaired high surrogate \\u{:04X}", code_point));
-          }
-          const uint32_t low = ParseHex4(pos_ + 2);
-          if (low < 0xDC00 || low > 0xDFFF) {
-            FailAt(escape_offset, fmt::format("high surrogate \\u{:04X} is followed by \\u{:04X}, "
-                                              "not a low surrogate",
-                                              code_point, low));
-          }
-          pos_ += 6;
-          code_point = 0x10000 + ((code_point - 0xD800) << 10) + (low - 0xDC00);
-        }
-        AppendUtf8(code_point, out);
-        return;
-      }
-      default: {
-        const auto byte = static_cast<unsigned char>(e);
-        FailAt(
-            escape_offset,
-            byte >= 0x20 && byte < 0x7F
-                ? fmt::format("invalid escape '\\{}' in a string", e)
-                : fmt::format("invalid escape (backslash then byte 0x{:02X}) in a string", byte));
-      }
-    }
-    pos_ += 2;
-  }
-
-  bool AtDigit() const { return !AtEnd() && Peek() >= '0' && Peek() <= '9'; }
-  void SkipDigits() {
-    while (AtDigit()) ++pos_;
-  }
-
-  Value ParseNumber() {
-    const size_t start = pos_;
-    if (Peek() == '-') {
-      ++pos_;
-      if (!AtEnd() && (Peek() == 'I' || Peek() == 'N')) {
-        Fail("NaN and Infinity are not valid JSON numbers");
-      }
-    }
-    if (!AtDigit()) Fail("expected a digit in a number");
-    if (Peek() == '0') {
-      ++pos_;
-      if (AtDigit()) FailAt(start, "leading zeros are not allowed in numbers");
+  bool Put(Value v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+    } else if (Frame& top = stack_.back(); top.value.is_array()) {
+      top.value.MutableArray().push_back(std::move(v));
     } else {
-      SkipDigits();
+      top.value.MutableObject().emplace_back(std::move(top.key), std::move(v));
     }
-    bool integral = true;
-    if (!AtEnd() && Peek() == '.') {
-      ++pos_;
-      if (!AtDigit()) Fail("expected a digit after the decimal point");
-      SkipDigits();
-      integral = false;
-    }
-    if (!AtEnd() && (Peek() == 'e' || Peek() == 'E')) {
-      ++pos_;
-      if (!AtEnd() && (Peek() == '+' || Peek() == '-')) ++pos_;
-      if (!AtDigit()) Fail("expected a digit in the exponent");
-      SkipDigits();
-      integral = false;
-    }
-    const char* first = text_.data() + start;
-    const char* last = text_.data() + pos_;
-    if (integral) {
-      int64_t value = 0;
-      const auto [ptr, ec] = std::from_chars(first, last, value);
-      if (ec == std::errc() && ptr == last) return Value::Int(value);
-      // Beyond int64: kept as a double, like any other number.
-    }
-    double value = 0;
-    const auto [ptr, ec] = std::from_chars(first, last, value);
-    if (ec == std::errc::result_out_of_range) {
-      // Underflow reads as (signed) zero; overflow has no double.
-      if (DecimalExponent(std::string_view(first, last - first)) < 0) {
-        return Value::Double(*first == '-' ? -0.0 : 0.0);
-      }
-      FailAt(start, "number is beyond the range of a double");
-    }
-    if (ec != std::errc() || ptr != last) FailAt(start, "invalid number");
-    return Value::Double(value);
+    return true;
   }
 
   std::string_view text_;
-  size_t pos_ = 0;
+  const char* const* read_end_;
+  std::vector<Frame> stack_;
+  Value root_;
 };
+
+bool ValueBuilder::parse_error(size_t position, const std::string& token,
+                               const nlohmann::detail::exception& e) {
+  constexpr size_t npos = std::string_view::npos;
+  const std::string_view what = e.what();
+  const size_t size = text_.size();
+  const size_t read = std::min(position, size);                 // bytes read
+  const size_t last = position == 0 ? 0 : std::min(position - 1, size);  // where it stopped
+  const unsigned char c = last < size ? static_cast<unsigned char>(text_[last]) : 0;
+  // Strings and numbers are read from their first byte into `token`; only its last byte can be a
+  // control character (which ends the token).
+  size_t raw = token.size();
+  if (raw >= 8 && read > 0 && static_cast<unsigned char>(text_[read - 1]) < 0x20 &&
+      token.compare(raw - 8, 5, "<U+00") == 0) {
+    raw -= 7;
+  }
+  const size_t token_start = read >= raw ? read - raw : 0;
+  if (e.id == 406) FailAt(text_, token_start, "number is beyond the range of a double");
+
+  // A lexer error quotes the input ("; last read: '<token>'"), which must not be read as the
+  // message: split it off.
+  const std::string last_read = "; last read: '" + token + "'";
+  const size_t quoted = what.rfind(last_read);
+  const std::string_view message = what.substr(0, quoted);
+  const std::string_view suffix =
+      quoted == std::string_view::npos ? what : what.substr(quoted + last_read.size());
+  // What the grammar expected decides the message when the token found is wrong as a whole.
+  std::string expected;
+  if (EndsWith(suffix, "; expected ':'")) {
+    expected = "expected ':' after an object key";
+  } else if (EndsWith(suffix, "; expected ']'")) {
+    expected = "expected ',' or ']' after an array element";
+  } else if (EndsWith(suffix, "; expected '}'")) {
+    expected = "expected ',' or '}' after an object member";
+  } else if (EndsWith(suffix, "; expected end of input")) {
+    expected = "unexpected characters after the JSON value";
+  }
+  const bool key_expected = EndsWith(suffix, "; expected string literal");
+  const std::string_view detail =
+      message.substr(std::min(message.find(" - "), message.size() - 3) + 3);
+
+  if (StartsWith(detail, "unexpected ")) {  // a well-formed token in the wrong place
+    const std::string_view found = detail.substr(11);
+    size_t start = last;  // one-byte tokens and the end of the input
+    if (StartsWith(found, "string literal") || StartsWith(found, "number literal")) {
+      start = token_start;
+    } else if (StartsWith(found, "true literal") || StartsWith(found, "null literal")) {
+      start = read - 4;
+    } else if (StartsWith(found, "false literal")) {
+      start = read - 5;
+    }
+    // A number right after a lone 0 can only be the rest of a number with leading zeros.
+    if (StartsWith(found, "number literal") && start > 0 && start < size && text_[start] != '-' &&
+        text_[start - 1] == '0') {
+      FailAt(text_, start >= 2 && text_[start - 2] == '-' ? start - 2 : start - 1,
+             "leading zeros are not allowed in numbers");
+    }
+    if (start < size && (text_[start] == ']' || text_[start] == '}')) {
+      size_t before = start;
+      while (before > 0 && std::string_view(" \t\n\r").find(text_[before - 1]) != npos) --before;
+      if (before > 0 && text_[before - 1] == ',') {
+        FailAt(text_, start, fmt::format("trailing comma before '{}'", text_[start]));
+      }
+    }
+    if (key_expected) FailAt(text_, start, "expected '\"' to start an object key");
+    if (!expected.empty()) FailAt(text_, start, expected);
+    FailAt(text_, start,
+           start < size ? "expected a value, found " + DescribeByte(text_[start])
+                        : std::string("expected a value"));
+  }
+
+  // The lexer could not read a token.
+  const auto has = [&](std::string_view s) { return detail.find(s) != std::string_view::npos; };
+  if (StartsWith(detail, "invalid string")) {
+    if (!expected.empty()) FailAt(text_, token_start, expected);
+    if (has("ill-formed UTF-8")) {
+      // nlohmann stops at the first byte that cannot continue the sequence; name its lead byte.
+      size_t lead = last;
+      for (size_t k = 1; k <= 3 && k <= last; ++k) {
+        const auto b = static_cast<unsigned char>(text_[last - k]);
+        const DecodedChar d = DecodeUtf8At(text_, last - k);
+        if (b >= 0xC2 && b <= 0xF4 && !d.valid && d.num_bytes == static_cast<int>(k)) {
+          lead = last - k;
+          break;
+        }
+      }
+      FailAt(text_, lead,
+             fmt::format("invalid UTF-8 byte 0x{:02X} in a string",
+                         lead < size ? static_cast<unsigned char>(text_[lead]) : 0));
+    }
+    if (has("control character")) {
+      FailAt(text_, last, fmt::format("control character 0x{:02X} in a string must be escaped", c));
+    }
+    if (has("missing closing quote")) FailAt(text_, last, "expected '\"' to close a string");
+    if (has("forbidden character after backslash")) {
+      if (last >= size) FailAt(text_, last, "expected an escape character after '\\'");
+      FailAt(text_, last - 1,
+             c >= 0x20 && c < 0x7F
+                 ? fmt::format("invalid escape '\\{}' in a string", static_cast<char>(c))
+                 : fmt::format("invalid escape (backslash then byte 0x{:02X}) in a string", c));
+    }
+    if (has("must be followed by 4 hex digits")) {
+      FailAt(text_, last, "expected four hex digits after \\u");
+    }
+    // Surrogates: the lexer read \uXXXX (and maybe a second \uXXXX) before it could tell.
+    const auto hex_at = [&](size_t escape) {
+      std::string hex(escape + 2 <= size ? text_.substr(escape + 2, 4) : "");
+      for (char& h : hex) h = static_cast<char>(std::toupper(static_cast<unsigned char>(h)));
+      return hex;
+    };
+    const auto is_high_escape = [&](size_t at) {
+      return at + 6 <= size && text_.substr(at, 2) == "\\u" &&
+             std::toupper(static_cast<unsigned char>(text_[at + 2])) == 'D' &&
+             std::string_view("89abAB").find(text_[at + 3]) != npos;
+    };
+    if (has("must follow U+D800") && last >= 5) {
+      FailAt(text_, last - 5, "unpaired low surrogate \\u" + hex_at(last - 5));
+    }
+    if (last >= 11 && text_.substr(last - 5, 2) == "\\u" && is_high_escape(last - 11)) {
+      FailAt(text_, last - 11,
+             fmt::format("high surrogate \\u{} is followed by \\u{}, not a low surrogate",
+                         hex_at(last - 11), hex_at(last - 5)));
+    }
+    const size_t escape = last >= 6 && is_high_escape(last - 6) ? last - 6 : last - 7;
+    FailAt(text_, escape, "unpaired high surrogate \\u" + hex_at(escape));
+  }
+  if (StartsWith(detail, "invalid number")) {
+    if (!expected.empty()) FailAt(text_, token_start, expected);
+    if (c == 'I' || c == 'N') FailAt(text_, last, "NaN and Infinity are not valid JSON numbers");
+    if (has("after '-'")) FailAt(text_, last, "expected a digit in a number");
+    if (has("after '.'")) FailAt(text_, last, "expected a digit after the decimal point");
+    FailAt(text_, last, "expected a digit in the exponent");
+  }
+  // "invalid literal": true/false/null broken off at `last`, or a byte no value starts with.
+  for (size_t k = 1; k <= 4 && k <= last; ++k) {
+    for (const std::string_view literal : {"true", "false", "null"}) {
+      if (k < literal.size() && text_.substr(last - k, k) == literal.substr(0, k)) {
+        if (!expected.empty() || key_expected) {
+          FailAt(text_, last - k, key_expected ? "expected '\"' to start an object key" : expected);
+        }
+        FailAt(text_, last, fmt::format("invalid literal, expected '{}'", literal));
+      }
+    }
+  }
+  if (key_expected) FailAt(text_, last, "expected '\"' to start an object key");
+  if (!expected.empty()) FailAt(text_, last, expected);
+  if (c == 'I' || c == 'N') FailAt(text_, last, "NaN and Infinity are not valid JSON numbers");
+  FailAt(text_, last, "expected a value, found " + DescribeByte(c));
+}
 
 void AppendNewline(int indent, int depth, std::string& out) {
   out += '\n';
@@ -731,7 +615,21 @@ std::string_view KindName(Value::Kind kind) {
   return "?";
 }
 
-Value Parse(std::string_view text) { return Parser(text).ParseDocument(); }
+Value Parse(std::string_view text) {
+  // nlohmann skips a byte order mark, which RFC 8259 does not allow.
+  if (!text.empty() && static_cast<unsigned char>(text[0]) == 0xEF) {
+    FailAt(text, 0, "expected a value, found byte 0xEF");
+  }
+  const char* read_end = text.data();
+  ValueBuilder builder(text, &read_end);
+  nlohmann::json::sax_parse(TrackedIterator(text.data(), &read_end),
+                            TrackedIterator(text.data() + text.size(), &read_end), &builder);
+  // nlohmann reads a NUL byte as the end of the input; in valid JSON there is none anywhere.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    FailAt(text, nul, "unexpected characters after the JSON value");
+  }
+  return builder.TakeRoot();
+}
 
 Value ParseFile(const std::string& path) {
   struct FileCloser {

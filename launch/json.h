@@ -1,5 +1,6 @@
-// A small, strict JSON reader and writer (RFC 8259) for the trainer's own file formats:
-// safetensors headers, checkpoint indexes, config and tokenizer files, dataset manifests.
+// A strict JSON reader (RFC 8259; nlohmann-json's parser underneath, included by json.cc only)
+// and writer for the trainer's file formats: safetensors headers, checkpoint indexes, config and
+// tokenizer files, dataset manifests.
 //
 // Values: a Value owns its whole tree (arrays and objects hold their children by value). Objects
 // keep their members in file order, which Dump() preserves, so a file read and written back keeps

@@ -200,6 +200,13 @@ TEST_CASE("Each malformed document throws ParseError naming the line, column and
       {"{\"a\": 1 // comment\n}", 1, 9, "expected ',' or '}' after an object member"},
       {"[\"abc", 1, 6, "unexpected end of input: expected '\"' to close a string"},
       {"{\"a\":", 1, 6, "unexpected end of input: expected a value"},
+      // nlohmann reads a NUL byte as the end of the input; JSON has no NUL outside strings.
+      {std::string("[1]\0", 4), 1, 4, "unexpected characters after the JSON value"},
+      {std::string("[1,\0]", 5), 1, 4, "expected a value, found byte 0x00"},
+      {"[1 tru]", 1, 4, "expected ',' or ']' after an array element"},
+      // nlohmann quotes the input in its messages; the input's words are not its message's.
+      {"\"ill-formed UTF-8", 1, 18, "unexpected end of input: expected '\"' to close a string"},
+      {"[\"; expected ']'\x01", 1, 17, "control character 0x01 in a string must be escaped"},
   };
   for (const BadCase& c : cases) {
     CAPTURE(c.text);

@@ -6,7 +6,7 @@ set -euo pipefail
 
 TORCH_VERSION=2.11.0
 APT_PACKAGES=(bazel-bootstrap libopenmpi-dev openmpi-bin libcli11-dev libspdlog-dev libfmt-dev
-              catch2 libssl-dev python3)
+              catch2 libssl-dev nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev python3)
 
 say() { echo "[setup] $*" >&2; }
 

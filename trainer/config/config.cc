@@ -149,6 +149,8 @@ std::string Quote(const std::string& s) {
                                       : nullptr;
     if (escaped != nullptr) {
       out += escaped;
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+      out += fmt::format("\\u{:04X}", c);  // TOML allows no other control character raw
     } else {
       out.push_back(c);
     }

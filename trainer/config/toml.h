@@ -1,12 +1,13 @@
-// A reader for the subset of TOML that launch recipes use.
+// The reader of launch recipes: TOML 1.0 (parsed by toml++) restricted to what a recipe is,
+// `[section]` headers (one level) of `key = value` lines.
 //
-// Supported: `# comments`, `[section]` headers (one level), `key = value` with values that are
-// basic "strings" (with \" \\ \n \t \uXXXX escapes), 'literal strings', integers (with optional
-// `_` separators), floats (with exponent), booleans, and one-line arrays of those. Everything
-// else (inline tables, dotted keys, multi-line strings, dates) is refused with the line and what
-// was expected, so a recipe never means something other than what it says.
+// Values: booleans, integers (int64), floats, strings (every TOML form) and arrays of those.
+// Refused, with the line and the key or section: inline tables (a recipe writes a [section]),
+// dotted keys, nested sections, arrays of tables, dates and times; so a recipe never means
+// something other than what it says. toml++ itself refuses invalid UTF-8, duplicate keys and
+// sections, and anything else that is not TOML.
 //
-// Errors: ConfigError "FILE:LINE: message". Duplicate keys in a section are errors.
+// Errors: ConfigError "FILE:LINE: message". Thread safety: stateless functions.
 #ifndef RL_TRAINER_CONFIG_TOML_H_
 #define RL_TRAINER_CONFIG_TOML_H_
 

@@ -1,160 +1,68 @@
 #include "trainer/data/pretokenizer.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <cstdint>
 
-#include "trainer/data/unicode.h"
+#include "launch/check.h"
+#include "launch/utf8.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 namespace rl::data {
 namespace {
 
-constexpr std::string_view kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-constexpr std::string_view kGpt4Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr std::string_view kQwen2Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-enum class CharClass : uint8_t { kLetter, kNumber, kNewline, kSpace, kOther };
-
-struct Char {
-  size_t pos;   // byte offset in the text
-  char32_t cp;  // kReplacementChar for invalid input
-  CharClass cls;
-};
-
-std::vector<Char> Classify(std::string_view text) {
-  std::vector<Char> chars;
-  chars.reserve(text.size());
-  for (size_t pos = 0; pos < text.size();) {
-    const DecodedChar d = DecodeUtf8At(text, pos);
-    CharClass cls = CharClass::kOther;
-    if (d.valid) {
-      if (d.code_point == '\r' || d.code_point == '\n') {
-        cls = CharClass::kNewline;
-      } else if (IsWhitespace(d.code_point)) {
-        cls = CharClass::kSpace;
-      } else if (IsLetter(d.code_point)) {
-        cls = CharClass::kLetter;
-      } else if (IsNumber(d.code_point)) {
-        cls = CharClass::kNumber;
-      }
-    }
-    chars.push_back({pos, d.valid ? d.code_point : kReplacementChar, cls});
-    pos += static_cast<size_t>(d.num_bytes);
+std::shared_ptr<pcre2_code> Compile(std::string_view pattern) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error,
+                                   &offset, nullptr);
+  if (code == nullptr) {
+    std::array<PCRE2_UCHAR, 256> message{};
+    pcre2_get_error_message(error, message.data(), message.size());
+    throw CheckpointError(fmt::format("regex \"{}\" does not compile: {} at offset {}",
+                                      Utf8Lossy(pattern), reinterpret_cast<char*>(message.data()),
+                                      offset));
   }
-  return chars;
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // when it fails, pcre2_match interprets
+  return std::shared_ptr<pcre2_code>(code, pcre2_code_free);
 }
 
-bool IsSpaceClass(CharClass c) { return c == CharClass::kSpace || c == CharClass::kNewline; }
-
-// Scans one pattern over the classified text; each Match* returns the end index (exclusive) of
-// a match starting at `i`, or 0 when that alternative does not match (a match is never empty).
-class Scanner {
- public:
-  explicit Scanner(const std::vector<Char>& chars) : c_(chars), n_(chars.size()) {}
-
-  CharClass cls(size_t i) const { return c_[i].cls; }
-
-  size_t Extend(size_t j, CharClass want) const {
-    while (j < n_ && c_[j].cls == want) ++j;
-    return j;
-  }
-
-  // 's|'t|'re|'ve|'m|'ll|'d, optionally case-insensitive.
-  size_t MatchContraction(size_t i, bool ignore_case) const {
-    if (c_[i].cp != '\'' || i + 1 >= n_) return 0;
-    const auto fold = [&](size_t k) -> char32_t {
-      if (k >= n_) return 0;
-      char32_t cp = c_[k].cp;
-      if (!ignore_case) return cp;
-      if (cp >= 'A' && cp <= 'Z') return cp - 'A' + 'a';
-      if (cp == 0x017F) return 's';  // LATIN SMALL LETTER LONG S folds to 's'
-      return cp;
-    };
-    const char32_t a = fold(i + 1);
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
-    const char32_t b = fold(i + 2);
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
-    return 0;
-  }
-
-  // " ?X+" for a class X (GPT-2 alternatives).
-  size_t MatchOptionalSpaceRun(size_t i, CharClass x) const {
-    if (c_[i].cp == ' ' && i + 1 < n_ && c_[i + 1].cls == x) return Extend(i + 1, x);
-    if (c_[i].cls == x) return Extend(i, x);
-    return 0;
-  }
-
-  // [^\r\n\p{L}\p{N}]?\p{L}+
-  size_t MatchPrefixedLetters(size_t i) const {
-    if (c_[i].cls == CharClass::kLetter) return Extend(i, CharClass::kLetter);
-    const CharClass c0 = c_[i].cls;
-    if ((c0 == CharClass::kSpace || c0 == CharClass::kOther) && i + 1 < n_ &&
-        c_[i + 1].cls == CharClass::kLetter) {
-      return Extend(i + 1, CharClass::kLetter);
-    }
-    return 0;
-  }
-
-  // \p{N}{1,max}
-  size_t MatchNumbers(size_t i, size_t max) const {
-    size_t j = i;
-    while (j < n_ && j - i < max && c_[j].cls == CharClass::kNumber) ++j;
-    return j == i ? 0 : j;
-  }
-
-  // " ?[^\s\p{L}\p{N}]+[\r\n]*"
-  size_t MatchPunctuation(size_t i) const {
-    const size_t j = MatchOptionalSpaceRun(i, CharClass::kOther);
-    return j == 0 ? 0 : Extend(j, CharClass::kNewline);
-  }
-
-  size_t WhitespaceRunEnd(size_t i) const {
-    size_t j = i;
-    while (j < n_ && IsSpaceClass(c_[j].cls)) ++j;
-    return j;
-  }
-
-  // \s*[\r\n]+ : the whitespace run up to and including its last CR/LF.
-  size_t MatchSpacesToNewline(size_t i) const {
-    const size_t end = WhitespaceRunEnd(i);
-    for (size_t k = end; k > i; --k) {
-      if (c_[k - 1].cls == CharClass::kNewline) return k;
-    }
-    return 0;
-  }
-
-  // \s+(?!\S)|\s+ : the whole run at the end of the text or before more whitespace; otherwise
-  // all but its last character (which then goes with the following word), or the single char.
-  size_t MatchSpaces(size_t i) const {
-    const size_t end = WhitespaceRunEnd(i);
-    if (end == i) return 0;
-    if (end == n_) return end;
-    if (end - i >= 2) return end - 1;
-    return end;
-  }
-
- private:
-  const std::vector<Char>& c_;
-  size_t n_;
+struct MatchDataFree {
+  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
 };
+using MatchData = std::unique_ptr<pcre2_match_data, MatchDataFree>;
 
-size_t MatchGpt2(const Scanner& s, size_t i) {
-  if (size_t j = s.MatchContraction(i, /*ignore_case=*/false)) return j;
-  if (size_t j = s.MatchOptionalSpaceRun(i, CharClass::kLetter)) return j;
-  if (size_t j = s.MatchOptionalSpaceRun(i, CharClass::kNumber)) return j;
-  if (size_t j = s.MatchOptionalSpaceRun(i, CharClass::kOther)) return j;
-  return s.MatchSpaces(i);
+// Matches `code` in `text` from byte `start`; false when there is no match. On a match,
+// [ovector[0], ovector[1]) is its extent.
+bool Match(const pcre2_code* code, std::string_view text, size_t start, uint32_t options,
+           pcre2_match_data* data, std::string_view pattern) {
+  const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  int rc = pcre2_match(code, subject, text.size(), start, options, data, nullptr);
+  // The JIT's stack is small; the interpreter keeps its backtracking on the heap.
+  if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+    rc = pcre2_match(code, subject, text.size(), start, options | PCRE2_NO_JIT, data, nullptr);
+  }
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) {
+    std::array<PCRE2_UCHAR, 256> message{};
+    pcre2_get_error_message(rc, message.data(), message.size());
+    throw CheckpointError(fmt::format("regex \"{}\" failed on a text of {} bytes: {}",
+                                      Utf8Lossy(pattern), text.size(),
+                                      reinterpret_cast<char*>(message.data())));
+  }
+  return true;
 }
 
-size_t MatchGpt4(const Scanner& s, size_t i, size_t max_digits) {
-  if (size_t j = s.MatchContraction(i, /*ignore_case=*/true)) return j;
-  if (size_t j = s.MatchPrefixedLetters(i)) return j;
-  if (size_t j = s.MatchNumbers(i, max_digits)) return j;
-  if (size_t j = s.MatchPunctuation(i)) return j;
-  if (size_t j = s.MatchSpacesToNewline(i)) return j;
-  return s.MatchSpaces(i);
+// True when `cp` matches `code`, a pattern anchored at both ends.
+bool IsInClass(const pcre2_code* code, char32_t cp) {
+  std::string encoded;
+  AppendUtf8(cp, &encoded);
+  MatchData data(pcre2_match_data_create_from_pattern(code, nullptr));
+  return Match(code, encoded, 0, 0, data.get(), "");
 }
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 bytes to
@@ -181,50 +89,63 @@ const ByteMap& GetByteMap() {
 
 }  // namespace
 
-std::optional<SplitPattern> RecognizeSplitPattern(std::string_view regex) {
-  if (regex == kGpt2Regex) return SplitPattern::kGpt2;
-  if (regex == kGpt4Regex) return SplitPattern::kGpt4;
-  if (regex == kQwen2Regex) return SplitPattern::kQwen2;
-  return std::nullopt;
-}
+SplitRegex::SplitRegex(std::string_view pattern) : pattern_(pattern), code_(Compile(pattern)) {}
 
-std::string_view SplitPatternRegex(SplitPattern pattern) {
-  switch (pattern) {
-    case SplitPattern::kGpt2:
-      return kGpt2Regex;
-    case SplitPattern::kGpt4:
-      return kGpt4Regex;
-    case SplitPattern::kQwen2:
-      return kQwen2Regex;
-  }
-  return {};
-}
-
-std::vector<std::string_view> SplitWords(std::string_view text, SplitPattern pattern) {
-  const std::vector<Char> chars = Classify(text);
-  const Scanner scanner(chars);
-  std::vector<std::string_view> words;
-  size_t i = 0;
-  while (i < chars.size()) {
-    size_t j = 0;
-    switch (pattern) {
-      case SplitPattern::kGpt2:
-        j = MatchGpt2(scanner, i);
-        break;
-      case SplitPattern::kGpt4:
-        j = MatchGpt4(scanner, i, 3);
-        break;
-      case SplitPattern::kQwen2:
-        j = MatchGpt4(scanner, i, 1);
-        break;
+std::vector<std::string_view> SplitRegex::Split(std::string_view text) const {
+  std::vector<std::string_view> pieces;
+  MatchData data(pcre2_match_data_create_from_pattern(code_.get(), nullptr));
+  const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
+  size_t done = 0;  // text before this is in `pieces`
+  size_t from = 0;  // where the next search starts
+  while (from < text.size() && Match(code_.get(), text, from, 0, data.get(), pattern_)) {
+    const size_t start = ovector[0];
+    const size_t end = ovector[1];
+    if (start > done) pieces.push_back(text.substr(done, start - done));
+    done = start;
+    if (end > start) {
+      pieces.push_back(text.substr(start, end - start));
+      done = from = end;
+    } else {  // an empty match: search again from the next character
+      from = start + static_cast<size_t>(start < text.size() ? DecodeUtf8At(text, start).num_bytes
+                                                             : 1);
     }
-    if (j <= i) j = i + 1;  // unreachable: every character class has an alternative
-    const size_t begin = chars[i].pos;
-    const size_t end = j < chars.size() ? chars[j].pos : text.size();
-    words.push_back(text.substr(begin, end - begin));
-    i = j;
   }
-  return words;
+  if (done < text.size()) pieces.push_back(text.substr(done));
+  return pieces;
+}
+
+std::shared_ptr<const SplitRegex> Gpt2Regex() {
+  static const auto regex = std::make_shared<const SplitRegex>(kGpt2Pattern);
+  return regex;
+}
+
+bool IsWordChar(char32_t cp) {
+  static const std::shared_ptr<pcre2_code> word = Compile(R"(\A\w\z)");
+  return IsInClass(word.get(), cp);
+}
+
+bool IsWhitespace(char32_t cp) {
+  // White_Space, as Rust's char::is_whitespace (used by tokenizers for lstrip/rstrip); PCRE2's \s
+  // also holds U+180E.
+  switch (cp) {
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
+      return true;
+    default:
+      return cp >= 0x2000 && cp <= 0x200A;
+  }
 }
 
 std::string ByteLevelEncode(std::string_view bytes) {

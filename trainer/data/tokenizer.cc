@@ -9,7 +9,7 @@
 
 #include "launch/atomic_file.h"
 #include "launch/check.h"
-#include "trainer/data/unicode.h"
+#include "launch/utf8.h"
 
 namespace rl::data {
 namespace {
@@ -99,8 +99,6 @@ void CheckDecoder(const Value& root, const std::string& source) {
                              decoder == nullptr ? std::string("(none)") : json::Dump(*decoder)));
   }
 }
-
-bool IsWordChar(char32_t cp) { return cp == '_' || IsLetter(cp) || IsNumber(cp); }
 
 // The code point ending just before byte `pos` (pos > 0).
 char32_t CodePointBefore(std::string_view text, size_t pos) {
@@ -417,12 +415,10 @@ void BpeTokenizer::ReadPreTokenizer(const Value& root, const std::string& source
                                  "Regex)",
                                  json::Dump(pattern)));
       }
-      const std::optional<SplitPattern> known = RecognizeSplitPattern(regex->AsString());
-      if (!known) {
-        Fail(source,
-             fmt::format("Split pre-tokenizer regex {} is not one of the supported patterns "
-                         "(GPT-2, GPT-4/Llama-3/GLM, Qwen2; see trainer/data/pretokenizer.h)",
-                         Quote(regex->AsString())));
+      try {
+        s.regex = std::make_shared<const SplitRegex>(regex->AsString());
+      } catch (const CheckpointError& e) {
+        Fail(source, fmt::format("Split pre-tokenizer: {}", e.what()));
       }
       const Value* behavior = step->Find("behavior");
       if (behavior != nullptr && behavior->AsString() != "Isolated") {
@@ -434,12 +430,11 @@ void BpeTokenizer::ReadPreTokenizer(const Value& root, const std::string& source
         Fail(source, "Split pre-tokenizer with invert = true is not supported");
       }
       s.kind = PreTokenizerStep::Kind::kSplit;
-      s.pattern = *known;
     } else if (kind == "ByteLevel") {
       s.kind = PreTokenizerStep::Kind::kByteLevel;
       s.add_prefix_space = OptionalBool(*step, "add_prefix_space", true);
       s.use_regex = OptionalBool(*step, "use_regex", true);
-      s.pattern = SplitPattern::kGpt2;
+      if (s.use_regex) s.regex = Gpt2Regex();
     } else {
       Fail(source, fmt::format("pre_tokenizer type \"{}\" is not supported (only Split and "
                                "ByteLevel)",
@@ -551,12 +546,12 @@ std::vector<std::string> BpeTokenizer::PreTokenize(std::string_view text) const 
     std::vector<std::string> next;
     for (std::string& piece : pieces) {
       if (step.kind == PreTokenizerStep::Kind::kSplit) {
-        for (std::string_view w : SplitWords(piece, step.pattern)) next.emplace_back(w);
+        for (std::string_view w : step.regex->Split(piece)) next.emplace_back(w);
         continue;
       }
       if (step.add_prefix_space && (piece.empty() || piece[0] != ' ')) piece.insert(0, " ");
       if (step.use_regex) {
-        for (std::string_view w : SplitWords(piece, step.pattern)) {
+        for (std::string_view w : step.regex->Split(piece)) {
           next.push_back(ByteLevelEncode(w));
         }
       } else {

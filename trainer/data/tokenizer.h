@@ -17,10 +17,10 @@
 //   normalizer   null or NFC. NFC is NOT applied (approximation): the text is assumed to be in NFC
 //                already, which holds for nearly all text; decomposed accents will tokenize
 //                differently from Hugging Face.
-//   pre_tokenizer Split with one of the regexes of pretokenizer.h (GPT-2, GPT-4/Llama-3/GLM,
-//                Qwen2) and behaviour Isolated, then ByteLevel (add_prefix_space, use_regex);
-//                alone or in a Sequence. Unknown regexes and other types fail with CheckpointError
-//                quoting them. See pretokenizer.h for what the regex scanners approximate.
+//   pre_tokenizer Split with a Regex pattern (run by PCRE2 as written; see pretokenizer.h) and
+//                behaviour Isolated, then ByteLevel (add_prefix_space, use_regex); alone or in a
+//                Sequence. A regex PCRE2 cannot compile and other types fail with CheckpointError
+//                quoting them.
 //   added_tokens content/id/special/lstrip/rstrip/single_word/normalized; matched leftmost-longest,
 //                normalized=false tokens first (as tokenizers does). single_word treats letters,
 //                numbers and '_' as word characters.
@@ -159,9 +159,9 @@ class BpeTokenizer final : public Tokenizer {
   struct PreTokenizerStep {
     enum class Kind { kSplit, kByteLevel };
     Kind kind = Kind::kSplit;
-    SplitPattern pattern = SplitPattern::kGpt2;  // kSplit; kByteLevel with use_regex uses kGpt2
-    bool add_prefix_space = false;               // kByteLevel
-    bool use_regex = false;                      // kByteLevel
+    std::shared_ptr<const SplitRegex> regex;  // kSplit; kByteLevel with use_regex: Gpt2Regex()
+    bool add_prefix_space = false;            // kByteLevel
+    bool use_regex = false;                   // kByteLevel
   };
   struct AddedToken {
     int64_t id = 0;

@@ -203,10 +203,11 @@ TEST_CASE("malformed tokenizer.json files give specific CheckpointErrors", "[tok
                  if (key != "pre_tokenizer") continue;
                  json::Value& split = value.MutableObject()[1].second.MutableArray()[0];
                  split.Set("pattern", json::Value::MakeObject(
-                                          {{"Regex", json::Value::String("\\p{L}+|\\s+")}}));
+                                          {{"Regex", json::Value::String("(\\p{L}+|\\s+")}}));
                }
              }),
-             Catch::Contains("regex \"\\p{L}+|\\s+\" is not one of the supported patterns"));
+             Catch::Contains("Split pre-tokenizer: regex \"(\\p{L}+|\\s+\" does not compile: "
+                             "missing closing parenthesis at offset 11"));
   CHECK_THAT(
       LoadErrorAfterEdit([](json::Value& r) {
         r.Set("decoder", json::Value::MakeObject({{"type", json::Value::String("WordPiece")}}));
