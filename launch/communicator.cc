@@ -32,8 +32,8 @@ namespace internal {
 
 void CheckTensor(std::string_view op, const at::Tensor& tensor, c10::Device device) {
   RL_CHECK(tensor.defined(), Error, "{}: tensor is undefined", op);
-  RL_CHECK(tensor.device() == device, Error, "{}: tensor is on {} but the communicator is on {}", op,
-           tensor.device().str(), device.str());
+  RL_CHECK(tensor.device() == device, Error, "{}: tensor is on {} but the communicator is on {}",
+           op, tensor.device().str(), device.str());
   RL_CHECK(tensor.is_contiguous(), Error, "{}: tensor must be contiguous", op);
 }
 
@@ -42,8 +42,8 @@ FlatShape CheckFlat(std::string_view op, const at::Tensor& shard, const at::Tens
   CheckTensor(op, shard, device);
   CheckTensor(op, buffer, device);
   RL_CHECK(shard.scalar_type() == buffer.scalar_type(), Error,
-           "{}: shard dtype {} differs from buffer dtype {}", op, c10::toString(shard.scalar_type()),
-           c10::toString(buffer.scalar_type()));
+           "{}: shard dtype {} differs from buffer dtype {}", op,
+           c10::toString(shard.scalar_type()), c10::toString(buffer.scalar_type()));
   RL_CHECK(buffer.numel() == shard.numel() * size, Error,
            "{}: buffer has {} elements but {} ranks x shard of {} = {}; pad the buffer to a "
            "multiple of the group size (Note [Flat collectives])",
@@ -58,8 +58,9 @@ FlatShape CheckFlat(std::string_view op, const at::Tensor& shard, const at::Tens
     const auto* buffer_begin = static_cast<const char*>(buffer.data_ptr());
     const int64_t shard_bytes = shard.nbytes();
     const int64_t buffer_bytes = buffer.nbytes();
-    RL_CHECK(shard_begin >= buffer_begin + buffer_bytes || buffer_begin >= shard_begin + shard_bytes,
-             Error, "{}: shard overlaps the buffer but is not rank {}'s slice of it", op, rank);
+    RL_CHECK(
+        shard_begin >= buffer_begin + buffer_bytes || buffer_begin >= shard_begin + shard_bytes,
+        Error, "{}: shard overlaps the buffer but is not rank {}'s slice of it", op, rank);
   }
   return shape;
 }

@@ -29,8 +29,8 @@ MPI_Datatype BitwiseType(const at::Tensor& tensor) {
     case 8:
       return MPI_UINT64_T;
     default:
-      throw Error(fmt::format("mpi: unsupported element size {} of dtype {}",
-                              tensor.element_size(), c10::toString(tensor.scalar_type())));
+      throw Error(fmt::format("mpi: unsupported element size {} of dtype {}", tensor.element_size(),
+                              c10::toString(tensor.scalar_type())));
   }
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "backup/tensor_backuper.h"
 #include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/json.h"
@@ -106,24 +107,23 @@ class ReplayRollout final : public Rollout {
     batch.samples.assign(data_.samples.begin() + begin, data_.samples.begin() + begin + chunk_);
     return batch;
   }
-  WeightSyncStats ReceiveWeights(const backup::NamedTensors& weights, int64_t version) override {
+  weight_sync::SyncStats ReceiveWeights(const NamedTensors& weights, int64_t version) override {
     const auto start = Clock::now();
-    WeightSyncStats stats;
+    weight_sync::SyncStats stats;
     hashes_.clear();
-    for (const backup::NamedTensor& w : weights) {
+    for (const NamedTensor& w : weights) {
       hashes_[w.name] = TensorSha256(w.tensor);
-      stats.bytes += w.tensor.nbytes();
-      ++stats.tensors;
+      stats.num_bytes += w.tensor.nbytes();
+      ++stats.num_tensors;
     }
     version_ = version;
-    stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    stats.elapsed = Clock::now() - start;
     return stats;
   }
-  void CheckWeights(const backup::NamedTensors& weights, int64_t version) override {
-    RL_CHECK(version == version_, Error, "weight version mismatch: actor {} vs receiver {}",
-             version, version_);
+  void CheckWeights(const NamedTensors& weights, int64_t version) override {
+    weight_sync::CheckWeightVersion(version, version_);
     std::vector<std::string> differ;
-    for (const backup::NamedTensor& w : weights) {
+    for (const NamedTensor& w : weights) {
       const auto it = hashes_.find(w.name);
       if (it == hashes_.end() || it->second != TensorSha256(w.tensor)) differ.push_back(w.name);
     }
@@ -216,10 +216,10 @@ void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConf
   auto weight_sync = [&] {
     rollout->WakeWeights();
     ++weight_version;
-    const backup::NamedTensors weights = backuper->Get(backup::kActorTag);
-    const WeightSyncStats stats = rollout->ReceiveWeights(weights, weight_version);
-    spdlog::info("weight sync v{}: {} tensors, {} in {:.3f} s", weight_version, stats.tensors,
-                 memory::FormatBytes(stats.bytes), stats.seconds);
+    const NamedTensors weights = backuper->Get(backup::kActorTag);
+    const weight_sync::SyncStats stats = rollout->ReceiveWeights(weights, weight_version);
+    spdlog::info("weight sync v{}: {} tensors, {} in {:.3f} s", weight_version, stats.num_tensors,
+                 memory::FormatBytes(stats.num_bytes), stats.elapsed.count());
     if (check_sync || resolved.check_weight_version) {
       rollout->CheckWeights(weights, weight_version);
       spdlog::info("weight update check: {} tensors SHA256-equal, version {}", weights.size(),
