@@ -70,14 +70,6 @@ NamedTensors PinnedBackuper::Get(const std::string& tag) {
   return out;
 }
 
-void PinnedBackuper::Copy(const std::string& src_tag, const std::string& dst_tag) {
-  const auto src = backups_.find(src_tag);
-  const auto dst = backups_.find(dst_tag);
-  RL_CHECK(src != backups_.end() && dst != backups_.end(), Error,
-           "copy('{}' -> '{}'): both tags must have been backed up", src_tag, dst_tag);
-  for (auto& [name, host] : dst->second) host.copy_(src->second.at(name));
-}
-
 std::vector<std::string> PinnedBackuper::BackupTags() const {
   std::vector<std::string> tags;
   for (const auto& [tag, copies] : backups_) tags.push_back(tag);
@@ -199,13 +191,6 @@ NamedTensors RematerializeBackuper::Get(const std::string& tag) {
     }
   }
   return out;
-}
-
-void RematerializeBackuper::Copy(const std::string& src_tag, const std::string& dst_tag) {
-  throw Error(fmt::format(
-      "copy('{}' -> '{}'): the rematerialize backuper keeps no copy of the actor to copy from; "
-      "--keep-old-actor needs the pinned backup",
-      src_tag, dst_tag));
 }
 
 std::vector<std::string> RematerializeBackuper::BackupTags() const {

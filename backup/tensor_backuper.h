@@ -9,7 +9,7 @@
 //    all-gather it, then copy the "extras" (tensors with no master: fp32 params, MoE expert-bias
 //    buffers) back from their pinned host copy. get("actor") returns the live param views (the
 //    param buffer must be resident) and the extras' host copies. Every other tag ("ref", ...) is
-//    delegated to a PinnedBackuper. There is no copy(): --keep-old-actor is refused at validation.
+//    delegated to a PinnedBackuper.
 //
 // The SHA256 check (Note [Rebuild check]): when armed, backup("actor") #1 and #2 hash every
 // source tensor; every restore("actor") while armed recomputes and compares. A changed tensor set
@@ -34,13 +34,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "launch/named_tensors.h"
+
 namespace rl::backup {
 
-struct NamedTensor {
-  std::string name;
-  at::Tensor tensor;
-};
-using NamedTensors = std::vector<NamedTensor>;
 // Returns the live tensors, in a fixed order, every call the same objects.
 using SourceGetter = std::function<NamedTensors()>;
 
@@ -54,8 +51,6 @@ class TensorBackuper {
   virtual void Restore(const std::string& tag) = 0;
   // Named tensors for the weight sync (see the variants for live vs host copies).
   virtual NamedTensors Get(const std::string& tag) = 0;
-  // Host-to-host copy of a backed-up tag into another existing tag.
-  virtual void Copy(const std::string& src_tag, const std::string& dst_tag) = 0;
   virtual std::vector<std::string> BackupTags() const = 0;
   // Pinned host bytes held (allocated once, so this only grows on the first backup of a tag).
   virtual int64_t HostBytes() const = 0;
@@ -67,7 +62,6 @@ class PinnedBackuper final : public TensorBackuper {
   void Backup(const std::string& tag) override;
   void Restore(const std::string& tag) override;
   NamedTensors Get(const std::string& tag) override;
-  void Copy(const std::string& src_tag, const std::string& dst_tag) override;
   std::vector<std::string> BackupTags() const override;
   int64_t HostBytes() const override;
 
@@ -96,11 +90,9 @@ class RematerializeBackuper final : public TensorBackuper {
   void Backup(const std::string& tag) override;
   void Restore(const std::string& tag) override;
   NamedTensors Get(const std::string& tag) override;
-  [[noreturn]] void Copy(const std::string& src_tag, const std::string& dst_tag) override;
   std::vector<std::string> BackupTags() const override;
   int64_t HostBytes() const override;
 
-  int64_t backup_count() const { return backup_count_; }
   bool check_armed() const { return !expected_hashes_.empty(); }
   int64_t extras_host_bytes() const;
 

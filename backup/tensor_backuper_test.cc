@@ -142,7 +142,6 @@ TEST_CASE("rematerialize: pins only the extras; other tags get full pinned copie
   CHECK_FALSE(at::equal(actor.buffer, actor.masters.to(at::kBFloat16)));
   backuper.Restore(kActorTag);
   CHECK(at::equal(actor.buffer, actor.masters.to(at::kBFloat16)));
-  CHECK_THROWS_AS(backuper.Copy("actor", "ref"), Error);
 }
 
 TEST_CASE("pinned: round trip is bit-identical, 2 bytes per bf16 param, allocated once") {

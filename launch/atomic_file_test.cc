@@ -2,11 +2,6 @@
 // nothing behind, and a failure names the file.
 #include "launch/atomic_file.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
@@ -25,34 +20,6 @@ std::string MakeTempDir() {
   return pattern;
 }
 
-std::vector<std::string> ListDirectory(const std::string& dir) {
-  DIR* handle = ::opendir(dir.c_str());
-  REQUIRE(handle != nullptr);
-  std::vector<std::string> names;
-  while (const dirent* entry = ::readdir(handle)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(handle);
-  return names;
-}
-
-std::string ReadFile(const std::string& path) {
-  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  REQUIRE(fd.get() >= 0);
-  std::string text;
-  char buffer[4096];
-  ssize_t n = 0;
-  while ((n = ::read(fd.get(), buffer, sizeof(buffer))) > 0) text.append(buffer, n);
-  REQUIRE(n == 0);
-  return text;
-}
-
-bool Exists(const std::string& path) {
-  struct stat status {};
-  return ::stat(path.c_str(), &status) == 0;
-}
-
 TEST_CASE("a committed write reads back with the exact bytes, through both overloads") {
   const std::string dir = MakeTempDir();
   const std::string path = dir + "/data.bin";
@@ -67,8 +34,8 @@ TEST_CASE("a committed write reads back with the exact bytes, through both overl
     writer.Commit();
   }
   const std::string expected = first + std::string(reinterpret_cast<const char*>(second), 4);
-  CHECK(ReadFile(path) == expected);
-  CHECK(ListDirectory(dir) == std::vector<std::string>{"data.bin"});
+  CHECK(ReadWholeFile(path) == expected);
+  CHECK(ListFiles(dir) == std::vector<std::string>{"data.bin"});
 }
 
 TEST_CASE("a commit replaces an existing file") {
@@ -78,7 +45,7 @@ TEST_CASE("a commit replaces an existing file") {
     writer.Write(text);
     writer.Commit();
   }
-  CHECK(ReadFile(path) == "new");
+  CHECK(ReadWholeFile(path) == "new");
 }
 
 TEST_CASE("a writer destroyed without Commit leaves neither the file nor its temp file") {
@@ -87,10 +54,10 @@ TEST_CASE("a writer destroyed without Commit leaves neither the file nor its tem
   {
     AtomicFileWriter writer(path);
     writer.Write("partial");
-    CHECK(Exists(writer.temp_path()));
+    CHECK(PathExists(writer.temp_path()));
   }
-  CHECK_FALSE(Exists(path));
-  CHECK(ListDirectory(dir).empty());
+  CHECK_FALSE(PathExists(path));
+  CHECK(ListFiles(dir).empty());
 }
 
 TEST_CASE("an uncommitted writer leaves the old file as it was") {
@@ -105,8 +72,8 @@ TEST_CASE("an uncommitted writer leaves the old file as it was") {
     AtomicFileWriter writer(path);
     writer.Write("new, never committed");
   }
-  CHECK(ReadFile(path) == "old");
-  CHECK(ListDirectory(dir) == std::vector<std::string>{"data.txt"});
+  CHECK(ReadWholeFile(path) == "old");
+  CHECK(ListFiles(dir) == std::vector<std::string>{"data.txt"});
 }
 
 TEST_CASE("a write into a missing directory throws CheckpointError naming the path") {

@@ -2,8 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <stdexcept>
-
+#include "launch/check.h"
 #include "launch/mpi_communicator.h"
 #include "launch/nccl_communicator.h"
 
@@ -32,33 +31,23 @@ std::unique_ptr<Communicator> CreateCommunicator(const MpiSession& session, c10:
 namespace internal {
 
 void CheckTensor(std::string_view op, const at::Tensor& tensor, c10::Device device) {
-  if (!tensor.defined()) {
-    throw std::invalid_argument(fmt::format("{}: tensor is undefined", op));
-  }
-  if (tensor.device() != device) {
-    throw std::invalid_argument(fmt::format("{}: tensor is on {} but the communicator is on {}",
-                                            op, tensor.device().str(), device.str()));
-  }
-  if (!tensor.is_contiguous()) {
-    throw std::invalid_argument(fmt::format("{}: tensor must be contiguous", op));
-  }
+  RL_CHECK(tensor.defined(), Error, "{}: tensor is undefined", op);
+  RL_CHECK(tensor.device() == device, Error, "{}: tensor is on {} but the communicator is on {}",
+           op, tensor.device().str(), device.str());
+  RL_CHECK(tensor.is_contiguous(), Error, "{}: tensor must be contiguous", op);
 }
 
 FlatShape CheckFlat(std::string_view op, const at::Tensor& shard, const at::Tensor& buffer,
                     int rank, int size, c10::Device device) {
   CheckTensor(op, shard, device);
   CheckTensor(op, buffer, device);
-  if (shard.scalar_type() != buffer.scalar_type()) {
-    throw std::invalid_argument(fmt::format("{}: shard dtype {} differs from buffer dtype {}", op,
-                                            c10::toString(shard.scalar_type()),
-                                            c10::toString(buffer.scalar_type())));
-  }
-  if (buffer.numel() != shard.numel() * size) {
-    throw std::invalid_argument(fmt::format(
-        "{}: buffer has {} elements but {} ranks x shard of {} = {}; pad the buffer to a multiple "
-        "of the group size (Note [Flat collectives])",
-        op, buffer.numel(), size, shard.numel(), shard.numel() * size));
-  }
+  RL_CHECK(shard.scalar_type() == buffer.scalar_type(), Error,
+           "{}: shard dtype {} differs from buffer dtype {}", op,
+           c10::toString(shard.scalar_type()), c10::toString(buffer.scalar_type()));
+  RL_CHECK(buffer.numel() == shard.numel() * size, Error,
+           "{}: buffer has {} elements but {} ranks x shard of {} = {}; pad the buffer to a "
+           "multiple of the group size (Note [Flat collectives])",
+           op, buffer.numel(), size, shard.numel(), shard.numel() * size);
   FlatShape shape;
   shape.shard_numel = shard.numel();
   const auto* own_slice = static_cast<const char*>(buffer.data_ptr()) +
@@ -69,10 +58,9 @@ FlatShape CheckFlat(std::string_view op, const at::Tensor& shard, const at::Tens
     const auto* buffer_begin = static_cast<const char*>(buffer.data_ptr());
     const int64_t shard_bytes = shard.nbytes();
     const int64_t buffer_bytes = buffer.nbytes();
-    if (shard_begin < buffer_begin + buffer_bytes && buffer_begin < shard_begin + shard_bytes) {
-      throw std::invalid_argument(fmt::format(
-          "{}: shard overlaps the buffer but is not rank {}'s slice of it", op, rank));
-    }
+    RL_CHECK(
+        shard_begin >= buffer_begin + buffer_bytes || buffer_begin >= shard_begin + shard_bytes,
+        Error, "{}: shard overlaps the buffer but is not rank {}'s slice of it", op, rank);
   }
   return shape;
 }

@@ -8,7 +8,7 @@
 // ranks and leaves shard r of the result on rank r. Both work in place: when the shard argument
 // is the rank's own slice of the buffer (AllGatherInPlace, or ReduceScatter with `shard` being
 // buffer[rank*n : (rank+1)*n]). Shapes are checked before any rank waits: a size that does not
-// divide, a dtype or device mismatch or a non-contiguous tensor throws std::invalid_argument on
+// divide, a dtype or device mismatch or a non-contiguous tensor throws rl::Error on
 // the caller's rank without entering the collective.
 //
 // Every collective is synchronous for the caller: it returns when the result is in place (for

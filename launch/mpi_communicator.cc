@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <stdexcept>
+#include <limits>
 #include <thread>
 
 #include "launch/check.h"
@@ -29,9 +29,8 @@ MPI_Datatype BitwiseType(const at::Tensor& tensor) {
     case 8:
       return MPI_UINT64_T;
     default:
-      throw std::invalid_argument(fmt::format("mpi: unsupported element size {} of dtype {}",
-                                              tensor.element_size(),
-                                              c10::toString(tensor.scalar_type())));
+      throw Error(fmt::format("mpi: unsupported element size {} of dtype {}", tensor.element_size(),
+                              c10::toString(tensor.scalar_type())));
   }
 }
 
@@ -47,8 +46,7 @@ MPI_Datatype ArithmeticType(at::ScalarType type) {
     case at::kLong:
       return MPI_INT64_T;
     default:
-      throw std::invalid_argument(
-          fmt::format("mpi: no reduction for dtype {}", c10::toString(type)));
+      throw Error(fmt::format("mpi: no reduction for dtype {}", c10::toString(type)));
   }
 }
 
@@ -57,19 +55,16 @@ MPI_Op ToMpiOp(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
 bool IsHalfFloat(at::ScalarType type) { return type == at::kBFloat16 || type == at::kHalf; }
 
 int CountOrThrow(int64_t numel, std::string_view op) {
-  if (numel > std::numeric_limits<int>::max()) {
-    throw std::invalid_argument(fmt::format(
-        "mpi {}: {} elements exceed MPI's int count; split the buffer", op, numel));
-  }
+  RL_CHECK(numel <= std::numeric_limits<int>::max(), Error,
+           "mpi {}: {} elements exceed MPI's int count; split the buffer", op, numel);
   return static_cast<int>(numel);
 }
 
 // Reductions run on `work`: the tensor itself, or an fp32 copy for bf16/fp16.
 at::Tensor ReductionWorkTensor(const at::Tensor& tensor, ReduceOp op, std::string_view name) {
-  if (op == ReduceOp::kMean && !at::isFloatingType(tensor.scalar_type())) {
-    throw std::invalid_argument(fmt::format("mpi {}: mean of integer dtype {} is not defined",
-                                            name, c10::toString(tensor.scalar_type())));
-  }
+  RL_CHECK(op != ReduceOp::kMean || at::isFloatingType(tensor.scalar_type()), Error,
+           "mpi {}: mean of integer dtype {} is not defined", name,
+           c10::toString(tensor.scalar_type()));
   return IsHalfFloat(tensor.scalar_type()) ? tensor.to(at::kFloat) : tensor;
 }
 
@@ -142,12 +137,10 @@ void MpiCommunicator::Wait(MPI_Request request, const std::string& what,
 void MpiCommunicator::AllGatherInPlace(const at::Tensor& buffer) {
   ThrowIfAborted("all_gather");
   internal::CheckTensor("mpi all_gather", buffer, c10::kCPU);
-  if (buffer.numel() % size_ != 0) {
-    throw std::invalid_argument(fmt::format(
-        "mpi all_gather: buffer of {} elements is not a multiple of the group size {} "
-        "(Note [Flat collectives])",
-        buffer.numel(), size_));
-  }
+  RL_CHECK(buffer.numel() % size_ == 0, Error,
+           "mpi all_gather: buffer of {} elements is not a multiple of the group size {} "
+           "(Note [Flat collectives])",
+           buffer.numel(), size_);
   const int64_t shard_numel = buffer.numel() / size_;
   AllGather(buffer.narrow(0, rank_ * shard_numel, shard_numel), buffer.view({-1}));
 }
@@ -206,10 +199,8 @@ void MpiCommunicator::AllReduce(const at::Tensor& tensor, ReduceOp op) {
 void MpiCommunicator::Broadcast(const at::Tensor& tensor, int root) {
   ThrowIfAborted("broadcast");
   internal::CheckTensor("mpi broadcast", tensor, c10::kCPU);
-  if (root < 0 || root >= size_) {
-    throw std::invalid_argument(
-        fmt::format("mpi broadcast: root {} is outside the group of {}", root, size_));
-  }
+  RL_CHECK(root >= 0 && root < size_, Error, "mpi broadcast: root {} is outside the group of {}",
+           root, size_);
   MPI_Request request = MPI_REQUEST_NULL;
   RL_CHECK_MPI(MPI_Ibcast(tensor.data_ptr(), CountOrThrow(tensor.numel(), "broadcast"),
                           BitwiseType(tensor), root, comm_, &request));

@@ -7,7 +7,6 @@
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
-#include <stdexcept>
 #include <thread>
 
 #include "launch/check.h"
@@ -37,8 +36,7 @@ ncclDataType_t ToNcclType(at::ScalarType type) {
     case at::kChar:
       return ncclInt8;
     default:
-      throw std::invalid_argument(
-          fmt::format("nccl: unsupported dtype {}", c10::toString(type)));
+      throw Error(fmt::format("nccl: unsupported dtype {}", c10::toString(type)));
   }
 }
 
@@ -67,7 +65,7 @@ NcclCommunicator::NcclCommunicator(const MpiSession& session, c10::Device device
       size_(session.world_size()),
       options_(options),
       probe_(session.world()) {
-  RL_CHECK(device.is_cuda() && device.has_index(), std::invalid_argument,
+  RL_CHECK(device.is_cuda() && device.has_index(), Error,
            "nccl communicator needs a CUDA device with an index, got {}", device.str());
   c10::cuda::CUDAGuard guard(device_);
 
@@ -181,12 +179,10 @@ void NcclCommunicator::Complete(ncclResult_t enqueue_result, cudaStream_t stream
 void NcclCommunicator::AllGatherInPlace(const at::Tensor& buffer) {
   ThrowIfAborted("all_gather");
   internal::CheckTensor("nccl all_gather", buffer, device_);
-  if (buffer.numel() % size_ != 0) {
-    throw std::invalid_argument(fmt::format(
-        "nccl all_gather: buffer of {} elements is not a multiple of the group size {} "
-        "(Note [Flat collectives])",
-        buffer.numel(), size_));
-  }
+  RL_CHECK(buffer.numel() % size_ == 0, Error,
+           "nccl all_gather: buffer of {} elements is not a multiple of the group size {} "
+           "(Note [Flat collectives])",
+           buffer.numel(), size_);
   const int64_t shard_numel = buffer.numel() / size_;
   AllGather(buffer.view({-1}).narrow(0, rank_ * shard_numel, shard_numel), buffer.view({-1}));
 }
@@ -234,10 +230,8 @@ void NcclCommunicator::AllReduce(const at::Tensor& tensor, ReduceOp op) {
 void NcclCommunicator::Broadcast(const at::Tensor& tensor, int root) {
   ThrowIfAborted("broadcast");
   internal::CheckTensor("nccl broadcast", tensor, device_);
-  if (root < 0 || root >= size_) {
-    throw std::invalid_argument(
-        fmt::format("nccl broadcast: root {} is outside the group of {}", root, size_));
-  }
+  RL_CHECK(root >= 0 && root < size_, Error, "nccl broadcast: root {} is outside the group of {}",
+           root, size_);
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t stream = CurrentStream();
   Complete(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),

@@ -20,7 +20,7 @@ bool DecaysWeight(const std::string& name, const std::vector<int64_t>& shape) {
   return shape.size() > 1 && !bias;
 }
 
-BufferLayout MakeBufferLayout(const std::vector<ParamShape>& params_in_use_order,
+BufferLayout MakeBufferLayout(const std::vector<ParamSpec>& params_in_use_order,
                               int64_t dp_size) {
   RL_CHECK(dp_size >= 1, Error, "buffer layout: dp_size must be >= 1, got {}", dp_size);
   BufferLayout layout;
@@ -30,8 +30,7 @@ BufferLayout MakeBufferLayout(const std::vector<ParamShape>& params_in_use_order
     BufferEntry entry;
     entry.name = it->name;
     entry.shape = it->shape;
-    entry.numel = std::accumulate(it->shape.begin(), it->shape.end(), int64_t{1},
-                                  std::multiplies<int64_t>());
+    entry.numel = it->numel();
     entry.offset = RoundUp(cursor, kParamAlignment);
     entry.weight_decay = DecaysWeight(it->name, it->shape);
     cursor = entry.offset + entry.numel;

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "launch/param_spec.h"
+
 namespace rl::optimizer {
 
 constexpr int64_t kParamAlignment = 64;
@@ -53,13 +55,9 @@ struct BufferLayout {
   std::string Describe() const;
 };
 
-struct ParamShape {
-  std::string name;
-  std::vector<int64_t> shape;
-};
-
-// `params_in_use_order`: the params of this buffer in order of first use in the forward pass.
-BufferLayout MakeBufferLayout(const std::vector<ParamShape>& params_in_use_order,
+// `params_in_use_order`: the params of this buffer in order of first use in the forward pass
+// (their roles are not looked at).
+BufferLayout MakeBufferLayout(const std::vector<ParamSpec>& params_in_use_order,
                               int64_t dp_size);
 
 // Megatron's default rule: no weight decay for biases and 1-D params.

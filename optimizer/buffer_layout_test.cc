@@ -10,10 +10,10 @@
 namespace rl::optimizer {
 namespace {
 
-std::vector<ParamShape> RandomParams(int count, uint32_t seed) {
+std::vector<ParamSpec> RandomParams(int count, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int64_t> dim(1, 97);
-  std::vector<ParamShape> params;
+  std::vector<ParamSpec> params;
   for (int i = 0; i < count; ++i) {
     std::vector<int64_t> shape = {dim(rng)};
     if (i % 3 != 0) shape.push_back(dim(rng));
@@ -23,7 +23,7 @@ std::vector<ParamShape> RandomParams(int count, uint32_t seed) {
 }
 
 TEST_CASE("entries are in reverse order of use, aligned to 64, without overlap") {
-  const std::vector<ParamShape> params = RandomParams(200, 1);
+  const std::vector<ParamSpec> params = RandomParams(200, 1);
   const BufferLayout layout = MakeBufferLayout(params, 3);
   REQUIRE(layout.entries.size() == params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -40,7 +40,7 @@ TEST_CASE("entries are in reverse order of use, aligned to 64, without overlap")
 }
 
 TEST_CASE("the padded size is a multiple of lcm(dp, 128) for odd DP sizes") {
-  const std::vector<ParamShape> params = RandomParams(37, 2);
+  const std::vector<ParamSpec> params = RandomParams(37, 2);
   for (int64_t dp : {1, 2, 3, 5, 6, 7, 8, 12, 96}) {
     const BufferLayout layout = MakeBufferLayout(params, dp);
     CAPTURE(dp);
@@ -53,7 +53,7 @@ TEST_CASE("the padded size is a multiple of lcm(dp, 128) for odd DP sizes") {
 }
 
 TEST_CASE("shards tile the buffer and their segments cover every param element exactly once") {
-  const std::vector<ParamShape> params = RandomParams(150, 3);
+  const std::vector<ParamSpec> params = RandomParams(150, 3);
   for (int64_t dp : {1, 2, 3, 7}) {
     const BufferLayout layout = MakeBufferLayout(params, dp);
     std::vector<int64_t> covered(layout.entries.size(), 0);

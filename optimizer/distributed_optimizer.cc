@@ -32,6 +32,21 @@ std::string FirstDifference(const std::string& a, const std::string& b) {
   }
 }
 
+// The layout of the `kind` buffer: the params whose role puts them there, in use order.
+BufferLayout LayoutOf(BufferKind kind, const std::vector<ParamSpec>& params_in_use_order,
+                      int dp_size) {
+  std::vector<ParamSpec> params;
+  for (const ParamSpec& p : params_in_use_order) {
+    RL_CHECK(p.role != ParamRole::kFp32Extra, Error,
+             "optimizer: {} is an fp32 extra, which is not trained; leave it out of the optimizer",
+             p.name);
+    const BufferKind of =
+        p.role == ParamRole::kRoutedExpert ? BufferKind::kExpert : BufferKind::kDense;
+    if (of == kind) params.push_back(p);
+  }
+  return MakeBufferLayout(params, dp_size);
+}
+
 }  // namespace
 
 std::string_view ToString(BufferKind kind) {
@@ -45,17 +60,13 @@ Allocator PlainAllocator(c10::Device device) {
 }
 
 std::map<std::string, int64_t> DistributedOptimizer::StorageBytes(
-    const std::vector<ParamDecl>& params_in_use_order, int dp_size, at::ScalarType param_dtype) {
+    const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype) {
   const int64_t param_bytes = c10::elementSize(param_dtype);
   const int64_t grad_bytes = param_dtype == at::kDouble ? 8 : 4;
   std::map<std::string, int64_t> bytes;
   int64_t state_numel = 0;
   for (BufferKind kind : kBufferKinds) {
-    std::vector<ParamShape> shapes;
-    for (const ParamDecl& p : params_in_use_order) {
-      if (p.kind == kind) shapes.push_back({p.name, p.shape});
-    }
-    const BufferLayout layout = MakeBufferLayout(shapes, dp_size);
+    const BufferLayout layout = LayoutOf(kind, params_in_use_order, dp_size);
     bytes["param_buffer"] += AlignedAllocationBytes(layout.numel * param_bytes);
     bytes["grad_buffer"] += AlignedAllocationBytes(layout.numel * grad_bytes);
     state_numel += kStateParts * layout.shard_numel();
@@ -64,7 +75,7 @@ std::map<std::string, int64_t> DistributedOptimizer::StorageBytes(
   return bytes;
 }
 
-DistributedOptimizer::DistributedOptimizer(std::vector<ParamDecl> params_in_use_order,
+DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_in_use_order,
                                            Communicator& comm, at::ScalarType param_dtype,
                                            c10::Device device, AdamOptions options,
                                            const Allocator& allocate)
@@ -72,12 +83,8 @@ DistributedOptimizer::DistributedOptimizer(std::vector<ParamDecl> params_in_use_
   const at::ScalarType grad_dtype = param_dtype == at::kDouble ? at::kDouble : at::kFloat;
   int64_t state_numel = 0;
   for (BufferKind kind : kBufferKinds) {
-    std::vector<ParamShape> shapes;
-    for (const ParamDecl& p : params_in_use_order) {
-      if (p.kind == kind) shapes.push_back({p.name, p.shape});
-    }
     Buffer& buffer = buffers_[Index(kind)];
-    buffer.layout = MakeBufferLayout(shapes, comm_.size());
+    buffer.layout = LayoutOf(kind, params_in_use_order, comm_.size());
     buffer.segments = buffer.layout.Segments(comm_.rank());
     buffer.params = allocate_("param_buffer", buffer.layout.numel, param_dtype);
     buffer.grads = allocate_("grad_buffer", buffer.layout.numel, grad_dtype);

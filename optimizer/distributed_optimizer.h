@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "launch/communicator.h"
+#include "launch/param_spec.h"
 #include "optimizer/buffer_layout.h"
 #include "optimizer/lr_schedule.h"
 
@@ -43,18 +44,6 @@ namespace rl::optimizer {
 enum class BufferKind { kDense = 0, kExpert = 1 };
 constexpr std::array<BufferKind, 2> kBufferKinds = {BufferKind::kDense, BufferKind::kExpert};
 std::string_view ToString(BufferKind kind);
-
-struct ParamDecl {
-  std::string name;
-  std::vector<int64_t> shape;
-  BufferKind kind = BufferKind::kDense;
-
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  }
-};
 
 struct AdamOptions {
   LrSchedule schedule;
@@ -101,9 +90,10 @@ struct ShardState {
 
 class DistributedOptimizer {
  public:
-  // `params_in_use_order`: the trained params in order of first use in the forward pass.
-  // `param_dtype`: dtype of the param buffers (the model's compute dtype).
-  DistributedOptimizer(std::vector<ParamDecl> params_in_use_order, Communicator& comm,
+  // `params_in_use_order`: the trained params in order of first use in the forward pass; their
+  // role picks the buffer (kRoutedExpert: kExpert, kDense: kDense; kFp32Extra is refused with
+  // rl::Error). `param_dtype`: dtype of the param buffers (the model's compute dtype).
+  DistributedOptimizer(const std::vector<ParamSpec>& params_in_use_order, Communicator& comm,
                        at::ScalarType param_dtype, c10::Device device, AdamOptions options,
                        const Allocator& allocate);
   DistributedOptimizer(const DistributedOptimizer&) = delete;
@@ -113,7 +103,7 @@ class DistributedOptimizer {
   // "optimizer"), each allocation rounded up to kAllocationAlignmentBytes: lets the caller size
   // its memory regions before constructing the optimizer.
   static std::map<std::string, int64_t> StorageBytes(
-      const std::vector<ParamDecl>& params_in_use_order, int dp_size, at::ScalarType param_dtype);
+      const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype);
 
   // name -> tensor aliasing the param buffer (shaped; requires grad).
   const std::unordered_map<std::string, at::Tensor>& params() const { return params_; }

@@ -18,14 +18,14 @@ namespace rl::optimizer {
 namespace {
 
 // Odd shapes, 1-D params and a bias (no weight decay), params split across shards.
-const std::vector<ParamDecl> kParams = {
-    {"embed.weight", {13, 7}, BufferKind::kDense},
-    {"layer.norm.weight", {7}, BufferKind::kDense},
-    {"layer.q_proj.weight", {9, 7}, BufferKind::kDense},
-    {"layer.q_proj.bias", {9}, BufferKind::kDense},
-    {"layer.experts.0.up_proj.weight", {5, 7}, BufferKind::kExpert},
-    {"layer.experts.1.up_proj.weight", {5, 7}, BufferKind::kExpert},
-    {"head.weight", {13, 7}, BufferKind::kDense},
+const std::vector<ParamSpec> kParams = {
+    {"embed.weight", {13, 7}, ParamRole::kDense},
+    {"layer.norm.weight", {7}, ParamRole::kDense},
+    {"layer.q_proj.weight", {9, 7}, ParamRole::kDense},
+    {"layer.q_proj.bias", {9}, ParamRole::kDense},
+    {"layer.experts.0.up_proj.weight", {5, 7}, ParamRole::kRoutedExpert},
+    {"layer.experts.1.up_proj.weight", {5, 7}, ParamRole::kRoutedExpert},
+    {"head.weight", {13, 7}, ParamRole::kDense},
 };
 
 AdamOptions Options(double clip, std::optional<bool> fused = std::nullopt) {
@@ -41,11 +41,11 @@ AdamOptions Options(double clip, std::optional<bool> fused = std::nullopt) {
 }
 
 // Same on every rank: initial values; rank-specific: gradients.
-at::Tensor Initial(const ParamDecl& p, int index) {
+at::Tensor Initial(const ParamSpec& p, int index) {
   return at::randn(p.shape, at::make_generator<at::CPUGeneratorImpl>(100 + index),
                    at::TensorOptions().dtype(at::kFloat));
 }
-at::Tensor Gradient(const ParamDecl& p, int index, int rank, int step) {
+at::Tensor Gradient(const ParamSpec& p, int index, int rank, int step) {
   return at::randn(p.shape,
                    at::make_generator<at::CPUGeneratorImpl>(1000 * (step + 1) + 10 * index + rank),
                    at::TensorOptions().dtype(at::kFloat));
@@ -107,7 +107,7 @@ Runs RunBoth(MpiCommunicator& comm, double clip, int steps,
     adamw.step();
   }
   Runs runs;
-  for (const ParamDecl& p : kParams) {
+  for (const ParamSpec& p : kParams) {
     runs.ours[p.name] = optimizer.params().at(p.name).detach().clone();
     runs.reference[p.name] = reference[p.name].detach().clone();
   }
@@ -121,7 +121,7 @@ TEST_CASE("three AdamW steps over DP equal LibTorch's AdamW on the mean gradient
   MpiCommunicator comm(testing::Session(), CommOptions{});
   REQUIRE(comm.size() == 2);
   const Runs runs = RunBoth(comm, /*clip=*/0.0, /*steps=*/3);
-  for (const ParamDecl& p : kParams) {
+  for (const ParamSpec& p : kParams) {
     CAPTURE(p.name);
     CHECK(at::equal(runs.ours.at(p.name), runs.reference.at(p.name)));
   }
@@ -132,7 +132,7 @@ TEST_CASE("with gradient clipping the step matches LibTorch's AdamW within 1e-6"
   // the clip coefficient may differ in its last bits: relative 1e-6 covers that for fp32.
   MpiCommunicator comm(testing::Session(), CommOptions{});
   const Runs runs = RunBoth(comm, /*clip=*/0.5, /*steps=*/2);
-  for (const ParamDecl& p : kParams) {
+  for (const ParamSpec& p : kParams) {
     CAPTURE(p.name);
     const at::Tensor diff = (runs.ours.at(p.name) - runs.reference.at(p.name)).abs().max();
     CHECK(diff.item<float>() <= 1e-6 * (1 + runs.reference.at(p.name).abs().max().item<float>()));
@@ -146,7 +146,7 @@ TEST_CASE("the fused AdamW kernel matches LibTorch's AdamW within 1e-6, decay gr
   for (const double clip : {0.0, 0.5}) {
     CAPTURE(clip);
     const Runs runs = RunBoth(comm, clip, /*steps=*/3, /*fused=*/true);
-    for (const ParamDecl& p : kParams) {
+    for (const ParamSpec& p : kParams) {
       CAPTURE(p.name);
       const at::Tensor diff = (runs.ours.at(p.name) - runs.reference.at(p.name)).abs().max();
       CHECK(diff.item<float>() <= 1e-6 * (1 + runs.reference.at(p.name).abs().max().item<float>()));
@@ -222,7 +222,7 @@ TEST_CASE("state import refuses a different layout and names the difference") {
   MpiCommunicator comm(testing::Session(), CommOptions{});
   DistributedOptimizer a(kParams, comm, at::kFloat, c10::kCPU, Options(0.0),
                          PlainAllocator(c10::kCPU));
-  std::vector<ParamDecl> other = kParams;
+  std::vector<ParamSpec> other = kParams;
   other[2].shape = {10, 7};
   DistributedOptimizer b(other, comm, at::kFloat, c10::kCPU, Options(0.0),
                          PlainAllocator(c10::kCPU));
@@ -236,6 +236,17 @@ TEST_CASE("state import refuses a different layout and names the difference") {
     CHECK(message.find("different dense buffer layout") != std::string::npos);
     CHECK(message.find("layer.q_proj.weight [9,7]") != std::string::npos);
   }
+}
+
+TEST_CASE("the role picks the buffer and fp32 extras are refused") {
+  MpiCommunicator comm(testing::Session(), CommOptions{});
+  const DistributedOptimizer optimizer(kParams, comm, at::kFloat, c10::kCPU, Options(0.0),
+                                       PlainAllocator(c10::kCPU));
+  CHECK(optimizer.layout(BufferKind::kExpert).entries.size() == 2);
+  CHECK(optimizer.layout(BufferKind::kDense).entries.size() == kParams.size() - 2);
+  CHECK_THROWS_WITH(DistributedOptimizer::StorageBytes({{"gate.bias", {4}, ParamRole::kFp32Extra}},
+                                                       1, at::kFloat),
+                    Catch::Contains("gate.bias is an fp32 extra"));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/model/safetensors_writer.h"
 
 namespace {
 

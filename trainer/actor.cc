@@ -115,20 +115,17 @@ TrainingPlan MakeTrainingPlan(int64_t num_samples, int64_t global_batch_size,
   return plan;
 }
 
-ParamSplit SplitParams(const std::vector<model::ParamSpec>& specs,
+ParamSplit SplitParams(const std::vector<ParamSpec>& specs,
                        const std::string& freeze_regex) {
   ParamSplit split;
   const std::regex freeze(freeze_regex.empty() ? std::string("$^") : freeze_regex);
-  for (const model::ParamSpec& spec : specs) {
-    if (spec.role == model::ParamRole::kFp32Extra) {
+  for (const ParamSpec& spec : specs) {
+    if (spec.role == ParamRole::kFp32Extra) {
       split.extras.push_back(spec);
     } else if (!freeze_regex.empty() && std::regex_search(spec.name, freeze)) {
       split.frozen.push_back(spec);
     } else {
-      split.trained.push_back({spec.name, spec.shape,
-                               spec.role == model::ParamRole::kRoutedExpert
-                                   ? optimizer::BufferKind::kExpert
-                                   : optimizer::BufferKind::kDense});
+      split.trained.push_back(spec);
     }
   }
   return split;
@@ -142,7 +139,7 @@ std::map<std::string, int64_t> Actor::StorageBytes(const config::ResolvedConfig&
   std::map<std::string, int64_t> bytes =
       optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype);
   int64_t extras = 0;
-  for (const model::ParamSpec& spec : split.extras) {
+  for (const ParamSpec& spec : split.extras) {
     extras += optimizer::AlignedAllocationBytes(
         spec.numel() * c10::elementSize(model::ParamDtype(spec, dtype)));
   }
@@ -161,11 +158,11 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
       loss_options_(rl_algo::LossOptionsFrom(resolved.config)) {
   const config::Config& c = resolved.config;
   ParamSplit split = SplitParams(specs_, c.model.freeze_params);
-  for (const model::ParamSpec& spec : split.extras) {
+  for (const ParamSpec& spec : split.extras) {
     extras_[spec.name] =
         allocate("extras", spec.numel(), model::ParamDtype(spec, dtype_)).view(spec.shape);
   }
-  for (const model::ParamSpec& spec : split.frozen) {
+  for (const ParamSpec& spec : split.frozen) {
     frozen_[spec.name] = at::zeros(
         spec.shape, at::TensorOptions().dtype(model::ParamDtype(spec, dtype_)).device(device_));
   }
@@ -174,12 +171,12 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
                  frozen_.size(), specs_.size());
   }
   int64_t trained_numel = 0;
-  for (const optimizer::ParamDecl& p : split.trained) trained_numel += p.numel();
+  for (const ParamSpec& p : split.trained) trained_numel += p.numel();
   spdlog::info("actor: {} trained parameters in {} tensors, {} fp32 extras, {} frozen; params {}",
                trained_numel, split.trained.size(), split.extras.size(), split.frozen.size(),
                config::NameOf(c.model.params_dtype));
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
-      std::move(split.trained), comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
+      split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
 }
 
@@ -190,16 +187,16 @@ model::TensorMap Actor::AllTensors() const {
   return all;
 }
 
-backup::NamedTensors Actor::SourceTensors() const {
+NamedTensors Actor::SourceTensors() const {
   const model::TensorMap all = AllTensors();
-  backup::NamedTensors out;
-  for (const model::ParamSpec& spec : specs_) out.push_back({spec.name, all.at(spec.name)});
+  NamedTensors out;
+  for (const ParamSpec& spec : specs_) out.push_back({spec.name, all.at(spec.name)});
   return out;
 }
 
-backup::NamedTensors Actor::Extras() const {
-  backup::NamedTensors out;
-  for (const model::ParamSpec& spec : specs_) {
+NamedTensors Actor::Extras() const {
+  NamedTensors out;
+  for (const ParamSpec& spec : specs_) {
     const auto it = extras_.find(spec.name);
     if (it != extras_.end()) out.push_back({spec.name, it->second});
   }

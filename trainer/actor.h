@@ -60,11 +60,11 @@ struct TrainResult {
 
 // How the model's parameters divide: trained (in the optimizer's buffers), fp32 extras, frozen.
 struct ParamSplit {
-  std::vector<optimizer::ParamDecl> trained;  // in order of first use
-  std::vector<model::ParamSpec> extras;
-  std::vector<model::ParamSpec> frozen;
+  std::vector<ParamSpec> trained;  // in order of first use
+  std::vector<ParamSpec> extras;
+  std::vector<ParamSpec> frozen;
 };
-ParamSplit SplitParams(const std::vector<model::ParamSpec>& specs, const std::string& freeze_regex);
+ParamSplit SplitParams(const std::vector<ParamSpec>& specs, const std::string& freeze_regex);
 
 class Actor {
  public:
@@ -84,8 +84,8 @@ class Actor {
   c10::Device device() const { return device_; }
 
   // Every model tensor in ListParams order (params, extras, frozen): the backuper's source.
-  backup::NamedTensors SourceTensors() const;
-  backup::NamedTensors Extras() const;
+  NamedTensors SourceTensors() const;
+  NamedTensors Extras() const;
   // Identities of the tensors that live in the optimizer's param buffers.
   std::unordered_set<const void*> ParamBufferIds() const;
   // Every model tensor by name (for saving).
@@ -110,7 +110,7 @@ class Actor {
   Communicator& comm_;
   c10::Device device_;
   at::ScalarType dtype_;
-  std::vector<model::ParamSpec> specs_;
+  std::vector<ParamSpec> specs_;
   std::unique_ptr<optimizer::DistributedOptimizer> optimizer_;
   model::TensorMap extras_;
   model::TensorMap frozen_;

@@ -20,6 +20,7 @@
 #include "trainer/fault_injection.h"
 #include "trainer/model/params.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/model/safetensors_writer.h"
 
 namespace rl {
 namespace {
@@ -238,8 +239,9 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
 
   // Every rank: its optimizer shard and RNG state.
   const optimizer::ShardState shard = actor.optimizer().ExportState();
-  model::NamedTensors tensors(shard.tensors.begin(), shard.tensors.end());
-  tensors.emplace_back(kRngTensor, CpuRngState());
+  NamedTensors tensors;
+  for (const auto& [name, tensor] : shard.tensors) tensors.push_back({name, tensor});
+  tensors.push_back({kRngTensor, CpuRngState()});
   std::map<std::string, std::string> metadata = {
       {"format", "rl-optimizer-shard"},
       {"step", std::to_string(shard.step)},

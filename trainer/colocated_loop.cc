@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backup/tensor_backuper.h"
 #include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/json.h"
@@ -257,10 +258,10 @@ class ColocatedCycle {
   void SyncWeights() {
     rollout_->WakeWeights();
     ++weight_version_;
-    const backup::NamedTensors weights = backuper_->Get(backup::kActorTag);
-    const WeightSyncStats stats = rollout_->ReceiveWeights(weights, weight_version_);
-    spdlog::info("weight sync v{}: {} tensors, {} in {:.3f} s", weight_version_, stats.tensors,
-                 memory::FormatBytes(stats.bytes), stats.seconds);
+    const NamedTensors weights = backuper_->Get(backup::kActorTag);
+    const weight_sync::SyncStats stats = rollout_->ReceiveWeights(weights, weight_version_);
+    spdlog::info("weight sync v{}: {} tensors, {} in {:.3f} s", weight_version_, stats.num_tensors,
+                 memory::FormatBytes(stats.num_bytes), stats.elapsed.count());
     if (c_.weight_sync.check_weight_update_equal.value_or(false) ||
         resolved_.check_weight_version) {
       rollout_->CheckWeights(weights, weight_version_);

@@ -136,23 +136,17 @@ class EngineRollout final : public Rollout {
     if (engine_->asleep()) engine_->WakeUp();
   }
 
-  WeightSyncStats ReceiveWeights(const backup::NamedTensors& weights, int64_t version) override {
-    const weight_sync::NamedTensors tensors = Pairs(weights);
-    const weight_sync::SyncStats s =
-        weight_sync::Sync(tensors, engine_->layout(), engine_->weight_storage(),
+  weight_sync::SyncStats ReceiveWeights(const NamedTensors& weights, int64_t version) override {
+    const weight_sync::SyncStats stats =
+        weight_sync::Sync(weights, engine_->layout(), engine_->weight_storage(),
                           resolved_.update_weight_buffer_bytes);
     engine_->set_weight_version(version);
-    WeightSyncStats stats;
-    stats.bytes = s.num_bytes;
-    stats.tensors = s.num_tensors;
-    stats.seconds = s.elapsed.count();
     return stats;
   }
 
-  void CheckWeights(const backup::NamedTensors& weights, int64_t version) override {
-    RL_CHECK(engine_->weight_version() == version, Error,
-             "weight version mismatch: actor {}, engine {}", version, engine_->weight_version());
-    weight_sync::CheckWeightsEqual(Pairs(weights), engine_->layout(), engine_->weight_storage());
+  void CheckWeights(const NamedTensors& weights, int64_t version) override {
+    weight_sync::CheckWeightVersion(version, engine_->weight_version());
+    weight_sync::CheckWeightsEqual(weights, engine_->layout(), engine_->weight_storage());
   }
 
   json::Value ExportState() const override { return dataset_->ExportState(); }
@@ -164,13 +158,6 @@ class EngineRollout final : public Rollout {
   }
 
  private:
-  static weight_sync::NamedTensors Pairs(const backup::NamedTensors& weights) {
-    weight_sync::NamedTensors out;
-    out.reserve(weights.size());
-    for (const backup::NamedTensor& w : weights) out.emplace_back(w.name, w.tensor);
-    return out;
-  }
-
   std::vector<int64_t> Encode(const data::PromptExample& p) const {
     if (template_) {
       std::vector<data::ChatMessage> messages = p.messages;

@@ -32,14 +32,14 @@ std::vector<int64_t> StageLayers(int64_t num_layers, int64_t pp, int64_t last_st
 }
 
 // Elements of `shape` one rank holds under the sharding model of plan.h.
-int64_t LocalNumel(const model::ParamSpec& spec, const model::ModelConfig& m,
+int64_t LocalNumel(const ParamSpec& spec, const model::ModelConfig& m,
                    const config::ParallelOptions& p) {
   const int64_t numel = spec.numel();
   const std::string& name = spec.name;
-  if (spec.role == model::ParamRole::kRoutedExpert) {
+  if (spec.role == ParamRole::kRoutedExpert) {
     return numel / p.expert_tensor_parallel_size;  // whole experts are counted per EP rank below
   }
-  if (spec.role == model::ParamRole::kFp32Extra || spec.shape.size() < 2) {
+  if (spec.role == ParamRole::kFp32Extra || spec.shape.size() < 2) {
     // Norms and extras are replicated; column-parallel biases (q/k/v) follow their weight.
     const bool column_bias = name.find("_proj.bias") != std::string::npos &&
                              name.find("o_proj") == std::string::npos;
@@ -68,7 +68,7 @@ int64_t LocalNumel(const model::ParamSpec& spec, const model::ModelConfig& m,
 MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::ModelConfig& m) {
   const config::Config& c = resolved.config;
   const config::ParallelOptions& p = c.parallel;
-  const std::vector<model::ParamSpec> specs = model::ListParams(m);
+  const std::vector<ParamSpec> specs = model::ListParams(m);
   const int64_t pp = p.pipeline_model_parallel_size;
   const std::vector<int64_t> stage_layers =
       StageLayers(m.num_hidden_layers, pp, p.decoder_last_pipeline_num_layers);
@@ -83,7 +83,7 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
       m.n_routed_experts > 0
           ? std::max<int64_t>(1, m.n_routed_experts / p.expert_model_parallel_size)
           : 0;
-  for (const model::ParamSpec& spec : specs) {
+  for (const ParamSpec& spec : specs) {
     plan.model.Of(spec.role) += spec.numel();
 
     int64_t stage = 0;
@@ -95,7 +95,7 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
       stage = pp - 1;  // final norm, LM head
     }
     int64_t local = LocalNumel(spec, m, p);
-    if (spec.role == model::ParamRole::kRoutedExpert) {
+    if (spec.role == ParamRole::kRoutedExpert) {
       // Count this expert only if it is one of the first experts_per_rank experts (EP rank 0).
       if (std::regex_search(spec.name, match, expert_re) &&
           std::stoll(match[1]) >= experts_per_rank) {

@@ -38,9 +38,9 @@ struct ParamCounts {
   int64_t extra = 0;   // fp32, not trained
   int64_t total() const { return dense + expert + extra; }
   // The counter a parameter of `role` adds to.
-  int64_t& Of(model::ParamRole role) {
-    return role == model::ParamRole::kRoutedExpert ? expert
-           : role == model::ParamRole::kFp32Extra  ? extra
+  int64_t& Of(ParamRole role) {
+    return role == ParamRole::kRoutedExpert ? expert
+           : role == ParamRole::kFp32Extra  ? extra
                                                    : dense;
   }
 };

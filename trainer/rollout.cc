@@ -29,24 +29,23 @@ class ReplayRollout final : public Rollout {
     batch.samples.assign(data_.samples.begin() + begin, data_.samples.begin() + begin + chunk_);
     return batch;
   }
-  WeightSyncStats ReceiveWeights(const backup::NamedTensors& weights, int64_t version) override {
+  weight_sync::SyncStats ReceiveWeights(const NamedTensors& weights, int64_t version) override {
     const auto start = std::chrono::steady_clock::now();
-    WeightSyncStats stats;
+    weight_sync::SyncStats stats;
     hashes_.clear();
-    for (const backup::NamedTensor& w : weights) {
+    for (const NamedTensor& w : weights) {
       hashes_[w.name] = TensorSha256(w.tensor);
-      stats.bytes += w.tensor.nbytes();
-      ++stats.tensors;
+      stats.num_bytes += w.tensor.nbytes();
+      ++stats.num_tensors;
     }
     version_ = version;
-    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats.elapsed = std::chrono::steady_clock::now() - start;
     return stats;
   }
-  void CheckWeights(const backup::NamedTensors& weights, int64_t version) override {
-    RL_CHECK(version == version_, Error, "weight version mismatch: actor {} vs receiver {}",
-             version, version_);
+  void CheckWeights(const NamedTensors& weights, int64_t version) override {
+    weight_sync::CheckWeightVersion(version, version_);
     std::vector<std::string> differ;
-    for (const backup::NamedTensor& w : weights) {
+    for (const NamedTensor& w : weights) {
       const auto it = hashes_.find(w.name);
       if (it == hashes_.end() || it->second != TensorSha256(w.tensor)) differ.push_back(w.name);
     }

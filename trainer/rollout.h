@@ -14,18 +14,13 @@
 #include <cstdint>
 #include <memory>
 
-#include "backup/tensor_backuper.h"
 #include "launch/json.h"
+#include "launch/named_tensors.h"
 #include "trainer/config/validate.h"
 #include "trainer/rl/rollout_data.h"
+#include "weight_sync/weight_sync.h"
 
 namespace rl {
-
-struct WeightSyncStats {
-  int64_t bytes = 0;
-  int64_t tensors = 0;
-  double seconds = 0;
-};
 
 class Rollout {
  public:
@@ -36,10 +31,10 @@ class Rollout {
   virtual void WakeWeights() {}  // weights back (contents undefined until the sync)
   virtual void WakeKvCache() {}
   // Takes the actor's weights (backuper.Get("actor"), HF names) and their version.
-  virtual WeightSyncStats ReceiveWeights(const backup::NamedTensors& weights, int64_t version) = 0;
-  // CI: compares its weights with `weights` (SHA256) and its version with `version`; throws
-  // rl::Error naming the differences.
-  virtual void CheckWeights(const backup::NamedTensors& weights, int64_t version) = 0;
+  virtual weight_sync::SyncStats ReceiveWeights(const NamedTensors& weights, int64_t version) = 0;
+  // CI: compares its weights with `weights` (SHA256) and its version with `version`
+  // (weight_sync::CheckWeightVersion); throws rl::Error naming the differences.
+  virtual void CheckWeights(const NamedTensors& weights, int64_t version) = 0;
   // What a checkpoint must carry for Generate to continue where it stopped (the prompt
   // dataset's position); null when Generate depends on the iteration alone.
   virtual json::Value ExportState() const { return json::Value(); }

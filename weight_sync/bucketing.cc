@@ -87,8 +87,8 @@ BucketPlan PlanBuckets(const std::vector<NamedSize>& tensors, const EngineLayout
   return plan;
 }
 
-BucketPlan PlanBuckets(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const EngineLayout& layout, int64_t max_bucket_bytes) {
+BucketPlan PlanBuckets(const NamedTensors& tensors, const EngineLayout& layout,
+                       int64_t max_bucket_bytes) {
   std::vector<NamedSize> sizes;
   sizes.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) {

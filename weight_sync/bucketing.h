@@ -1,11 +1,10 @@
 // The bucket plan of a weight sync: which actor tensors travel together.
 //
-// The reference system moves weights in buckets of at most --update-weight-buffer-size bytes
-// (miles): routed-expert and non-expert tensors in separate bucket streams,
-// non-expert buckets first, and "atomic update units" never split across buckets. Here an atomic
-// unit is the set of HF tensors that make up one engine tensor (all parts of a fused qkv_proj or
-// gate_up_proj, Note [Engine fusion rules]), so an engine tensor is never half-updated between two
-// buckets.
+// The reference system moves weights in buckets of at most --update-weight-buffer-size bytes:
+// routed-expert and non-expert tensors in separate bucket streams, non-expert buckets first, and
+// "atomic update units" never split across buckets. Here an atomic unit is the set of HF tensors
+// that make up one engine tensor (all parts of a fused qkv_proj or gate_up_proj, Note [Engine
+// fusion rules]), so an engine tensor is never half-updated between two buckets.
 //
 // Packing is greedy and keeps the order of the input: units in the order of their first tensor,
 // the tensors of one unit in input order; a bucket is closed when the next unit would take it past
@@ -22,9 +21,9 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "launch/named_tensors.h"
 #include "weight_sync/engine_layout.h"
 
 namespace rl::weight_sync {
@@ -55,8 +54,8 @@ BucketPlan PlanBuckets(const std::vector<NamedSize>& tensors, const EngineLayout
                        int64_t max_bucket_bytes);
 
 // Same, sized from the tensors themselves (numel * element_size()).
-BucketPlan PlanBuckets(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const EngineLayout& layout, int64_t max_bucket_bytes);
+BucketPlan PlanBuckets(const NamedTensors& tensors, const EngineLayout& layout,
+                       int64_t max_bucket_bytes);
 
 }  // namespace rl::weight_sync
 

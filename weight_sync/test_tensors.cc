@@ -61,11 +61,10 @@ at::Tensor ExactValues(const TensorDecl& decl, int64_t index) {
   return out.to(decl.dtype).reshape(decl.shape);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> ExactActorTensors(
-    const std::vector<TensorDecl>& decls, at::Device device) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
+NamedTensors ExactActorTensors(const std::vector<TensorDecl>& decls, at::Device device) {
+  NamedTensors out;
   for (size_t i = 0; i < decls.size(); ++i) {
-    out.emplace_back(decls[i].name, ExactValues(decls[i], static_cast<int64_t>(i)).to(device));
+    out.push_back({decls[i].name, ExactValues(decls[i], static_cast<int64_t>(i)).to(device)});
   }
   return out;
 }

@@ -7,9 +7,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "launch/named_tensors.h"
 #include "weight_sync/engine_layout.h"
 
 namespace rl::weight_sync::testing {
@@ -26,8 +26,7 @@ std::vector<TensorDecl> SmallModelDecls();
 at::Tensor ExactValues(const TensorDecl& decl, int64_t index);
 
 // ExactValues of every declaration, on `device`, named as declared.
-std::vector<std::pair<std::string, at::Tensor>> ExactActorTensors(
-    const std::vector<TensorDecl>& decls, at::Device device);
+NamedTensors ExactActorTensors(const std::vector<TensorDecl>& decls, at::Device device);
 
 // Same dtype, same shape and the same bytes (on any devices).
 bool BitsEqual(const at::Tensor& a, const at::Tensor& b);

@@ -117,7 +117,6 @@ SyncStats Sync(const NamedTensors& actor_tensors, const EngineLayout& layout,
     stats.num_bytes += bucket.num_bytes;
     stats.num_buckets += 1;
     if (bucket.stream == BucketStream::kExpert) stats.num_expert_buckets += 1;
-    stats.max_bucket_bytes_used = std::max(stats.max_bucket_bytes_used, bucket.num_bytes);
   }
   stats.elapsed = std::chrono::steady_clock::now() - start;
   return stats;
@@ -140,25 +139,10 @@ void CheckWeightsEqual(const NamedTensors& actor_tensors, const EngineLayout& la
            actor_tensors.size(), FirstNames(differing));
 }
 
-void CheckWeightVersion(WeightVersion actor, WeightVersion engine) {
+void CheckWeightVersion(int64_t actor, int64_t engine) {
   RL_CHECK(actor == engine, Error,
            "weight version mismatch: actor {}, engine {}; the last weight sync did not complete",
-           actor.value, engine.value);
-}
-
-WeightSyncer::WeightSyncer(int64_t max_bucket_bytes) : max_bucket_bytes_(max_bucket_bytes) {
-  RL_CHECK(max_bucket_bytes > 0, ConfigError,
-           "max_bucket_bytes (the weight-sync bucket size) must be positive, got {}",
-           max_bucket_bytes);
-}
-
-SyncStats WeightSyncer::Sync(const NamedTensors& actor_tensors, const EngineLayout& layout,
-                             const at::Tensor& engine_storage, WeightVersion& engine_version) {
-  version_.value += 1;  // as the reference: incremented before the transfer
-  SyncStats stats = weight_sync::Sync(actor_tensors, layout, engine_storage, max_bucket_bytes_);
-  engine_version = version_;
-  stats.version = version_;
-  return stats;
+           actor, engine);
 }
 
 }  // namespace rl::weight_sync

@@ -1,12 +1,12 @@
 // Weight sync: copies the actor's weights (HF-named tensors) into the rollout engine's storage,
 // bucket by bucket, converted to the engine's layout; and the checks that the copy landed.
 //
-// Flow (docs/colocated-cycle.md, step 9): the actor increments its WeightVersion,
-// the tensors are planned into buckets (bucketing.h: non-expert stream first, fused groups kept
-// together), each bucket is copied into the engine storage through the HF views of the engine
-// layout (engine_layout.h), and only when every bucket has landed does the engine's WeightVersion
-// take the actor's value. A sync that fails part-way leaves the engine at its old version with
-// partly new weights, so CheckWeightVersion fails until a sync succeeds.
+// Flow (docs/colocated-cycle.md, step 9): the tensors are planned into buckets (bucketing.h: non-expert stream first, fused groups
+// kept together) and each bucket is copied into the engine storage through the HF views of the
+// engine layout (engine_layout.h). The caller numbers the syncs (the actor's weight version) and
+// gives the engine the new number only once Sync has returned, so a sync that fails part-way
+// leaves the engine at its old version with partly new weights, and CheckWeightVersion fails
+// until a sync succeeds.
 //
 // Copies: `copy_` into the engine's HF view of each tensor, so dtype conversion (e.g. an fp32
 // actor tensor into a bf16 engine tensor) and cross-device copies (pinned host or another GPU to
@@ -15,7 +15,7 @@
 // once at the end of the bucket, so the actor tensors of a bucket may be released after it. No
 // NCCL: actor and engine share the process.
 //
-// Update-equality check (CheckWeightsEqual, the reference's check_weight_update_equal): SHA-256
+// Update-equality check (CheckWeightsEqual, --check-weight-update-equal): SHA-256
 // (rl::TensorSha256, Note [Tensor digest scheme]) of each actor tensor against the engine's HF
 // view of it, tensor by tensor. The comparison is exact. Where the engine holds a different dtype
 // than the actor, the actor tensor is first converted to the engine dtype (the conversion the sync
@@ -26,8 +26,8 @@
 // actor list, names the engine layout does not know, duplicates, shape mismatches, undefined
 // tensors (all found before anything is copied), and for the checks the count and first names of
 // the tensors that differ. Sync / PlanBuckets throw rl::ConfigError for max_bucket_bytes <= 0.
-// Thread safety: the free functions are stateless; callers must not run two syncs into one
-// storage at once. WeightSyncer is not synchronised.
+// Thread safety: the functions are stateless; callers must not run two syncs into one storage at
+// once.
 #ifndef RL_WEIGHT_SYNC_WEIGHT_SYNC_H_
 #define RL_WEIGHT_SYNC_WEIGHT_SYNC_H_
 
@@ -36,32 +36,20 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "launch/named_tensors.h"
 #include "weight_sync/bucketing.h"
 #include "weight_sync/engine_layout.h"
 
 namespace rl::weight_sync {
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-// The version of a set of weights: the actor increments it once per sync; the engine stores the
-// value it last received in full. 0 = the engine's initial (checkpoint) weights.
-struct WeightVersion {
-  int64_t value = 0;
-  friend bool operator==(WeightVersion a, WeightVersion b) { return a.value == b.value; }
-  friend bool operator!=(WeightVersion a, WeightVersion b) { return a.value != b.value; }
-};
 
 struct SyncStats {
   int64_t num_tensors = 0;
   int64_t num_bytes = 0;  // bytes of the actor tensors read
   int64_t num_buckets = 0;
   int64_t num_expert_buckets = 0;            // of num_buckets
-  int64_t max_bucket_bytes_used = 0;         // the largest bucket
   std::chrono::duration<double> elapsed{0};  // planning + copies + synchronisation
-  WeightVersion version;  // set by WeightSyncer::Sync (what the engine now holds); 0 from Sync
 };
 
 // Copies every actor tensor into `engine_storage` laid out as `layout`. The actor list must hold
@@ -75,26 +63,10 @@ SyncStats Sync(const NamedTensors& actor_tensors, const EngineLayout& layout,
 void CheckWeightsEqual(const NamedTensors& actor_tensors, const EngineLayout& layout,
                        const at::Tensor& engine_storage);
 
-// Throws rl::Error "weight version mismatch: actor N, engine M" when they differ.
-void CheckWeightVersion(WeightVersion actor, WeightVersion engine);
-
-// The actor side: owns the bucket size and the actor's WeightVersion.
-class WeightSyncer {
- public:
-  explicit WeightSyncer(int64_t max_bucket_bytes);
-
-  // Increments version(), runs Sync, and on success sets `engine_version` to version() (the
-  // engine stores what the sync passes along). On failure engine_version is left unchanged.
-  SyncStats Sync(const NamedTensors& actor_tensors, const EngineLayout& layout,
-                 const at::Tensor& engine_storage, WeightVersion& engine_version);
-
-  WeightVersion version() const { return version_; }
-  int64_t max_bucket_bytes() const { return max_bucket_bytes_; }
-
- private:
-  int64_t max_bucket_bytes_;
-  WeightVersion version_;
-};
+// The weight version is the number of syncs the actor has sent (0: the checkpoint's weights);
+// the receiving side stores the number of the last sync it received in full. Throws rl::Error
+// "weight version mismatch: actor N, engine M; ..." when they differ.
+void CheckWeightVersion(int64_t actor, int64_t engine);
 
 }  // namespace rl::weight_sync
 

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
       checkpoint.empty()
           ? rl::model::ParseModelConfig(rl::json::ParseFile(model_config), model_config)
           : rl::model::LoadModelConfig(checkpoint);
-  const std::vector<rl::model::ParamSpec> specs = rl::model::ListParams(config);
+  const std::vector<rl::ParamSpec> specs = rl::model::ListParams(config);
   const auto init = [&](rl::model::TensorMap& params) {
     if (checkpoint.empty()) {
       rl::model::InitParamsRandom(specs, params, 1);
@@ -87,16 +87,13 @@ int main(int argc, char** argv) {
   // Ours: params are views into the optimizer's flat buffer.
   const std::unique_ptr<rl::Communicator> comm =
       rl::CreateCommunicator(session, device, rl::CommOptions{});
-  std::vector<rl::optimizer::ParamDecl> trained;
+  std::vector<rl::ParamSpec> trained;
   rl::model::TensorMap ours;
   for (const auto& s : specs) {
-    if (s.role == rl::model::ParamRole::kFp32Extra) {
+    if (s.role == rl::ParamRole::kFp32Extra) {
       ours[s.name] = at::zeros(s.shape, at::TensorOptions().dtype(at::kFloat).device(device));
     } else {
-      trained.push_back({s.name, s.shape,
-                         s.role == rl::model::ParamRole::kRoutedExpert
-                             ? rl::optimizer::BufferKind::kExpert
-                             : rl::optimizer::BufferKind::kDense});
+      trained.push_back(s);
     }
   }
   rl::optimizer::AdamOptions adam;
@@ -114,7 +111,7 @@ int main(int argc, char** argv) {
   init(ref);
   std::vector<at::Tensor> ref_params;
   for (const auto& s : specs) {
-    if (s.role != rl::model::ParamRole::kFp32Extra) {
+    if (s.role != rl::ParamRole::kFp32Extra) {
       ref[s.name].set_requires_grad(true);
       ref_params.push_back(ref[s.name]);
     }

@@ -66,18 +66,15 @@ int main(int argc, char** argv) {
   auto comm = rl::CreateCommunicator(session, device, rl::CommOptions{});
   const rl::model::ModelConfig config =
       rl::model::ParseModelConfig(rl::json::ParseFile(model_config), model_config);
-  const std::vector<rl::model::ParamSpec> specs = rl::model::ListParams(config);
+  const std::vector<rl::ParamSpec> specs = rl::model::ListParams(config);
 
-  std::vector<rl::optimizer::ParamDecl> trained;
-  rl::backup::NamedTensors extras;
+  std::vector<rl::ParamSpec> trained;
+  rl::NamedTensors extras;
   for (const auto& s : specs) {
-    if (s.role == rl::model::ParamRole::kFp32Extra) {
+    if (s.role == rl::ParamRole::kFp32Extra) {
       extras.push_back({s.name, at::zeros(s.shape, at::TensorOptions().dtype(at::kFloat).device(device))});
     } else {
-      trained.push_back({s.name, s.shape,
-                         s.role == rl::model::ParamRole::kRoutedExpert
-                             ? rl::optimizer::BufferKind::kExpert
-                             : rl::optimizer::BufferKind::kDense});
+      trained.push_back(s);
     }
   }
   rl::optimizer::DistributedOptimizer optimizer(trained, *comm, at::kBFloat16, device, {},
@@ -93,7 +90,7 @@ int main(int argc, char** argv) {
       optimizer.param_buffer(rl::optimizer::BufferKind::kExpert).nbytes();
 
   const rl::backup::SourceGetter source = [&] {
-    rl::backup::NamedTensors out;
+    rl::NamedTensors out;
     for (const auto& p : trained) out.push_back({p.name, optimizer.params().at(p.name)});
     for (const auto& e : extras) out.push_back(e);
     return out;
@@ -139,9 +136,9 @@ int main(int argc, char** argv) {
   const rl::weight_sync::EngineLayout layout = rl::weight_sync::MakeEngineLayout(decls);
   const at::Tensor storage =
       at::empty({layout.total_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
-  rl::weight_sync::NamedTensors actor;
+  rl::NamedTensors actor;
   for (const auto& t : remat.Get(rl::backup::kActorTag)) {
-    actor.emplace_back(t.name, t.tensor.to(device));
+    actor.push_back({t.name, t.tensor.to(device)});
   }
   for (int64_t bucket_mib : {64, 512, 2048}) {
     rl::weight_sync::SyncStats stats;

@@ -1,7 +1,6 @@
 #include "trainer/data/tokenizer.h"
 
 #include <fmt/format.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <queue>
@@ -15,11 +14,6 @@ namespace rl::data {
 namespace {
 
 using json::Value;
-
-bool FileExists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 // A short, printable rendering of a token for messages.
 std::string Quote(std::string_view s) {
@@ -202,14 +196,14 @@ TokenizerConfig ParseTokenizerConfig(const Value& root, const std::string& sourc
 TokenizerConfig ReadTokenizerConfig(const std::string& dir) {
   TokenizerConfig config;
   const std::string config_path = JoinPath(dir, "tokenizer_config.json");
-  if (FileExists(config_path)) {
+  if (PathExists(config_path)) {
     config = ParseTokenizerConfig(json::ParseFile(config_path), config_path);
   }
   const std::string jinja_path = JoinPath(dir, "chat_template.jinja");
-  if (FileExists(jinja_path)) config.chat_template = ReadWholeFile(jinja_path);
+  if (PathExists(jinja_path)) config.chat_template = ReadWholeFile(jinja_path);
 
   const std::string generation_path = JoinPath(dir, "generation_config.json");
-  if (FileExists(generation_path)) {
+  if (PathExists(generation_path)) {
     const Value root = json::ParseFile(generation_path);
     try {
       if (const Value* eos = root.Find("eos_token_id"); eos != nullptr && !eos->is_null()) {
@@ -686,8 +680,8 @@ bool BpeTokenizer::IsSpecial(int64_t id) const {
 
 std::unique_ptr<Tokenizer> LoadTokenizer(const std::string& checkpoint_dir) {
   const std::string path = JoinPath(checkpoint_dir, "tokenizer.json");
-  if (!FileExists(path)) {
-    const bool tiktoken = FileExists(JoinPath(checkpoint_dir, "tiktoken.model"));
+  if (!PathExists(path)) {
+    const bool tiktoken = PathExists(JoinPath(checkpoint_dir, "tiktoken.model"));
     throw CheckpointError(fmt::format(
         "{}: not found{}", path,
         tiktoken ? " (the checkpoint has tiktoken.model, e.g. Kimi; tiktoken tokenizers are not "

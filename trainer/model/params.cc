@@ -17,6 +17,7 @@
 #include "launch/json.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/model/safetensors_writer.h"
 
 namespace rl::model {
 namespace {
@@ -372,7 +373,7 @@ void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const T
   NamedTensors tensors;
   tensors.reserve(specs.size());
   for (const ParamSpec& s : specs) {
-    tensors.emplace_back(config.weight_prefix + s.name, params.at(s.name).detach());
+    tensors.push_back({config.weight_prefix + s.name, params.at(s.name).detach()});
   }
   WriteCheckpointShards(dir, tensors, max_shard_bytes);
 

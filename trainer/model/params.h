@@ -7,11 +7,11 @@
 // reads the tensors through those handles on every forward pass, so an in-place update of the
 // buffer (optimizer step, rematerialize, weight restore) is seen without telling the model.
 //
-// Names are the Hugging Face checkpoint names (model.layers.N.mlp.experts.E.gate_proj.weight,
-// ...), without a checkpoint-specific prefix (Kimi-K2.5's
-// "language_model." is added and removed by LoadParams / SaveHfCheckpoint). ListParams returns
-// them in order of first use in the forward pass; the optimizer lays its buffers out in the
-// reverse of that order (Note [Param buffer layout]).
+// Names are the Hugging Face checkpoint names (model.layers.N.mlp.experts.E.gate_proj.weight, ...),
+// without a checkpoint-specific prefix (Kimi-K2.5's "language_model." is added and removed by
+// LoadParams / SaveHfCheckpoint). ListParams returns them in order of first use in the forward
+// pass; the optimizer lays its buffers out in the reverse of that order (Note [Param buffer
+// layout]).
 //
 // Roles: routed-expert params (names containing ".experts." but not ".shared_experts.") live in
 // their own optimizer buffer; kFp32Extra tensors (the fp32 MoE `e_score_correction_bias` buffer)
@@ -31,29 +31,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "launch/param_spec.h"
 #include "trainer/model/model_config.h"
 
 namespace rl::model {
 
 class CheckpointReader;  // trainer/model/safetensors.h
-
-enum class ParamRole {
-  kDense,         // trained, in the dense param buffer
-  kRoutedExpert,  // trained, in the routed-expert param buffer
-  kFp32Extra,     // fp32, not trained (MoE e_score_correction_bias)
-};
-
-struct ParamSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-  ParamRole role = ParamRole::kDense;
-
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  }
-};
 
 using TensorMap = std::unordered_map<std::string, at::Tensor>;
 

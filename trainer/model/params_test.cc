@@ -10,6 +10,7 @@
 #include "launch/sha256.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/model/safetensors_writer.h"
 #include "trainer/model/test_fixtures.h"
 
 namespace rl::model {
@@ -145,10 +146,10 @@ TEST_CASE("LoadParams names missing, unexpected and wrongly shaped tensors") {
     if (s.name == "model.layers.2.mlp.experts.5.down_proj.weight") continue;  // missing
     at::Tensor t = m.params.at(s.name);
     if (s.name == "model.norm.weight") t = at::zeros({7});  // wrong shape
-    tensors.emplace_back(s.name, t);
+    tensors.push_back({s.name, t});
   }
-  tensors.emplace_back("model.layers.1.self_attn.surprise.weight", at::zeros({2}));
-  tensors.emplace_back("model.layers.3.mtp_only.weight", at::zeros({2}));  // MTP layer: ignored
+  tensors.push_back({"model.layers.1.self_attn.surprise.weight", at::zeros({2})});
+  tensors.push_back({"model.layers.3.mtp_only.weight", at::zeros({2})});  // MTP layer: ignored
   const std::string dir = TempDir("bad_ckpt");
   WriteCheckpointShards(dir, tensors, int64_t{1} << 30);
   TensorMap params = AllocateParams(specs, at::kFloat, at::kCPU);
@@ -169,7 +170,7 @@ TEST_CASE("LoadParams reads transformers-v5 fused experts and converts dtypes") 
   NamedTensors tensors;
   const ModelConfig& c = m.config;
   for (const ParamSpec& s : ListParams(c)) {
-    if (s.role != ParamRole::kRoutedExpert) tensors.emplace_back(s.name, m.params.at(s.name));
+    if (s.role != ParamRole::kRoutedExpert) tensors.push_back({s.name, m.params.at(s.name)});
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (c.mlp_layer_types[l] != MlpType::kSparse) continue;
@@ -181,8 +182,8 @@ TEST_CASE("LoadParams reads transformers-v5 fused experts and converts dtypes") 
                                  m.params.at(ex + "up_proj.weight")}, 0));
       down.push_back(m.params.at(ex + "down_proj.weight"));
     }
-    tensors.emplace_back(p + "gate_up_proj", at::stack(gate_up));
-    tensors.emplace_back(p + "down_proj", at::stack(down));
+    tensors.push_back({p + "gate_up_proj", at::stack(gate_up)});
+    tensors.push_back({p + "down_proj", at::stack(down)});
   }
   const std::string dir = TempDir("fused_ckpt");
   WriteCheckpointShards(dir, tensors, int64_t{1} << 30);

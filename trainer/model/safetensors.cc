@@ -2,7 +2,6 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,10 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <set>
 #include <string>
 
 #include "launch/atomic_file.h"
@@ -25,9 +22,6 @@ namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors is little-endian; this code copies host bytes as they are");
-
-constexpr size_t kLengthBytes = 8;  // the uint64 header length that opens every file
-constexpr char kMetadataKey[] = "__metadata__";
 
 struct DtypeName {
   std::string_view name;
@@ -49,15 +43,6 @@ constexpr DtypeName kDtypes[] = {
     {"F8_E5M2", c10::ScalarType::Float8_e5m2},
 };
 
-std::string KnownDtypes() {
-  std::string out;
-  for (const DtypeName& d : kDtypes) {
-    if (!out.empty()) out += ", ";
-    out += d.name;
-  }
-  return out;
-}
-
 // A JSON value for an error message, cut short.
 std::string Quote(const json::Value& v) {
   std::string text = json::Dump(v);
@@ -66,32 +51,9 @@ std::string Quote(const json::Value& v) {
   return text;
 }
 
-// The names in `dir`, without "." and "..".
-std::vector<std::string> ListDirectory(const std::string& dir) {
-  struct DirCloser {
-    void operator()(DIR* d) const { ::closedir(d); }
-  };
-  const std::unique_ptr<DIR, DirCloser> handle(::opendir(dir.c_str()));
-  if (handle == nullptr) {
-    throw CheckpointError(fmt::format("{}: cannot list the directory: {}", dir, ErrnoText()));
-  }
-  std::vector<std::string> names;
-  while (true) {
-    errno = 0;
-    const dirent* entry = ::readdir(handle.get());
-    if (entry == nullptr) break;
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  if (errno != 0) {
-    throw CheckpointError(fmt::format("{}: cannot list the directory: {}", dir, ErrnoText()));
-  }
-  return names;
-}
-
 // Every file opens with the 8-byte header length.
 void CheckHasHeaderLength(const std::string& path, uint64_t file_bytes) {
-  if (file_bytes < kLengthBytes) {
+  if (file_bytes < kSafetensorsLengthBytes) {
     throw CheckpointError(fmt::format(
         "{}: the file has {} bytes, fewer than the 8-byte header length; it is truncated or not a "
         "safetensors file",
@@ -133,7 +95,8 @@ TensorInfo ParseTensorEntry(const std::string& path, const std::string& name,
   info.dtype_name = dtype.AsString();
   const std::optional<at::ScalarType> type = ScalarTypeFromSafetensorsDtype(info.dtype_name);
   if (!type) {
-    throw fail(fmt::format("unknown dtype \"{}\" (known: {})", info.dtype_name, KnownDtypes()));
+    throw fail(
+        fmt::format("unknown dtype \"{}\" (known: {})", info.dtype_name, KnownSafetensorsDtypes()));
   }
   info.dtype = *type;
 
@@ -224,105 +187,17 @@ std::map<std::string, std::string> ParseMetadata(const std::string& path,
                                                  const json::Value& metadata) {
   if (!metadata.is_object()) {
     throw CheckpointError(
-        fmt::format("{}: {} is {}, not an object", path, kMetadataKey, Quote(metadata)));
+        fmt::format("{}: {} is {}, not an object", path, kSafetensorsMetadataKey, Quote(metadata)));
   }
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : metadata.AsObject()) {
     if (!value.is_string()) {
-      throw CheckpointError(
-          fmt::format("{}: {} \"{}\" is {}, not a string", path, kMetadataKey, key, Quote(value)));
+      throw CheckpointError(fmt::format("{}: {} \"{}\" is {}, not a string", path,
+                                        kSafetensorsMetadataKey, key, Quote(value)));
     }
     out.emplace(key, value.AsString());
   }
   return out;
-}
-
-// A tensor ready to be written: its header entry and its row-major bytes.
-struct PreparedTensor {
-  const std::string* name;
-  std::string_view dtype_name;
-  at::Tensor tensor;  // on any device, any strides; made host-contiguous when written
-  int64_t num_bytes;
-};
-
-std::vector<PreparedTensor> PrepareTensors(const std::string& context,
-                                           const NamedTensors& tensors) {
-  std::vector<PreparedTensor> prepared;
-  std::set<std::string_view> names;
-  for (const auto& [name_binding, tensor] : tensors) {
-    // A named reference, not the binding itself: C++17 lambdas cannot capture structured bindings
-    // (GCC allows it, clang, which builds fuzz/, does not).
-    const std::string& name = name_binding;
-    const auto fail = [&](const std::string& what) {
-      return CheckpointError(fmt::format("{}: cannot write tensor '{}': {}", context, name, what));
-    };
-    if (name == kMetadataKey) throw fail("the name is reserved for the metadata");
-    if (!names.insert(name).second) throw fail("the name appears twice");
-    if (!tensor.defined()) throw fail("the tensor is undefined");
-    if (tensor.layout() != at::kStrided || tensor.is_quantized()) {
-      throw fail("only dense (strided), unquantized tensors can be written");
-    }
-    const std::optional<std::string_view> dtype =
-        SafetensorsDtypeFromScalarType(tensor.scalar_type());
-    if (!dtype) {
-      throw fail(fmt::format("dtype {} has no safetensors name (known: {})",
-                             c10::toString(tensor.scalar_type()), KnownDtypes()));
-    }
-    prepared.push_back(
-        {&name, *dtype, tensor, tensor.numel() * static_cast<int64_t>(tensor.element_size())});
-  }
-  return prepared;
-}
-
-void WritePrepared(const std::string& path, const std::vector<PreparedTensor>& tensors,
-                   const std::map<std::string, std::string>& metadata) {
-  json::Value::Object header;
-  if (!metadata.empty()) {
-    json::Value::Object entries;
-    for (const auto& [key, value] : metadata) entries.emplace_back(key, json::Value::String(value));
-    header.emplace_back(kMetadataKey, json::Value::MakeObject(std::move(entries)));
-  }
-  int64_t offset = 0;
-  for (const PreparedTensor& t : tensors) {
-    json::Value::Array shape;
-    for (const int64_t size : t.tensor.sizes()) shape.push_back(json::Value::Int(size));
-    header.emplace_back(
-        *t.name,
-        json::Value::MakeObject({
-            {"dtype", json::Value::String(std::string(t.dtype_name))},
-            {"shape", json::Value::MakeArray(std::move(shape))},
-            {"data_offsets", json::Value::MakeArray({json::Value::Int(offset),
-                                                     json::Value::Int(offset + t.num_bytes)})},
-        }));
-    offset += t.num_bytes;
-  }
-  std::string header_text;
-  try {
-    header_text = json::Dump(json::Value::MakeObject(std::move(header)));
-  } catch (const json::TypeError& e) {
-    throw CheckpointError(fmt::format("{}: cannot write the header: {}", path, e.what()));
-  }
-  // Pad so that the data section starts 8-byte aligned, as the reference writer does.
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  const uint64_t header_bytes = header_text.size();
-
-  AtomicFileWriter file(path);
-  file.Write(&header_bytes, kLengthBytes);
-  file.Write(header_text.data(), header_text.size());
-  for (const PreparedTensor& t : tensors) {
-    if (t.num_bytes == 0) continue;
-    const at::Tensor host =
-        t.tensor.resolve_conj().resolve_neg().contiguous().to(at::kCPU).contiguous();
-    file.Write(host.const_data_ptr(), static_cast<size_t>(t.num_bytes));
-  }
-  file.Commit();
-}
-
-// True for `model-00001-of-00003.safetensors` and the like.
-bool IsShardFileName(const std::string& name) {
-  return name.size() == std::string_view("model-00001-of-00003.safetensors").size() &&
-         name.compare(0, 6, "model-") == 0 && name.compare(11, 4, "-of-") == 0 &&
-         name.compare(20, 12, ".safetensors") == 0;
 }
 
 }  // namespace
@@ -339,6 +214,15 @@ std::optional<std::string_view> SafetensorsDtypeFromScalarType(at::ScalarType ty
     if (d.type == type) return d.name;
   }
   return std::nullopt;
+}
+
+std::string KnownSafetensorsDtypes() {
+  std::string out;
+  for (const DtypeName& d : kDtypes) {
+    if (!out.empty()) out += ", ";
+    out += d.name;
+  }
+  return out;
 }
 
 // The read-only view of a whole file, private and copy-on-write; see the header's Ownership.
@@ -358,8 +242,8 @@ SafetensorsHeader ParseSafetensorsHeader(const std::string& path, std::string_vi
   const uint64_t file_bytes = file.size();
   CheckHasHeaderLength(path, file_bytes);
   uint64_t header_bytes = 0;
-  std::memcpy(&header_bytes, file.data(), kLengthBytes);
-  if (header_bytes > file_bytes - kLengthBytes) {
+  std::memcpy(&header_bytes, file.data(), kSafetensorsLengthBytes);
+  if (header_bytes > file_bytes - kSafetensorsLengthBytes) {
     throw CheckpointError(fmt::format(
         "{}: the header length {} goes beyond the end of the file ({} bytes); it is truncated or "
         "not a safetensors file",
@@ -371,7 +255,7 @@ SafetensorsHeader ParseSafetensorsHeader(const std::string& path, std::string_vi
   }
   SafetensorsHeader parsed;
   parsed.header_bytes = static_cast<int64_t>(header_bytes);
-  const std::string_view header_text = file.substr(kLengthBytes, header_bytes);
+  const std::string_view header_text = file.substr(kSafetensorsLengthBytes, header_bytes);
   json::Value header;
   try {
     header = json::Parse(header_text);
@@ -383,9 +267,9 @@ SafetensorsHeader ParseSafetensorsHeader(const std::string& path, std::string_vi
                                       json::KindName(header.kind())));
   }
 
-  const auto data_bytes = static_cast<int64_t>(file_bytes - kLengthBytes - header_bytes);
+  const auto data_bytes = static_cast<int64_t>(file_bytes - kSafetensorsLengthBytes - header_bytes);
   for (const auto& [name, entry] : header.AsObject()) {
-    if (name == kMetadataKey) {
+    if (name == kSafetensorsMetadataKey) {
       parsed.metadata = ParseMetadata(path, entry);
       continue;
     }
@@ -433,8 +317,6 @@ const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
-int64_t SafetensorsFile::file_bytes() const { return static_cast<int64_t>(mapping_->num_bytes); }
-
 at::Tensor SafetensorsFile::Get(std::string_view name) const {
   const TensorInfo* info = Find(name);
   if (info == nullptr) {
@@ -442,7 +324,7 @@ at::Tensor SafetensorsFile::Get(std::string_view name) const {
   }
   const at::TensorOptions options = at::TensorOptions().dtype(info->dtype).device(at::kCPU);
   if (info->num_bytes() == 0) return at::empty(info->shape, options);
-  uint8_t* data = mapping_->bytes() + kLengthBytes + header_bytes_ + info->data_begin;
+  uint8_t* data = mapping_->bytes() + kSafetensorsLengthBytes + header_bytes_ + info->data_begin;
   if (reinterpret_cast<uintptr_t>(data) % c10::elementSize(info->dtype) != 0) {
     at::Tensor copy = at::empty(info->shape, options);
     std::memcpy(copy.mutable_data_ptr(), data, static_cast<size_t>(info->num_bytes()));
@@ -551,72 +433,6 @@ at::Tensor CheckpointReader::Get(std::string_view name) const {
     throw CheckpointError(fmt::format("{}: the checkpoint has no tensor named '{}'", dir_, name));
   }
   return shards_[it->second].Get(name);
-}
-
-void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  WritePrepared(path, PrepareTensors(path, tensors), metadata);
-}
-
-std::vector<std::string> WriteCheckpointShards(const std::string& dir, const NamedTensors& tensors,
-                                               int64_t max_shard_bytes,
-                                               const std::map<std::string, std::string>& metadata) {
-  RL_CHECK(max_shard_bytes > 0, CheckpointError, "{}: max_shard_bytes must be positive, got {}",
-           dir, max_shard_bytes);
-  const std::vector<PreparedTensor> prepared = PrepareTensors(dir, tensors);
-
-  MakeDirectories(dir);
-  for (const std::string& name : ListDirectory(dir)) {
-    if (name == kSafetensorsFileName || name == kSafetensorsIndexFileName ||
-        IsShardFileName(name)) {
-      throw CheckpointError(fmt::format(
-          "{}: already holds a checkpoint ({}); write each checkpoint to a fresh directory", dir,
-          name));
-    }
-  }
-
-  // Greedy, in order: a shard is closed when the next tensor would take it past the limit.
-  std::vector<std::vector<PreparedTensor>> shards(1);
-  int64_t shard_bytes = 0;
-  int64_t total_bytes = 0;
-  for (const PreparedTensor& t : prepared) {
-    if (!shards.back().empty() && shard_bytes + t.num_bytes > max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().push_back(t);
-    shard_bytes += t.num_bytes;
-    total_bytes += t.num_bytes;
-  }
-
-  std::map<std::string, std::string> shard_metadata = metadata;
-  shard_metadata.emplace("format", "pt");
-  if (shards.size() == 1) {
-    WritePrepared(JoinPath(dir, kSafetensorsFileName), shards[0], shard_metadata);
-    return {kSafetensorsFileName};
-  }
-
-  std::vector<std::string> written;
-  json::Value::Object weight_map;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string name =
-        fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    WritePrepared(JoinPath(dir, name), shards[i], shard_metadata);
-    for (const PreparedTensor& t : shards[i]) {
-      weight_map.emplace_back(*t.name, json::Value::String(name));
-    }
-    written.push_back(name);
-  }
-  const json::Value index = json::Value::MakeObject({
-      {"metadata", json::Value::MakeObject({{"total_size", json::Value::Int(total_bytes)}})},
-      {"weight_map", json::Value::MakeObject(std::move(weight_map))},
-  });
-  const std::string index_text = json::Dump(index, 2) + "\n";
-  AtomicFileWriter index_file(JoinPath(dir, kSafetensorsIndexFileName));
-  index_file.Write(index_text.data(), index_text.size());
-  index_file.Commit();
-  written.push_back(kSafetensorsIndexFileName);
-  return written;
 }
 
 }  // namespace rl::model

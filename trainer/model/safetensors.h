@@ -1,5 +1,5 @@
-// Reading and writing model weights in the safetensors format, single-file and sharded, as
-// Hugging Face `transformers` and the `safetensors` package read and write them.
+// Reading model weights in the safetensors format, single-file and sharded, as Hugging Face
+// `transformers` and the `safetensors` package write them (the writer: safetensors_writer.h).
 //
 // Note [Safetensors layout]
 // A file is: an 8-byte little-endian uint64 N; N bytes of a UTF-8 JSON object (the header); the
@@ -24,20 +24,19 @@
 // WriteSafetensors does, is safe.
 //
 // Thread safety: a SafetensorsFile / CheckpointReader is immutable after Open(); concurrent const
-// calls are safe. The writers touch only the files they are given.
+// calls are safe.
 //
 // Failures: every problem with a file throws rl::CheckpointError naming the file (and the tensor,
 // where there is one) and saying what is wrong, e.g.
 //   "/ckpt/model.safetensors: tensor 'lm_head.weight': data_offsets [0, 24] hold 24 bytes, but
 //    shape [2, 4] of F32 needs 32"
-// Writing fails with rl::CheckpointError too (bad tensor, I/O error); a failed write leaves no
-// partial file behind.
 #ifndef RL_TRAINER_MODEL_SAFETENSORS_H_
 #define RL_TRAINER_MODEL_SAFETENSORS_H_
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -45,7 +44,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "launch/json.h"
@@ -56,11 +54,17 @@ inline constexpr char kSafetensorsFileName[] = "model.safetensors";
 inline constexpr char kSafetensorsIndexFileName[] = "model.safetensors.index.json";
 // Headers beyond this are refused unread, as the reference implementation does.
 inline constexpr int64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+// The little-endian uint64 header length that opens every file.
+inline constexpr size_t kSafetensorsLengthBytes = 8;
+// The header key of the string-to-string metadata; no tensor may have this name.
+inline constexpr char kSafetensorsMetadataKey[] = "__metadata__";
 
 // The dtypes this module reads and writes: "BOOL", "U8", "I8", "I16", "I32", "I64", "F16", "BF16",
 // "F32", "F64", "F8_E4M3", "F8_E5M2". Anything else is refused with the list.
 std::optional<at::ScalarType> ScalarTypeFromSafetensorsDtype(std::string_view dtype);
 std::optional<std::string_view> SafetensorsDtypeFromScalarType(at::ScalarType type);
+// "BOOL, U8, ...": the list above, for error messages.
+std::string KnownSafetensorsDtypes();
 
 // One tensor's header entry.
 struct TensorInfo {
@@ -104,7 +108,6 @@ class SafetensorsFile {
   at::Tensor Get(std::string_view name) const;
   // "__metadata__", empty when absent.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  int64_t file_bytes() const;
   int64_t header_bytes() const { return header_bytes_; }  // N
 
  private:
@@ -146,29 +149,6 @@ class CheckpointReader {
   std::map<std::string, size_t, std::less<>> shard_of_;  // name -> position in shards_
   json::Value index_metadata_;
 };
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-// Writes one safetensors file, tensors in the given order (no reordering for alignment: a tensor
-// whose offset is not a multiple of its element size is read back through a copy). Tensors may
-// live on any device and have any strides; they are written row-major. Atomic: writes
-// `<path>.tmp.<pid>`, fsyncs it, renames it over `path`, fsyncs the directory. Throws
-// CheckpointError for a repeated or reserved ("__metadata__") name, an undefined, sparse or
-// unsupported-dtype tensor, or an I/O error.
-void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
-
-// Writes a checkpoint directory that CheckpointReader and `transformers`' from_pretrained read
-// (with a config.json, which is not written here). Tensors go, in order, into shards of at most
-// `max_shard_bytes` of data each (a larger tensor gets a shard of its own); a single shard is
-// written as `model.safetensors`, more as `model-0000i-of-0000K.safetensors` followed, last, by
-// `model.safetensors.index.json`. Each shard's metadata is `metadata` plus {"format": "pt"}
-// (which `transformers` requires) unless `metadata` sets "format". Creates `dir` if needed and
-// refuses one that already holds a checkpoint, so that no stale shard is mixed in. Returns the
-// file names written, in the order written.
-std::vector<std::string> WriteCheckpointShards(
-    const std::string& dir, const NamedTensors& tensors, int64_t max_shard_bytes,
-    const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace rl::model
 

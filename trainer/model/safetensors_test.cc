@@ -1,85 +1,34 @@
-// Safetensors files and checkpoint directories read back exactly what was written, follow
-// Note [Safetensors layout], and every kind of damage is refused with a message that names the
-// file and says what is wrong.
+// The safetensors reader: files in other writers' layouts read correctly, returned tensors
+// outlive the reader, and every kind of damage is refused with a message that names the file and
+// says what is wrong.
 #include "trainer/model/safetensors.h"
 
 #include <ATen/ATen.h>
-#include <dirent.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/json.h"
 #include "launch/sha256.h"
+#include "trainer/model/safetensors_testing.h"
 
 namespace rl::model {
 namespace {
 
-// POSIX calls, not std::filesystem, whose symbols libtorch.so exports in an incompatible build
-// (see safetensors.cc).
-
-int RemoveEntry(const char* path, const struct stat*, int, FTW*) { return ::remove(path); }
-
-// The names in `dir`, without "." and "..".
-std::vector<std::string> ListDirectory(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* handle = ::opendir(dir.c_str());
-  REQUIRE(handle != nullptr);
-  while (const dirent* entry = ::readdir(handle)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(handle);
-  return names;
-}
-
-// A fresh directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/safetensors_test.XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() { ::nftw(path_.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS); }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-uint64_t HeaderLength(const std::string& file) {
-  uint64_t length = 0;
-  std::memcpy(&length, file.data(), 8);
-  return length;
-}
-
-std::string HeaderOf(const std::string& file) { return file.substr(8, HeaderLength(file)); }
-std::string DataOf(const std::string& file) { return file.substr(8 + HeaderLength(file)); }
+using testing::DataOf;
+using testing::ExpectCheckpointError;
+using testing::HeaderOf;
+using testing::SixTensors;
+using testing::SmallTensors;
+using testing::TempDir;
+using testing::ValidFileBytes;
 
 // The same data section behind another header.
 std::string WithHeader(const std::string& file, const std::string& header) {
@@ -98,106 +47,15 @@ std::string EditHeader(const std::string& file, const std::string& from, const s
   return WithHeader(file, header);
 }
 
-// Runs `open` and checks that it throws CheckpointError whose message holds every piece.
-void ExpectCheckpointError(const std::function<void()>& open,
-                           const std::vector<std::string>& pieces) {
-  try {
-    open();
-    FAIL("no throw");
-  } catch (const CheckpointError& e) {
-    const std::string message = e.what();
-    for (const std::string& piece : pieces) {
-      CAPTURE(message, piece);
-      CHECK(message.find(piece) != std::string::npos);
-    }
-  }
-}
-
-// "a": F32 [2, 3], "b": BF16 [4], "c": F16 [2]; data section of 24 + 8 + 4 = 36 bytes.
-NamedTensors SmallTensors() {
-  return {
-      {"a", at::arange(6, at::kFloat).reshape({2, 3})},
-      {"b", at::tensor({1.5, -2.0, 3.25, 0.0}).to(at::kBFloat16)},
-      {"c", at::tensor({0.5, -65504.0}).to(at::kHalf)},
-  };
-}
-
-// A valid file of SmallTensors() with metadata {"format": "pt"}, as bytes.
-std::string ValidFileBytes(const TempDir& dir) {
-  const std::string path = dir / "valid.safetensors";
-  WriteSafetensors(path, SmallTensors(), {{"format", "pt"}});
-  return ReadBytes(path);
-}
-
 // Writes `bytes` to a file and returns the message SafetensorsFile::Open throws, checking that it
 // names the file.
 void ExpectCorruptFile(const TempDir& dir, const std::string& bytes,
                        const std::vector<std::string>& pieces) {
   const std::string path = dir / "corrupt.safetensors";
-  WriteBytes(path, bytes);
+  WriteFileAtomically(path, bytes);
   std::vector<std::string> all = pieces;
   all.push_back(path + ": ");
   ExpectCheckpointError([&] { SafetensorsFile::Open(path); }, all);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Round trips and layout.
-
-TEST_CASE("Tensors of every dtype read back with identical bytes, dtype and shape") {
-  const TempDir dir;
-  const NamedTensors tensors = {
-      {"bf16", at::randn({3, 5}).to(at::kBFloat16)},
-      {"f16", at::randn({7}).to(at::kHalf)},
-      {"f32", at::randn({2, 3, 4})},
-      {"f64", at::randn({3}, at::kDouble)},
-      {"i64", at::arange(-3, 4, at::kLong)},
-      {"i32", at::arange(5, at::kInt)},
-      {"i16", at::arange(5, at::kShort)},
-      {"i8", at::arange(-2, 3, at::kChar)},
-      {"u8", at::arange(250, 256, at::kByte)},
-      {"bool", at::tensor({1, 0, 1}, at::kInt).to(at::kBool)},
-      {"f8_e4m3", at::randn({4}).to(at::kFloat8_e4m3fn)},
-      {"f8_e5m2", at::randn({4}).to(at::kFloat8_e5m2)},
-  };
-  WriteSafetensors(dir / "m.safetensors", tensors);
-  const SafetensorsFile file = SafetensorsFile::Open(dir / "m.safetensors");
-  REQUIRE(file.tensors().size() == tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& [name, original] = tensors[i];
-    CAPTURE(name);
-    CHECK(file.tensors()[i].name == name);  // header order is write order
-    const at::Tensor back = file.Get(name);
-    CHECK(back.scalar_type() == original.scalar_type());
-    CHECK(back.sizes() == original.sizes());
-    CHECK(TensorSha256(back) == TensorSha256(original));
-  }
-}
-
-TEST_CASE("Metadata reads back as written") {
-  const TempDir dir;
-  WriteSafetensors(dir / "m.safetensors", SmallTensors(), {{"format", "pt"}, {"step", "1200"}});
-  const SafetensorsFile file = SafetensorsFile::Open(dir / "m.safetensors");
-  CHECK(file.metadata() == std::map<std::string, std::string>{{"format", "pt"}, {"step", "1200"}});
-  WriteSafetensors(dir / "n.safetensors", SmallTensors());
-  CHECK(SafetensorsFile::Open(dir / "n.safetensors").metadata().empty());
-}
-
-TEST_CASE("The writer produces the reference layout: padded header, offsets in order, raw bytes") {
-  const TempDir dir;
-  const std::string bytes = ValidFileBytes(dir);
-  const std::string header = HeaderOf(bytes);
-  CHECK(HeaderLength(bytes) % 8 == 0);
-  const std::string expected = R"({"__metadata__":{"format":"pt"},)"
-                               R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
-                               R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[24,32]},)"
-                               R"("c":{"dtype":"F16","shape":[2],"data_offsets":[32,36]}})";
-  CHECK(header.substr(0, expected.size()) == expected);
-  CHECK(header.substr(expected.size()) == std::string(header.size() - expected.size(), ' '));
-  std::string data;
-  for (const auto& [name, t] : SmallTensors()) {
-    data.append(static_cast<const char*>(t.const_data_ptr()), t.nbytes());
-  }
-  CHECK(DataOf(bytes) == data);
 }
 
 TEST_CASE("A hand-built file with an unpadded header and misaligned tensors reads correctly") {
@@ -215,7 +73,7 @@ TEST_CASE("A hand-built file with an unpadded header and misaligned tensors read
   std::string file(8, '\0');
   const uint64_t length = header.size();
   std::memcpy(file.data(), &length, 8);
-  WriteBytes(dir / "h.safetensors", file + header + data);
+  WriteFileAtomically(dir / "h.safetensors", file + header + data);
 
   const SafetensorsFile reader = SafetensorsFile::Open(dir / "h.safetensors");
   CHECK(reader.Get("s").item<int16_t>() == -7);
@@ -233,90 +91,17 @@ TEST_CASE("Tensors stay valid after the reader is destroyed and the file deleted
     a = file.Get("a");
   }
   REQUIRE(::unlink((dir / "m.safetensors").c_str()) == 0);
-  CHECK(TensorSha256(a) == TensorSha256(SmallTensors()[0].second));
+  CHECK(TensorSha256(a) == TensorSha256(SmallTensors()[0].tensor));
 }
 
 TEST_CASE("Writing into a returned tensor never changes the file") {
   const TempDir dir;
   WriteSafetensors(dir / "m.safetensors", SmallTensors());
-  const std::string before = ReadBytes(dir / "m.safetensors");
+  const std::string before = ReadWholeFile(dir / "m.safetensors");
   const SafetensorsFile file = SafetensorsFile::Open(dir / "m.safetensors");
   file.Get("a").fill_(42.0);
-  CHECK(ReadBytes(dir / "m.safetensors") == before);
+  CHECK(ReadWholeFile(dir / "m.safetensors") == before);
   CHECK(SafetensorsFile::Open(dir / "m.safetensors").Get("a")[0][0].item<float>() == 0.0f);
-}
-
-TEST_CASE("Scalars, empty tensors and non-contiguous views round-trip") {
-  const TempDir dir;
-  const at::Tensor matrix = at::randn({4, 6});
-  const NamedTensors tensors = {
-      {"scalar", at::scalar_tensor(3.5)},
-      {"empty", at::zeros({0, 5}, at::kBFloat16)},
-      {"transposed", matrix.t()},
-      {"strided", matrix.slice(/*dim=*/1, 0, 6, 2)},
-  };
-  WriteSafetensors(dir / "m.safetensors", tensors);
-  const SafetensorsFile file = SafetensorsFile::Open(dir / "m.safetensors");
-  for (const auto& [name, original] : tensors) {
-    CAPTURE(name);
-    const at::Tensor back = file.Get(name);
-    CHECK(back.sizes() == original.sizes());
-    CHECK(TensorSha256(back) == TensorSha256(original));
-  }
-  CHECK(file.Find("empty")->num_bytes() == 0);
-}
-
-TEST_CASE("CUDA tensors are written like their CPU copies") {
-  if (!at::hasCUDA()) {
-    WARN("SKIPPED: no CUDA device on this machine");
-    return;
-  }
-  const TempDir dir;
-  const at::Tensor cpu = at::randn({64, 32}).to(at::kBFloat16);
-  WriteSafetensors(dir / "gpu.safetensors", {{"w", cpu.to(at::kCUDA).t()}});
-  WriteSafetensors(dir / "cpu.safetensors", {{"w", cpu.t()}});
-  CHECK(FileSha256(dir / "gpu.safetensors") == FileSha256(dir / "cpu.safetensors"));
-}
-
-TEST_CASE("A write replaces an existing file and leaves no temporary file behind") {
-  const TempDir dir;
-  WriteSafetensors(dir / "m.safetensors", SmallTensors());
-  WriteSafetensors(dir / "m.safetensors", {{"only", at::ones({2})}});
-  CHECK(SafetensorsFile::Open(dir / "m.safetensors").tensors().size() == 1);
-  CHECK(ListDirectory(dir.path()) == std::vector<std::string>{"m.safetensors"});
-}
-
-TEST_CASE("The writer refuses bad tensor lists and leaves no file behind") {
-  const TempDir dir;
-  const std::string path = dir / "m.safetensors";
-  ExpectCheckpointError(
-      [&] {
-        WriteSafetensors(path, {{"x", at::ones({1})}, {"x", at::ones({1})}});
-      },
-      {path, "tensor 'x'", "appears twice"});
-  ExpectCheckpointError(
-      [&] {
-        WriteSafetensors(path, {{"__metadata__", at::ones({1})}});
-      },
-      {path, "reserved"});
-  ExpectCheckpointError(
-      [&] {
-        WriteSafetensors(path, {{"z", at::ones({1}, at::kComplexFloat)}});
-      },
-      {path, "tensor 'z'", "ComplexFloat", "no safetensors name"});
-  ExpectCheckpointError(
-      [&] {
-        WriteSafetensors(path, {{"u", at::Tensor()}});
-      },
-      {path, "undefined"});
-  ExpectCheckpointError(
-      [&] {
-        WriteSafetensors(path, {{"s", at::eye(2).to_sparse()}});
-      },
-      {path, "dense"});
-  CHECK(ListDirectory(dir.path()).empty());
-  ExpectCheckpointError([&] { WriteSafetensors(dir / "missing/m.safetensors", SmallTensors()); },
-                        {"missing/m.safetensors.tmp.", "cannot create"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,7 +242,7 @@ TEST_CASE("Every truncation of a valid file is refused with CheckpointError") {
   const std::string path = dir / "cut.safetensors";
   for (size_t n = 0; n < valid.size(); ++n) {
     CAPTURE(n);
-    WriteBytes(path, valid.substr(0, n));
+    WriteFileAtomically(path, valid.substr(0, n));
     CHECK_THROWS_AS(SafetensorsFile::Open(path), CheckpointError);
   }
 }
@@ -473,75 +258,6 @@ TEST_CASE("Get of an absent name names the file and the tensor") {
 
 // ---------------------------------------------------------------------------------------------
 // Checkpoint directories.
-
-// Six F32 tensors of 16 bytes each, "t0" .. "t5".
-NamedTensors SixTensors() {
-  NamedTensors tensors;
-  for (int i = 0; i < 6; ++i) {
-    tensors.emplace_back("t" + std::to_string(i), at::full({4}, static_cast<float>(i)));
-  }
-  return tensors;
-}
-
-TEST_CASE("A sharded checkpoint reads back every tensor with identical bytes") {
-  const TempDir dir;
-  const NamedTensors tensors = SixTensors();
-  const std::vector<std::string> written = WriteCheckpointShards(dir.path(), tensors, 40);
-  CHECK(written == std::vector<std::string>{
-                       "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-                       "model-00003-of-00003.safetensors", "model.safetensors.index.json"});
-  const CheckpointReader reader = CheckpointReader::Open(dir.path());
-  CHECK(reader.shards().size() == 3);
-  CHECK(reader.names() == std::vector<std::string>{"t0", "t1", "t2", "t3", "t4", "t5"});
-  for (const auto& [name, original] : tensors) {
-    CAPTURE(name);
-    CHECK(TensorSha256(reader.Get(name)) == TensorSha256(original));
-  }
-  CHECK(reader.index_metadata().at("total_size").AsInt64() == 96);
-  CHECK(reader.shards()[0].metadata().at("format") == "pt");
-}
-
-TEST_CASE("The index follows the transformers layout") {
-  const TempDir dir;
-  WriteCheckpointShards(dir.path(), SixTensors(), 40);
-  const json::Value index = json::ParseFile(dir / "model.safetensors.index.json");
-  CHECK(index.at("metadata").at("total_size").AsInt64() == 96);
-  const json::Value& weight_map = index.at("weight_map");
-  CHECK(weight_map.AsObject().size() == 6);
-  CHECK(weight_map.at("t0").AsString() == "model-00001-of-00003.safetensors");
-  CHECK(weight_map.at("t1").AsString() == "model-00001-of-00003.safetensors");
-  CHECK(weight_map.at("t2").AsString() == "model-00002-of-00003.safetensors");
-  CHECK(weight_map.at("t5").AsString() == "model-00003-of-00003.safetensors");
-}
-
-TEST_CASE("A checkpoint that fits one shard is a single model.safetensors") {
-  const TempDir dir;
-  CHECK(WriteCheckpointShards(dir.path(), SixTensors(), 1 << 20, {{"step", "7"}}) ==
-        std::vector<std::string>{"model.safetensors"});
-  const CheckpointReader reader = CheckpointReader::Open(dir.path());
-  CHECK(reader.shards().size() == 1);
-  CHECK(reader.index_metadata().is_null());
-  CHECK(reader.shards()[0].metadata() ==
-        std::map<std::string, std::string>{{"format", "pt"}, {"step", "7"}});
-  CHECK(reader.Get("t3")[0].item<float>() == 3.0f);
-}
-
-TEST_CASE("A tensor larger than the shard limit gets a shard of its own") {
-  const TempDir dir;
-  const NamedTensors tensors = {
-      {"small", at::ones({2})}, {"big", at::ones({100})}, {"tail", at::ones({2})}};
-  CHECK(WriteCheckpointShards(dir.path(), tensors, 64).size() == 4);
-  const CheckpointReader reader = CheckpointReader::Open(dir.path());
-  CHECK(reader.shards()[1].tensors().size() == 1);
-  CHECK(reader.shards()[1].tensors()[0].name == "big");
-}
-
-TEST_CASE("Writing a checkpoint into a directory that holds one is refused") {
-  const TempDir dir;
-  WriteCheckpointShards(dir.path(), SixTensors(), 40);
-  ExpectCheckpointError([&] { WriteCheckpointShards(dir.path(), SixTensors(), 40); },
-                        {dir.path(), "already holds a checkpoint", "fresh directory"});
-}
 
 TEST_CASE("A checkpoint directory with neither or both layouts is refused") {
   const TempDir dir;
@@ -569,7 +285,7 @@ TEST_CASE("An index entry whose shard lacks the tensor is refused") {
   json::Value index = json::ParseFile(index_path);
   index.MutableObject()[1].second.MutableObject().emplace_back(
       "ghost", json::Value::String("model-00001-of-00003.safetensors"));
-  WriteBytes(index_path, json::Dump(index));
+  WriteFileAtomically(index_path, json::Dump(index));
   ExpectCheckpointError([&] { CheckpointReader::Open(dir.path()); },
                         {index_path, "tensor 'ghost' is mapped to",
                          "model-00001-of-00003.safetensors, which has no such tensor"});
@@ -599,13 +315,13 @@ TEST_CASE("An index naming a path outside the directory, or not JSON, is refused
   const TempDir dir;
   WriteCheckpointShards(dir.path(), SixTensors(), 40);
   const std::string index_path = dir / "model.safetensors.index.json";
-  WriteBytes(index_path, R"({"weight_map": {"t0": "../model-00001-of-00003.safetensors"}})");
+  WriteFileAtomically(index_path, R"({"weight_map": {"t0": "../model-00001-of-00003.safetensors"}})");
   ExpectCheckpointError([&] { CheckpointReader::Open(dir.path()); },
                         {index_path, "is not a file name in"});
-  WriteBytes(index_path, "{\"weight_map\": {\n  \"t0\": \"x\",\n}}");
+  WriteFileAtomically(index_path, "{\"weight_map\": {\n  \"t0\": \"x\",\n}}");
   ExpectCheckpointError([&] { CheckpointReader::Open(dir.path()); },
                         {index_path + ": line 3, column 1: trailing comma before '}'"});
-  WriteBytes(index_path, R"({"metadata": {}})");
+  WriteFileAtomically(index_path, R"({"metadata": {}})");
   ExpectCheckpointError([&] { CheckpointReader::Open(dir.path()); },
                         {index_path, "missing \"weight_map\""});
 }

@@ -1,10 +1,7 @@
 #include "trainer/rl/rollout_data.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
 #include <limits>
 #include <string_view>
@@ -20,25 +17,6 @@ namespace {
 
 constexpr const char* kKnownKeys[] = {"tokens", "response_length",   "loss_mask",
                                       "reward", "rollout_log_probs", "group"};
-
-std::string ReadWholeFile(const std::string& path) {
-  const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    throw CheckpointError(fmt::format("{}: cannot open rollout data: {}", path, ErrnoText()));
-  }
-  std::string text;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw CheckpointError(fmt::format("{}: cannot read: {}", path, ErrnoText()));
-    }
-    if (n == 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-  }
-  return text;
-}
 
 // A short description of a JSON value for messages: `-1.5`, `"abc"`, `an array`.
 std::string Describe(const json::Value& v) {

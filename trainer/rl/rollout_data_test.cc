@@ -2,7 +2,6 @@
 // the file, its line number and the field, never a crash.
 #include "trainer/rl/rollout_data.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -13,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 
 namespace rl::rl_algo {
@@ -30,11 +30,6 @@ void WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
   REQUIRE(out.good());
-}
-
-bool FileExists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 // The message ReadRolloutData throws for `text`, or "" when it reads.
@@ -86,7 +81,7 @@ TEST_CASE("write then read gives back the same batch, bit for bit", "[rollout_da
     INFO("sample " << i);
     CHECK(back.samples[i] == batch.samples[i]);
   }
-  CHECK_FALSE(FileExists(path + ".tmp." + std::to_string(::getpid())));
+  CHECK_FALSE(PathExists(path + ".tmp." + std::to_string(::getpid())));
 }
 
 TEST_CASE("an empty batch round-trips to an empty file", "[rollout_data]") {
@@ -172,7 +167,7 @@ TEST_CASE("a non-finite reward is refused (JSON cannot hold one; the writer chec
     CHECK_THAT(e.what(), Catch::Contains("nan.jsonl: cannot write sample 1 (line 2): field "
                                          "\"reward\": is nan; rewards must be finite"));
   }
-  CHECK_FALSE(FileExists(path));
+  CHECK_FALSE(PathExists(path));
 }
 
 TEST_CASE("a truncated last line is reported as truncation, never a crash", "[rollout_data]") {
@@ -189,7 +184,7 @@ TEST_CASE("a truncated last line is reported as truncation, never a crash", "[ro
 
 TEST_CASE("a missing file names the file", "[rollout_data]") {
   CHECK_THROWS_WITH(ReadRolloutData("/nonexistent/rollout.jsonl"),
-                    Catch::Contains("/nonexistent/rollout.jsonl: cannot open rollout data"));
+                    Catch::Contains("/nonexistent/rollout.jsonl: cannot open"));
 }
 
 TEST_CASE("groups come from group ids, or from position", "[rollout_data]") {

@@ -84,7 +84,7 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   RL_CHECK(at::isFloatingType(param_dtype), ConfigError,
            "rollout engine: the param dtype must be floating; got {}", c10::toString(param_dtype));
   std::vector<weight_sync::TensorDecl> decls;
-  for (const model::ParamSpec& spec : model::ListParams(config_)) {
+  for (const ParamSpec& spec : model::ListParams(config_)) {
     decls.push_back({spec.name, spec.shape, model::ParamDtype(spec, dtype_)});
   }
   layout_ = weight_sync::MakeEngineLayout(decls);

@@ -1,0 +1,35 @@
+// What one model parameter is before any storage exists: its checkpoint name, its shape and its
+// role. The model lists them (trainer/model/params.h), the optimizer lays the trained ones out in
+// its flat buffers, and the actor splits trained from extras by role, all from this one type.
+//
+// Plain data: no invariants checked here, no failure modes, not synchronised.
+#ifndef RL_LAUNCH_PARAM_SPEC_H_
+#define RL_LAUNCH_PARAM_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rl {
+
+enum class ParamRole {
+  kDense,         // trained, in the dense param buffer
+  kRoutedExpert,  // trained, in the routed-expert param buffer
+  kFp32Extra,     // fp32, not trained (MoE e_score_correction_bias)
+};
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  ParamRole role = ParamRole::kDense;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+}  // namespace rl
+
+#endif  // RL_LAUNCH_PARAM_SPEC_H_
