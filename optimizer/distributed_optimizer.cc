@@ -54,24 +54,24 @@ std::string_view ToString(BufferKind kind) {
 }
 
 Allocator PlainAllocator(c10::Device device) {
-  return [device](std::string_view, int64_t numel, at::ScalarType dtype) {
+  return [device](RegionTag, int64_t numel, at::ScalarType dtype) {
     return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device));
   };
 }
 
-std::map<std::string, int64_t> DistributedOptimizer::StorageBytes(
+std::map<RegionTag, int64_t> DistributedOptimizer::StorageBytes(
     const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype) {
   const int64_t param_bytes = c10::elementSize(param_dtype);
   const int64_t grad_bytes = param_dtype == at::kDouble ? 8 : 4;
-  std::map<std::string, int64_t> bytes;
+  std::map<RegionTag, int64_t> bytes;
   int64_t state_numel = 0;
   for (BufferKind kind : kBufferKinds) {
     const BufferLayout layout = LayoutOf(kind, params_in_use_order, dp_size);
-    bytes["param_buffer"] += AlignedAllocationBytes(layout.numel * param_bytes);
-    bytes["grad_buffer"] += AlignedAllocationBytes(layout.numel * grad_bytes);
+    bytes[RegionTag::kParamBuffer] += AlignedAllocationBytes(layout.numel * param_bytes);
+    bytes[RegionTag::kGradBuffer] += AlignedAllocationBytes(layout.numel * grad_bytes);
     state_numel += kStateParts * layout.shard_numel();
   }
-  bytes["optimizer"] = AlignedAllocationBytes(state_numel * grad_bytes);
+  bytes[RegionTag::kOptimizer] = AlignedAllocationBytes(state_numel * grad_bytes);
   return bytes;
 }
 
@@ -86,8 +86,8 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_
     Buffer& buffer = buffers_[Index(kind)];
     buffer.layout = LayoutOf(kind, params_in_use_order, comm_.size());
     buffer.segments = buffer.layout.Segments(comm_.rank());
-    buffer.params = allocate_("param_buffer", buffer.layout.numel, param_dtype);
-    buffer.grads = allocate_("grad_buffer", buffer.layout.numel, grad_dtype);
+    buffer.params = allocate_(RegionTag::kParamBuffer, buffer.layout.numel, param_dtype);
+    buffer.grads = allocate_(RegionTag::kGradBuffer, buffer.layout.numel, grad_dtype);
     state_numel += kStateParts * buffer.layout.shard_numel();
     for (const BufferEntry& entry : buffer.layout.entries) {
       // A leaf tensor aliasing the buffer; the buffer tensor keeps the storage alive.
@@ -99,7 +99,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_
       params_.emplace(entry.name, view);
     }
   }
-  state_ = allocate_("optimizer", state_numel, grad_dtype);
+  state_ = allocate_(RegionTag::kOptimizer, state_numel, grad_dtype);
 }
 
 at::Tensor DistributedOptimizer::Shard(const at::Tensor& flat, const Buffer& buffer) const {
@@ -295,7 +295,7 @@ void DistributedOptimizer::OffloadState() {
 
 void DistributedOptimizer::OnloadState() {
   RL_CHECK(offloaded_, Error, "optimizer state is not offloaded");
-  state_ = allocate_("optimizer", state_numel_and_dtype_.first, state_numel_and_dtype_.second);
+  state_ = allocate_(RegionTag::kOptimizer, state_numel_and_dtype_.first, state_numel_and_dtype_.second);
   state_.copy_(host_state_);
   offloaded_ = false;
 }

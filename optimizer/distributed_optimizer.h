@@ -36,6 +36,7 @@
 
 #include "launch/communicator.h"
 #include "launch/param_spec.h"
+#include "launch/region_tag.h"
 #include "optimizer/buffer_layout.h"
 #include "optimizer/lr_schedule.h"
 
@@ -61,9 +62,9 @@ struct AdamOptions {
   std::optional<bool> fused;
 };
 
-// Storage for a flat tensor of `numel` elements of `dtype`, for the region `tag`
-// ("param_buffer", "grad_buffer", "optimizer"). Must be contiguous and zero-filled.
-using Allocator = std::function<at::Tensor(std::string_view tag, int64_t numel, at::ScalarType)>;
+// Storage for a flat tensor of `numel` elements of `dtype`, in the region `tag` (the optimizer
+// asks for kParamBuffer, kGradBuffer and kOptimizer). Must be contiguous and zero-filled.
+using Allocator = std::function<at::Tensor(RegionTag tag, int64_t numel, at::ScalarType)>;
 // at::zeros on `device`.
 Allocator PlainAllocator(c10::Device device);
 
@@ -99,10 +100,10 @@ class DistributedOptimizer {
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
-  // Bytes the allocator will be asked for, per tag ("param_buffer", "grad_buffer",
-  // "optimizer"), each allocation rounded up to kAllocationAlignmentBytes: lets the caller size
+  // Bytes the allocator will be asked for, per region tag (kParamBuffer, kGradBuffer,
+  // kOptimizer), each allocation rounded up to kAllocationAlignmentBytes: lets the caller size
   // its memory regions before constructing the optimizer.
-  static std::map<std::string, int64_t> StorageBytes(
+  static std::map<RegionTag, int64_t> StorageBytes(
       const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype);
 
   // name -> tensor aliasing the param buffer (shaped; requires grad).

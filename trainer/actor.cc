@@ -131,19 +131,19 @@ ParamSplit SplitParams(const std::vector<ParamSpec>& specs,
   return split;
 }
 
-std::map<std::string, int64_t> Actor::StorageBytes(const config::ResolvedConfig& resolved,
-                                                   const model::ModelConfig& model, int dp_size) {
+std::map<RegionTag, int64_t> Actor::StorageBytes(const config::ResolvedConfig& resolved,
+                                                 const model::ModelConfig& model, int dp_size) {
   const at::ScalarType dtype = ParamsDtype(resolved.config.model.params_dtype);
   const ParamSplit split =
       SplitParams(model::ListParams(model), resolved.config.model.freeze_params);
-  std::map<std::string, int64_t> bytes =
+  std::map<RegionTag, int64_t> bytes =
       optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype);
   int64_t extras = 0;
   for (const ParamSpec& spec : split.extras) {
     extras += optimizer::AlignedAllocationBytes(
         spec.numel() * c10::elementSize(model::ParamDtype(spec, dtype)));
   }
-  bytes["extras"] = extras;
+  bytes[RegionTag::kExtras] = extras;
   return bytes;
 }
 
@@ -160,7 +160,7 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
   ParamSplit split = SplitParams(specs_, c.model.freeze_params);
   for (const ParamSpec& spec : split.extras) {
     extras_[spec.name] =
-        allocate("extras", spec.numel(), model::ParamDtype(spec, dtype_)).view(spec.shape);
+        allocate(RegionTag::kExtras, spec.numel(), model::ParamDtype(spec, dtype_)).view(spec.shape);
   }
   for (const ParamSpec& spec : split.frozen) {
     frozen_[spec.name] = at::zeros(

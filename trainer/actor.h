@@ -70,7 +70,7 @@ class Actor {
  public:
   // Bytes the actor asks its allocator for, per region tag (param_buffer, grad_buffer,
   // optimizer, extras), so that the caller can size its memory regions first.
-  static std::map<std::string, int64_t> StorageBytes(const config::ResolvedConfig& resolved,
+  static std::map<RegionTag, int64_t> StorageBytes(const config::ResolvedConfig& resolved,
                                                      const model::ModelConfig& model, int dp_size);
 
   Actor(const config::ResolvedConfig& resolved, model::ModelConfig model, Communicator& comm,

@@ -40,17 +40,17 @@ constexpr std::array<RegionTag, 4> kActorRegions = {RegionTag::kParamBuffer, Reg
 optimizer::Allocator ActorRegions(const config::ResolvedConfig& resolved,
                                   const model::ModelConfig& model, int dp_size,
                                   memory::RegionManager& regions) {
-  const std::map<std::string, int64_t> bytes = Actor::StorageBytes(resolved, model, dp_size);
+  const std::map<RegionTag, int64_t> bytes = Actor::StorageBytes(resolved, model, dp_size);
   for (RegionTag tag : kActorRegions) {
     // The param and grad buffers keep no host copy (the backuper or the rebuild restores the
     // params; grads are zeroed), the optimizer state is saved to the host on pause, the extras
     // are restored by the backuper from its pinned copy.
     const memory::HostBackup backup =
         tag == RegionTag::kOptimizer ? memory::HostBackup::kSaveOnPause : memory::HostBackup::kNone;
-    regions.Create(tag, bytes.at(std::string(memory::RegionTagName(tag))), backup);
+    regions.Create(tag, bytes.at(tag), backup);
   }
-  return [&regions](std::string_view tag, int64_t numel, at::ScalarType dtype) {
-    return regions.Carve(memory::ParseRegionTagOrThrow(tag), numel, dtype).zero_();
+  return [&regions](RegionTag tag, int64_t numel, at::ScalarType dtype) {
+    return regions.Carve(tag, numel, dtype).zero_();
   };
 }
 

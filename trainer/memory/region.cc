@@ -20,10 +20,6 @@
 namespace rl::memory {
 namespace {
 
-constexpr std::array<std::string_view, 6> kTagNames = {
-    "param_buffer", "grad_buffer", "optimizer", "extras", "rollout_weights", "kv_cache",
-};
-
 int64_t RoundUp(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
@@ -75,18 +71,6 @@ c10::Device ResolveDevice(c10::Device device) {
 }
 
 }  // namespace
-
-std::string_view RegionTagName(RegionTag tag) { return kTagNames.at(static_cast<size_t>(tag)); }
-
-RegionTag ParseRegionTagOrThrow(std::string_view name) {
-  for (RegionTag tag : kAllRegionTags) {
-    if (RegionTagName(tag) == name) {
-      return tag;
-    }
-  }
-  throw Error(fmt::format("unknown memory region tag '{}'; known tags: {}", name,
-                          fmt::join(kTagNames, ", ")));
-}
 
 std::string_view RegionStateName(RegionState state) {
   return state == RegionState::kActive ? "active" : "paused";

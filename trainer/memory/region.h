@@ -59,28 +59,13 @@
 #include <string_view>
 #include <vector>
 
+#include "launch/region_tag.h"
+
 namespace rl::memory {
 
-// The regions the trainer knows; each is created at most once per process.
-enum class RegionTag {
-  kParamBuffer,     // "param_buffer": bf16 params (no backup; rematerialized from masters)
-  kGradBuffer,      // "grad_buffer": fp32 grads (no backup; zeroed before use)
-  kOptimizer,       // "optimizer": fp32 masters and Adam moments (saved on pause)
-  kExtras,          // "extras": tensors with no master (saved on pause)
-  kRolloutWeights,  // "rollout_weights": the rollout engine's weights
-  kKvCache,         // "kv_cache": the rollout engine's KV cache
-};
-
-inline constexpr std::array<RegionTag, 6> kAllRegionTags = {
-    RegionTag::kParamBuffer, RegionTag::kGradBuffer,     RegionTag::kOptimizer,
-    RegionTag::kExtras,      RegionTag::kRolloutWeights, RegionTag::kKvCache,
-};
-
-// "param_buffer", "grad_buffer", "optimizer", "extras", "rollout_weights", "kv_cache".
-std::string_view RegionTagName(RegionTag tag);
-
-// The inverse of RegionTagName; throws rl::Error listing the known names.
-RegionTag ParseRegionTagOrThrow(std::string_view name);
+using rl::kAllRegionTags;
+using rl::RegionTag;
+using rl::RegionTagName;
 
 enum class HostBackup {
   kNone,         // contents are undefined after Resume()

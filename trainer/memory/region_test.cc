@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -184,14 +185,11 @@ TEST_CASE("a region rejects a non-positive size") {
         }).find("positive size") != std::string::npos);
 }
 
-TEST_CASE("tag names round-trip and an unknown name lists the known ones") {
-  for (RegionTag tag : kAllRegionTags) {
-    CHECK(ParseRegionTagOrThrow(RegionTagName(tag)) == tag);
-  }
+TEST_CASE("every tag has its own name") {
+  std::set<std::string_view> names;
+  for (RegionTag tag : kAllRegionTags) names.insert(RegionTagName(tag));
+  CHECK(names.size() == kAllRegionTags.size());
   CHECK(RegionTagName(RegionTag::kRolloutWeights) == "rollout_weights");
-  const std::string message = MessageOf([] { ParseRegionTagOrThrow("params"); });
-  CHECK(message.find("'params'") != std::string::npos);
-  CHECK(message.find("param_buffer, grad_buffer") != std::string::npos);
 }
 
 }  // namespace
