@@ -165,7 +165,7 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(std::optional<bool>, offload_rollout, std::nullopt, "Release the engine's memory while the actor works (default: on with --colocate).") \
   X(OffloadTarget, offload_train_target, OffloadTarget::kCpu, "Where the actor's state goes while asleep (disk is not supported yet).") \
   X(bool, rematerialize_param_from_master_weight, false, "On wake-up, rebuild bf16 params from the fp32 master shards (cast + all-gather) instead of a pinned host copy.") \
-  X(bool, keep_old_actor, false, "Keep a copy of the previous actor weights (needs backup copy()).") \
+  X(bool, keep_old_actor, false, "Keep a second pinned copy of the previous actor weights.") \
   X(bool, debug_train_only, false, "Train on recorded data; no rollout engine.")                 \
   X(bool, debug_rollout_only, false, "Generate only; no training.")
 

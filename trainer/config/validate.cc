@@ -115,8 +115,8 @@ void ValidateRematerialize(Rules& rules, ResolvedConfig& r) {
                 "--rematerialize-param-from-master-weight needs --use-distributed-optimizer (the "
                 "rebuild casts each rank's master shard and all-gathers the param buffer)");
   rules.Require(!c.colocate.keep_old_actor,
-                "--keep-old-actor needs the backuper's copy(), which the rematerialize backuper "
-                "does not have; drop --keep-old-actor or --rematerialize-param-from-master-weight");
+                "--keep-old-actor needs a second pinned copy of the actor, which the rematerialize "
+                "backuper does not keep; drop --keep-old-actor or --rematerialize-param-from-master-weight");
   rules.Require(!c.optimizer.use_precision_aware_optimizer || c.optimizer.optimizer_cpu_offload,
                 "--use-precision-aware-optimizer on the GPU keeps the masters inside the optimizer "
                 "as remainders of the params: there is nothing standalone to rebuild from. Add "
