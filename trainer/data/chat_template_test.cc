@@ -10,6 +10,7 @@
 
 #include "launch/check.h"
 #include "launch/json.h"
+#include "tests/runfiles.h"
 
 namespace rl::data {
 namespace {
@@ -20,11 +21,7 @@ const std::vector<ChatMessage> kChat = {{"system", "Be brief."}, {"user", "What 
 
 TEST_CASE("the Qwen-style template of testdata/qwen_dir renders as transformers does",
           "[chat_template]") {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  const std::string root = srcdir != nullptr
-                               ? std::string(srcdir) + "/" + (workspace ? workspace : "rl") + "/"
-                               : std::string();
+  const std::string root = rl::testing::RunfilePath("");
   const json::Value config =
       json::ParseFile(root + "trainer/data/testdata/qwen_dir/tokenizer_config.json");
   const ChatTemplate t = ChatTemplate::Recognize(config.at("chat_template").AsString());

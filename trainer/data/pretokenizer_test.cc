@@ -12,6 +12,7 @@
 
 #include "launch/check.h"
 #include "launch/json.h"
+#include "tests/runfiles.h"
 
 namespace rl::data {
 namespace {
@@ -25,12 +26,7 @@ Words Split(const SplitRegex& regex, std::string_view text) {
 }
 
 std::string TestData(const std::string& name) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  const std::string root = srcdir != nullptr
-                               ? std::string(srcdir) + "/" + (workspace ? workspace : "rl") + "/"
-                               : std::string();
-  return root + "trainer/data/testdata/" + name;
+  return rl::testing::RunfilePath("trainer/data/testdata/" + name);
 }
 
 }  // namespace

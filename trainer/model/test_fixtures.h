@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "launch/check.h"
+#include "tests/runfiles.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
@@ -20,16 +21,7 @@
 
 namespace rl::model::testing {
 
-// $TEST_SRCDIR/$TEST_WORKSPACE/tests/fixtures (bazel test), else ./tests/fixtures.
-inline std::string FixturesDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr) {
-    return std::string(srcdir) + "/" + (workspace != nullptr ? workspace : "rl") +
-           "/tests/fixtures";
-  }
-  return "tests/fixtures";
-}
+inline std::string FixturesDir() { return rl::testing::RunfilePath("tests/fixtures"); }
 
 // Every fixture directory (one holding a config.json), sorted by name.
 inline std::vector<std::string> FixtureNames() {

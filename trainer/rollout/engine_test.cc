@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "launch/check.h"
+#include "tests/runfiles.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
@@ -30,15 +31,8 @@
 namespace rl::rollout {
 namespace {
 
-// Same lookup as trainer/model/test_fixtures.h, without std::filesystem.
 std::string FixturePath(const std::string& name) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  const std::string root = srcdir != nullptr
-                               ? std::string(srcdir) + "/" +
-                                     (workspace != nullptr ? workspace : "rl") + "/tests/fixtures"
-                               : "tests/fixtures";
-  return root + "/" + name;
+  return rl::testing::RunfilePath("tests/fixtures/" + name);
 }
 
 struct Fixture {
