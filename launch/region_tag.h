@@ -1,13 +1,15 @@
-// The tags of the pausable memory regions (trainer/memory/region.h), named in the lowest layer so
-// that every package that asks for storage (the optimizer's buffers, the actor's extras, the
-// rollout engine's weights and KV cache) names its region by this enum, and the region manager
-// takes it as is: no tag travels as a string.
+// The tags of the pausable memory regions (trainer/memory/region.h) and the alignment of what is
+// carved out of them, in the lowest layer so that every package that asks for storage (the
+// optimizer's buffers, the actor's extras, the rollout engine's weights and KV cache) names its
+// region by this enum and sizes its requests with the same rounding the region manager carves
+// with: no tag travels as a string, and the two sides cannot disagree about sizes.
 //
 // Plain constants: no state, no failure modes.
 #ifndef RL_LAUNCH_REGION_TAG_H_
 #define RL_LAUNCH_REGION_TAG_H_
 
 #include <array>
+#include <cstdint>
 #include <string_view>
 
 namespace rl {
@@ -26,6 +28,15 @@ inline constexpr std::array<RegionTag, 6> kAllRegionTags = {
     RegionTag::kParamBuffer, RegionTag::kGradBuffer,     RegionTag::kOptimizer,
     RegionTag::kExtras,      RegionTag::kRolloutWeights, RegionTag::kKvCache,
 };
+
+// Carve offsets are multiples of this: every tensor carved starts aligned for any dtype and for
+// vectorised kernels.
+inline constexpr int64_t kAllocationAlignmentBytes = 256;
+// `bytes` rounded up to kAllocationAlignmentBytes: what one allocation of that size occupies.
+constexpr int64_t AlignedAllocationBytes(int64_t bytes) {
+  return (bytes + kAllocationAlignmentBytes - 1) / kAllocationAlignmentBytes *
+         kAllocationAlignmentBytes;
+}
 
 // The name in logs and memory plans.
 constexpr std::string_view RegionTagName(RegionTag tag) {

@@ -68,13 +68,6 @@ using Allocator = std::function<at::Tensor(RegionTag tag, int64_t numel, at::Sca
 // at::zeros on `device`.
 Allocator PlainAllocator(c10::Device device);
 
-// Allocations are carved at offsets aligned to this many bytes (see StorageBytes).
-constexpr int64_t kAllocationAlignmentBytes = 256;
-// `bytes` rounded up to kAllocationAlignmentBytes: what one allocation of that size occupies.
-constexpr int64_t AlignedAllocationBytes(int64_t bytes) {
-  return (bytes + kAllocationAlignmentBytes - 1) / kAllocationAlignmentBytes *
-         kAllocationAlignmentBytes;
-}
 
 struct StepStats {
   double grad_norm = 0;  // before clipping

@@ -140,7 +140,7 @@ std::map<RegionTag, int64_t> Actor::StorageBytes(const config::ResolvedConfig& r
       optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype);
   int64_t extras = 0;
   for (const ParamSpec& spec : split.extras) {
-    extras += optimizer::AlignedAllocationBytes(
+    extras += AlignedAllocationBytes(
         spec.numel() * c10::elementSize(model::ParamDtype(spec, dtype)));
   }
   bytes[RegionTag::kExtras] = extras;

@@ -28,10 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using memory::RegionTag;
 
-// The optimizer sizes its allocations (StorageBytes) with its alignment, the regions carve them
-// with theirs: they must agree or the regions come out too small.
-static_assert(optimizer::kAllocationAlignmentBytes == memory::kCarveAlignmentBytes);
-
 constexpr std::array<RegionTag, 4> kActorRegions = {RegionTag::kParamBuffer, RegionTag::kGradBuffer,
                                                     RegionTag::kOptimizer, RegionTag::kExtras};
 

@@ -18,7 +18,7 @@ Region& RegionManager::Create(RegionTag tag, int64_t num_bytes, HostBackup backu
   RL_CHECK(slot == nullptr, Error,
            "memory region '{}' exists already ({} bytes on {}); each region is created once",
            RegionTagName(tag), slot->num_bytes(), slot->device().str());
-  slot = std::make_unique<Region>(tag, std::max(num_bytes, kCarveAlignmentBytes), device_, backup,
+  slot = std::make_unique<Region>(tag, std::max(num_bytes, kAllocationAlignmentBytes), device_, backup,
                                   fresh_pages_);
   return *slot;
 }
@@ -31,7 +31,7 @@ at::Tensor RegionManager::Carve(RegionTag tag, int64_t numel, at::ScalarType dty
            "region '{}' is too small: {} bytes asked at offset {} of {}", region.name(), bytes,
            cursor, region.num_bytes());
   at::Tensor view = region.View(dtype, cursor, {numel});
-  cursor += CarvedBytes(bytes);
+  cursor += AlignedAllocationBytes(bytes);
   return view;
 }
 

@@ -28,14 +28,6 @@
 
 namespace rl::memory {
 
-// Carve offsets are multiples of this: every tensor carved starts aligned for any dtype and for
-// vectorised kernels.
-inline constexpr int64_t kCarveAlignmentBytes = 256;
-// What a carve of `num_bytes` takes from its region.
-constexpr int64_t CarvedBytes(int64_t num_bytes) {
-  return (num_bytes + kCarveAlignmentBytes - 1) / kCarveAlignmentBytes * kCarveAlignmentBytes;
-}
-
 class RegionManager {
  public:
   // Every region lives on `device`; `fresh_pages` is what a region without backup holds after
@@ -45,12 +37,12 @@ class RegionManager {
   RegionManager(const RegionManager&) = delete;
   RegionManager& operator=(const RegionManager&) = delete;
 
-  // Creates the region for `tag` (active) of max(num_bytes, kCarveAlignmentBytes) bytes, so that
+  // Creates the region for `tag` (active) of max(num_bytes, kAllocationAlignmentBytes) bytes, so that
   // a region with nothing to hold still exists and pauses like the others; throws rl::Error when
   // it exists already.
   Region& Create(RegionTag tag, int64_t num_bytes, HostBackup backup);
 
-  // The next `numel` elements of `dtype` of region `tag`, at the first kCarveAlignmentBytes
+  // The next `numel` elements of `dtype` of region `tag`, at the first kAllocationAlignmentBytes
   // boundary after the previous carve (offset 0 for the first). Holds what the region holds
   // (zero it when zeros are needed). Throws rl::Error naming the tag when the region is too small.
   at::Tensor Carve(RegionTag tag, int64_t numel, at::ScalarType dtype);

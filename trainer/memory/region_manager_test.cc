@@ -52,19 +52,19 @@ TEST_CASE("a tag is created once and must exist to be used") {
 TEST_CASE("carves follow each other at aligned offsets until the region is full") {
   RegionManager manager(kCpu, FreshPages::kPoison);
   const Region& region = manager.Create(RegionTag::kExtras, 0, HostBackup::kNone);
-  CHECK(region.num_bytes() == kCarveAlignmentBytes);  // an empty region still exists
-  manager.Create(RegionTag::kKvCache, 3 * kCarveAlignmentBytes, HostBackup::kNone);
+  CHECK(region.num_bytes() == kAllocationAlignmentBytes);  // an empty region still exists
+  manager.Create(RegionTag::kKvCache, 3 * kAllocationAlignmentBytes, HostBackup::kNone);
   const at::Tensor a = manager.Carve(RegionTag::kKvCache, 3, at::kFloat);
-  const at::Tensor b = manager.Carve(RegionTag::kKvCache, kCarveAlignmentBytes, at::kByte);
+  const at::Tensor b = manager.Carve(RegionTag::kKvCache, kAllocationAlignmentBytes, at::kByte);
   const char* base = static_cast<const char*>(manager.GetOrThrow(RegionTag::kKvCache).data());
   CHECK(a.data_ptr() == base);
-  CHECK(b.data_ptr() == base + kCarveAlignmentBytes);
-  CHECK(b.numel() == kCarveAlignmentBytes);
+  CHECK(b.data_ptr() == base + kAllocationAlignmentBytes);
+  CHECK(b.numel() == kAllocationAlignmentBytes);
   CHECK(b[0].item<uint8_t>() == 0xFF);  // the region's contents: carving does not zero
-  CHECK_THROWS_WITH(manager.Carve(RegionTag::kKvCache, kCarveAlignmentBytes + 1, at::kByte),
+  CHECK_THROWS_WITH(manager.Carve(RegionTag::kKvCache, kAllocationAlignmentBytes + 1, at::kByte),
                     "region 'kv_cache' is too small: 257 bytes asked at offset 512 of 768");
-  CHECK(manager.Carve(RegionTag::kKvCache, kCarveAlignmentBytes, at::kByte).numel() ==
-        kCarveAlignmentBytes);
+  CHECK(manager.Carve(RegionTag::kKvCache, kAllocationAlignmentBytes, at::kByte).numel() ==
+        kAllocationAlignmentBytes);
 }
 
 TEST_CASE("FormatBytes picks a binary unit with two decimals") {
