@@ -1,6 +1,5 @@
 #include "trainer/data/rewards.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
