@@ -5,9 +5,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
 #include <regex>
 
 #include "launch/check.h"
+#include "trainer/model/params.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/rl/advantages.h"
 
@@ -119,10 +121,24 @@ ParamSplit SplitParams(const std::vector<ParamSpec>& specs,
                        const std::string& freeze_regex) {
   ParamSplit split;
   const std::regex freeze(freeze_regex.empty() ? std::string("$^") : freeze_regex);
+  // How many of each parameter's checkpoint tensors the regex matches, out of how many.
+  std::map<std::string, std::pair<int64_t, int64_t>> matches;
+  if (!freeze_regex.empty()) {
+    for (const model::HfSlice& slice : model::HfLayout(specs)) {
+      auto& [matched, total] = matches[slice.param];
+      matched += std::regex_search(slice.hf_name, freeze) ? 1 : 0;
+      ++total;
+    }
+  }
   for (const ParamSpec& spec : specs) {
+    const auto [matched, total] = matches[spec.name];
+    RL_CHECK(matched == 0 || matched == total, ConfigError,
+             "--freeze-params '{}' matches {} of the {} checkpoint tensors stacked in {}; the "
+             "routed experts of a layer are frozen or trained together",
+             freeze_regex, matched, total, spec.name);
     if (spec.role == ParamRole::kFp32Extra) {
       split.extras.push_back(spec);
-    } else if (!freeze_regex.empty() && std::regex_search(spec.name, freeze)) {
+    } else if (matched > 0) {
       split.frozen.push_back(spec);
     } else {
       split.trained.push_back(spec);

@@ -59,6 +59,9 @@ struct TrainResult {
 };
 
 // How the model's parameters divide: trained (in the optimizer's buffers), fp32 extras, frozen.
+// The freeze regex is matched against the checkpoint names (model::HfLayout), so a stacked expert
+// parameter is frozen when every expert tensor it holds matches; a regex that matches only some of
+// them is a ConfigError naming --freeze-params (a parameter is trained or frozen as a whole).
 struct ParamSplit {
   std::vector<ParamSpec> trained;  // in order of first use
   std::vector<ParamSpec> extras;

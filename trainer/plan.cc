@@ -37,7 +37,12 @@ int64_t LocalNumel(const ParamSpec& spec, const model::ModelConfig& m,
   const int64_t numel = spec.numel();
   const std::string& name = spec.name;
   if (spec.role == ParamRole::kRoutedExpert) {
-    return numel / p.expert_tensor_parallel_size;  // whole experts are counted per EP rank below
+    // Stacked experts [E, ...] (Note [Stacked experts] in params.h): EP rank 0 holds the first
+    // E / EP experts (at least one), each split over ETP.
+    const int64_t experts = spec.shape.at(0);
+    const int64_t local_experts =
+        std::min(experts, std::max<int64_t>(1, experts / p.expert_model_parallel_size));
+    return numel / experts * local_experts / p.expert_tensor_parallel_size;
   }
   if (spec.role == ParamRole::kFp32Extra || spec.shape.size() < 2) {
     // Norms and extras are replicated; column-parallel biases (q/k/v) follow their weight.
@@ -78,11 +83,6 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
   MemoryPlan plan;
   std::vector<ParamCounts> per_stage(pp);
   const std::regex layer_re(R"(^model\.layers\.(\d+)\.)");
-  const std::regex expert_re(R"(\.experts\.(\d+)\.)");
-  const int64_t experts_per_rank =
-      m.n_routed_experts > 0
-          ? std::max<int64_t>(1, m.n_routed_experts / p.expert_model_parallel_size)
-          : 0;
   for (const ParamSpec& spec : specs) {
     plan.model.Of(spec.role) += spec.numel();
 
@@ -94,15 +94,7 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
     } else if (spec.name.rfind("model.embed_tokens", 0) != 0) {
       stage = pp - 1;  // final norm, LM head
     }
-    int64_t local = LocalNumel(spec, m, p);
-    if (spec.role == ParamRole::kRoutedExpert) {
-      // Count this expert only if it is one of the first experts_per_rank experts (EP rank 0).
-      if (std::regex_search(spec.name, match, expert_re) &&
-          std::stoll(match[1]) >= experts_per_rank) {
-        local = 0;
-      }
-    }
-    per_stage[stage].Of(spec.role) += local;
+    per_stage[stage].Of(spec.role) += LocalNumel(spec, m, p);
   }
 
   const auto heaviest = std::max_element(

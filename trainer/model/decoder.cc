@@ -205,9 +205,8 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels)
       MoeWeights& w = layer.moe;
       w.router = Get(params, m + "gate.weight");
       w.router_bias = GetOptional(params, m + "gate.e_score_correction_bias");
-      for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-        w.experts.push_back(GetMlp(params, fmt::format("{}experts.{}.", m, e)));
-      }
+      w.gate_up = Get(params, m + "experts.gate_up_proj");
+      w.down = Get(params, m + "experts.down_proj");
       w.has_shared = params.count(m + "shared_experts.gate_proj.weight") > 0;
       if (w.has_shared) w.shared = GetMlp(params, m + "shared_experts.");
     }
@@ -255,8 +254,13 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) c
     }
     x = x + h;
     h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
-    h = layer.mlp_type == MlpType::kDense ? DenseMlp(layer.mlp, h)
-                                          : MoeBlock(layer.moe, config_, h);
+    if (layer.mlp_type == MlpType::kDense) {
+      h = DenseMlp(layer.mlp, h);
+    } else {
+      at::Tensor chosen;
+      h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr);
+      if (routing_observer_) routing_observer_(static_cast<int64_t>(l), chosen);
+    }
     x = x + h;
   }
   return RmsNorm(x, final_norm_, config_.rms_norm_eps);
@@ -321,9 +325,10 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
       .select(1, 0);
 }
 
+
 bool Decoder::decode_step_capturable() const {
   for (const Layer& layer : layers_) {
-    if (layer.mlp_type != MlpType::kDense) return false;
+    if (layer.mlp_type != MlpType::kDense && !MoeBlockSyncFree(layer.moe)) return false;
   }
   return true;
 }

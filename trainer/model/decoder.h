@@ -26,6 +26,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "trainer/model/layers.h"
@@ -105,17 +106,23 @@ class Decoder {
   // returns the logits [batch, vocab]. `rope` is the table of every cache position
   // (MakeRopeTable(config, 0, cache.max_length(), ...)). The caller keeps position < key_length
   // (not checked: that would read the device) and cache positions up to key_length finite. No
-  // autograd; no host synchronisation unless a layer is MoE (see decode_step_capturable()).
+  // autograd; no host synchronisation where decode_step_capturable().
   at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& position, int64_t key_length,
                         const RopeTable& rope, KvCache& cache) const;
+
+  // True when DecodeStep never waits for the device, so it can be captured in a CUDA graph: every
+  // dense model, and MoE models whose blocks are sync-free (MoeBlockSyncFree: bf16 on CUDA).
+  bool decode_step_capturable() const;
+
+  // Called by every MoE layer of every forward with the layer's index and its routing's expert
+  // ids [tokens, k] int64 (on the device; tokens in [batch, seq] row-major order). For tools that
+  // measure routing; an empty function (the default) turns it off. Not thread-safe.
+  using RoutingObserver = std::function<void(int64_t layer, const at::Tensor& expert_ids)>;
+  void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
 
   // How many q/k/v and gate/up groups this Decoder computes as one GEMM (Note [Inference
   // kernels]; 0 unless built with Kernels::kFused on back-to-back weights).
   int64_t fused_projections() const { return fused_projections_; }
-
-  // True when DecodeStep never waits for the device, so it can be captured in a CUDA graph: the
-  // MoE block reads its per-expert token counts on the host.
-  bool decode_step_capturable() const;
 
   // The final-norm hidden states [batch, seq, hidden]; cache may be null (then start == 0).
   at::Tensor Hidden(const at::Tensor& tokens, KvCache* cache, int64_t start_position) const;
@@ -146,6 +153,7 @@ class Decoder {
   at::Tensor final_norm_;
   at::Tensor lm_head_;
   std::vector<Layer> layers_;
+  RoutingObserver routing_observer_;
 };
 
 }  // namespace rl::model

@@ -350,31 +350,74 @@ Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
   return {idx, weights};
 }
 
-at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
-  const int64_t hidden = x.size(-1);
-  at::Tensor x2 = x.reshape({-1, hidden});  // [T, H]
-  const Routing r = Route(w, c, x2);
-  const int64_t k = r.indices.size(1);
-  const int64_t experts = c.n_routed_experts;
+namespace {
 
-  // Group the (token, slot) pairs by expert with one sort and one host read of the counts.
-  at::Tensor flat = r.indices.reshape({-1});
-  at::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, /*descending=*/false));
-  at::Tensor counts = at::bincount(flat, std::nullopt, experts).to(at::kCPU);
-  at::Tensor token = at::floor_divide(order, k);
-  at::Tensor xs = x2.index_select(0, token);
-  at::Tensor ws = r.weights.reshape({-1}).index_select(0, order);
-  const int64_t* count = counts.data_ptr<int64_t>();
-  std::vector<at::Tensor> parts;
-  int64_t offset = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t n = count[e];
-    if (n == 0) continue;
-    at::Tensor y = DenseMlp(w.experts[e], xs.narrow(0, offset, n));
-    parts.push_back((y * ws.narrow(0, offset, n).unsqueeze(1)).to(x.scalar_type()));
-    offset += n;
+// True when at::_grouped_mm accepts x [R, K] and w [E, N, K] as they are (GroupedMMUtils.h).
+bool GroupedMmTakes(const at::Tensor& x, const at::Tensor& w) {
+  const at::ScalarType t = x.scalar_type();
+  if (t != w.scalar_type() || (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat)) {
+    return false;
   }
-  at::Tensor out = at::zeros_like(x2).index_add(0, token, at::cat(parts, 0));
+  const int64_t align = 16 / static_cast<int64_t>(x.element_size());
+  const bool cuda = x.is_cuda();
+  const auto aligned = [&](const at::Tensor& m) {
+    return !cuda || reinterpret_cast<uintptr_t>(m.data_ptr()) % 16 == 0;
+  };
+  return x.dim() == 2 && x.stride(1) == 1 && x.stride(0) % align == 0 && x.stride(0) >= x.size(1) &&
+         w.dim() == 3 && w.is_contiguous() && w.size(2) % align == 0 && aligned(x) && aligned(w);
+}
+
+}  // namespace
+
+bool MoeBlockSyncFree(const MoeWeights& w) {
+  if (!w.gate_up.is_cuda() || w.gate_up.scalar_type() != at::kBFloat16) return false;
+  const at::Tensor rows = at::empty({1, w.gate_up.size(2)}, w.gate_up.options());
+  const at::Tensor act = at::empty({1, w.down.size(2)}, w.down.options());
+  return GroupedMmTakes(rows, w.gate_up) && GroupedMmTakes(act, w.down);
+}
+
+at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ends) {
+  if (GroupedMmTakes(x, w)) return at::_grouped_mm(x, w.transpose(1, 2), ends);
+  const at::Tensor host_ends = ends.to(at::kCPU).to(at::kLong);
+  const int64_t* end = host_ends.data_ptr<int64_t>();
+  std::vector<at::Tensor> parts;
+  int64_t begin = 0;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    if (end[e] > begin) parts.push_back(at::linear(x.narrow(0, begin, end[e] - begin), w[e]));
+    begin = end[e];
+  }
+  if (parts.empty()) return x.new_zeros({0, w.size(1)});  // no rows
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
+                    at::Tensor* chosen) {
+  const int64_t hidden = x.size(-1);
+  const at::Tensor x2 = x.reshape({-1, hidden});  // [T, H]
+  const int64_t tokens = x2.size(0);
+  const Routing r = Route(w, c, x2);
+  if (chosen != nullptr) *chosen = r.indices;
+  const int64_t k = r.indices.size(1);
+  const int64_t experts = w.gate_up.size(0);
+  const int64_t inter = w.down.size(2);
+
+  // Note [MoE block]: (token, slot) pairs sorted by expert; row i of the sorted order is pair
+  // order[i], and pair p goes back from row inverse[p].
+  const at::Tensor flat = r.indices.reshape({-1});  // [T * k]
+  const at::Tensor order = at::argsort(flat, /*stable=*/true);
+  const at::Tensor ends = at::searchsorted(flat.index_select(0, order),
+                                           at::arange(experts, flat.options()),
+                                           /*out_int32=*/true, /*right=*/true);
+  const at::Tensor inverse =
+      at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
+  // Each token repeated k times, then sorted (unique indices: a deterministic backward).
+  const at::Tensor xs =
+      x2.unsqueeze(1).expand({tokens, k, hidden}).reshape({-1, hidden}).index_select(0, order);
+  const at::Tensor gate_up = GroupedLinear(xs, w.gate_up, ends);  // [T * k, 2I]
+  const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+  const at::Tensor ys = GroupedLinear(act, w.down, ends).index_select(0, inverse);  // [T * k, H]
+  at::Tensor out =
+      (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
   if (w.has_shared) out = out + DenseMlp(w.shared, x2);
   return out.view(x.sizes());
 }

@@ -101,7 +101,8 @@ struct MlpWeights {
 struct MoeWeights {
   at::Tensor router;       // mlp.gate.weight [experts, hidden]
   at::Tensor router_bias;  // e_score_correction_bias [experts] (sigmoid router only)
-  std::vector<MlpWeights> experts;
+  at::Tensor gate_up;      // [experts, 2 * inter, hidden]: gate rows, then up rows
+  at::Tensor down;         // [experts, hidden, inter]
   bool has_shared = false;
   MlpWeights shared;
 };
@@ -150,7 +151,29 @@ struct Routing {
 };
 Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x /*[T, H]*/);
 
-at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x);
+// Rows of `x` [R, K] grouped by expert times each expert's weight: rows [ends[e-1], ends[e]) of
+// the result [R, N] are x[rows] w[e]^T, for `w` [E, N, K] and `ends` [E] int32 (cumulative row
+// counts, on x's device). at::_grouped_mm where it takes the tensors (bf16/fp16/fp32, strides
+// of 16 bytes; bf16 on Hopper is one CUTLASS kernel that never reads `ends` on the host; the CPU
+// and other CUDA dtypes run ATen's exact per-group loop); otherwise (fp64, unaligned widths) a
+// loop over the groups with one host read of `ends`. Differentiable in x and w.
+at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ends);
+
+// Note [MoE block]
+// The routed experts run on stacked weights (Note [Stacked experts] in params.h): the T x k
+// (token, slot) pairs are sorted by expert (a stable sort, so each expert sees its tokens in
+// token order), the rows gathered, both projections done by GroupedLinear with the cumulative
+// counts from a searchsorted over the sorted ids, and the results put back in (token, slot) order
+// and summed with the router weights in fp32. Every shape depends only on T, nothing is read on
+// the host (bf16 on CUDA), and every gather/scatter has unique indices, so the block is
+// deterministic, runs inside a CUDA graph and never waits for the device.
+// `chosen`, when given, receives the routing's expert ids [T, k] int64.
+at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x,
+                    at::Tensor* chosen = nullptr);
+
+// True when MoeBlock on `w` never waits for the device: bf16 CUDA weights whose widths
+// at::_grouped_mm takes (its CUTLASS kernel needs a Hopper or newer GPU).
+bool MoeBlockSyncFree(const MoeWeights& w);
 
 }  // namespace rl::model
 

@@ -45,6 +45,10 @@ std::string NameList(const std::vector<std::string>& names, size_t limit = 8) {
   return out;
 }
 
+// Note [Stacked experts]: the two stacked parameters of a layer end with these.
+constexpr std::string_view kGateUpSuffix = ".experts.gate_up_proj";
+constexpr std::string_view kDownSuffix = ".experts.down_proj";
+
 }  // namespace
 
 std::vector<ParamSpec> ListParams(const ModelConfig& c) {
@@ -117,12 +121,8 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
     if (c.router == RouterKind::kSigmoidNoauxTc) {
       add(m + "gate.e_score_correction_bias", {e}, ParamRole::kFp32Extra);
     }
-    for (int64_t x = 0; x < e; ++x) {
-      const std::string ex = fmt::format("{}experts.{}.", m, x);
-      add(ex + "gate_proj.weight", {im, h}, ParamRole::kRoutedExpert);
-      add(ex + "up_proj.weight", {im, h}, ParamRole::kRoutedExpert);
-      add(ex + "down_proj.weight", {h, im}, ParamRole::kRoutedExpert);
-    }
+    add(m + std::string(kGateUpSuffix.substr(1)), {e, 2 * im, h}, ParamRole::kRoutedExpert);
+    add(m + std::string(kDownSuffix.substr(1)), {e, h, im}, ParamRole::kRoutedExpert);
     if (c.router == RouterKind::kSigmoidNoauxTc && c.n_shared_experts > 0) {
       const int64_t is = im * c.n_shared_experts;
       add(m + "shared_experts.gate_proj.weight", {is, h});
@@ -133,6 +133,45 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
   add("model.norm.weight", {h});
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h});
   return out;
+}
+
+std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs) {
+  std::unordered_map<std::string, const ParamSpec*> by_name;
+  for (const ParamSpec& s : specs) by_name.emplace(s.name, &s);
+  std::vector<HfSlice> out;
+  for (const ParamSpec& s : specs) {
+    const bool gate_up = EndsWith(s.name, kGateUpSuffix);
+    const bool down = EndsWith(s.name, kDownSuffix);
+    if (!gate_up && !down) {
+      out.push_back({s.name, s.name});
+      continue;
+    }
+    // "model.layers.N.mlp" + ".experts."
+    const std::string stem = s.name.substr(0, s.name.size() - (gate_up ? kGateUpSuffix.size()
+                                                                       : kDownSuffix.size()));
+    const std::string gate_up_name = stem + std::string(kGateUpSuffix);
+    const std::string down_name = stem + std::string(kDownSuffix);
+    const ParamSpec* gu = by_name.count(gate_up_name) ? by_name.at(gate_up_name) : nullptr;
+    const ParamSpec* dn = by_name.count(down_name) ? by_name.at(down_name) : nullptr;
+    // A layer's experts are listed once, at the first of its two parameters in `specs`.
+    if (down && gu != nullptr) continue;
+    const int64_t experts = s.shape.at(0);
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string ex = fmt::format("{}.experts.{}.", stem, e);
+      if (gu != nullptr) {
+        const int64_t inter = gu->shape.at(1) / 2;
+        out.push_back({ex + "gate_proj.weight", gu->name, e, 0, inter});
+        out.push_back({ex + "up_proj.weight", gu->name, e, inter, inter});
+      }
+      if (dn != nullptr) out.push_back({ex + "down_proj.weight", dn->name, e, 0, dn->shape.at(1)});
+    }
+  }
+  return out;
+}
+
+at::Tensor SliceOf(const HfSlice& slice, const at::Tensor& param) {
+  if (slice.expert < 0) return param;
+  return param.select(0, slice.expert).narrow(0, slice.row_begin, slice.rows);
 }
 
 at::ScalarType ParamDtype(const ParamSpec& spec, at::ScalarType dtype) {
@@ -329,23 +368,50 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
     return ex->proj == "gate_proj" ? one.narrow(0, 0, inter) : one.narrow(0, inter, inter);
   };
 
-  std::vector<std::string> names;
-  names.reserve(params.size());
-  for (const auto& [name, t] : params) names.push_back(name);
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
-    at::Tensor& dst = params.at(name);
-    at::Tensor src = source(name);
+  // A stacked expert parameter stored whole (transformers v5 names) is copied at once; any other
+  // parameter tensor by tensor of its HfLayout.
+  std::vector<ParamSpec> specs;
+  for (const ParamSpec& s : ListParams(config)) {
+    if (params.count(s.name)) specs.push_back(s);
+  }
+  std::unordered_set<std::string> whole;
+  for (const ParamSpec& s : specs) {
+    if (s.role != ParamRole::kRoutedExpert) continue;
+    for (const std::string& stored : {prefix + s.name, prefix + s.name + ".weight"}) {
+      const TensorInfo* info = reader.Find(stored);
+      if (info != nullptr && info->shape == s.shape) {
+        consumed.insert(stored);
+        params.at(s.name).copy_(reader.Get(stored));
+        whole.insert(s.name);
+        break;
+      }
+    }
+  }
+  std::vector<HfSlice> slices = HfLayout(specs);
+  std::sort(slices.begin(), slices.end(),
+            [](const HfSlice& a, const HfSlice& b) { return a.hf_name < b.hf_name; });
+  for (const HfSlice& slice : slices) {
+    if (whole.count(slice.param)) continue;
+    at::Tensor dst = SliceOf(slice, params.at(slice.param));
+    at::Tensor src = source(slice.hf_name);
     if (!src.defined()) {
-      missing.push_back(prefix + name);
+      missing.push_back(prefix + slice.hf_name);
       continue;
     }
     if (src.sizes() != dst.sizes()) {
-      mismatched.push_back(fmt::format("{} (checkpoint shape {}, model expects {})", prefix + name,
-                                       ShapeString(src.sizes()), ShapeString(dst.sizes())));
+      mismatched.push_back(fmt::format("{} (checkpoint shape {}, model expects {})",
+                                       prefix + slice.hf_name, ShapeString(src.sizes()),
+                                       ShapeString(dst.sizes())));
       continue;
     }
     dst.copy_(src);
+  }
+  if (specs.size() != params.size()) {
+    std::unordered_set<std::string> known;
+    for (const ParamSpec& s : specs) known.insert(s.name);
+    for (const auto& [name, t] : params) {
+      if (!known.count(name)) missing.push_back(prefix + name);  // not of this architecture
+    }
   }
   for (const std::string& name : reader.names()) {
     if (!consumed.count(name) && !IsIgnoredCheckpointTensor(name, config)) {
@@ -371,9 +437,9 @@ void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const T
   const std::vector<ParamSpec> specs = ListParams(config);
   CheckParams(specs, params);
   NamedTensors tensors;
-  tensors.reserve(specs.size());
-  for (const ParamSpec& s : specs) {
-    tensors.push_back({config.weight_prefix + s.name, params.at(s.name).detach()});
+  for (const HfSlice& slice : HfLayout(specs)) {
+    tensors.push_back(
+        {config.weight_prefix + slice.hf_name, SliceOf(slice, params.at(slice.param)).detach()});
   }
   WriteCheckpointShards(dir, tensors, max_shard_bytes);
 

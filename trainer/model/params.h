@@ -7,15 +7,27 @@
 // reads the tensors through those handles on every forward pass, so an in-place update of the
 // buffer (optimizer step, rematerialize, weight restore) is seen without telling the model.
 //
-// Names are the Hugging Face checkpoint names (model.layers.N.mlp.experts.E.gate_proj.weight, ...),
-// without a checkpoint-specific prefix (Kimi-K2.5's "language_model." is added and removed by
-// LoadParams / SaveHfCheckpoint). ListParams returns them in order of first use in the forward
-// pass; the optimizer lays its buffers out in the reverse of that order (Note [Param buffer
-// layout]).
+// Names are the Hugging Face checkpoint names without a checkpoint-specific prefix (Kimi-K2.5's
+// "language_model." is added and removed by LoadParams / SaveHfCheckpoint), except that the routed
+// experts of a layer are stacked (Note [Stacked experts]). ListParams returns them in order of
+// first use in the forward pass; the optimizer lays its buffers out in the reverse of that order
+// (Note [Param buffer layout]).
 //
 // Roles: routed-expert params (names containing ".experts." but not ".shared_experts.") live in
 // their own optimizer buffer; kFp32Extra tensors (the fp32 MoE `e_score_correction_bias` buffer)
 // are not trained and are saved/restored by the backuper as "extras".
+//
+// Note [Stacked experts]
+// The routed experts of MoE layer N are two parameters, named and shaped as in transformers v5:
+//   model.layers.N.mlp.experts.gate_up_proj [E, 2I, H]: expert e's gate_proj.weight is rows
+//       [0, I) of [e], its up_proj.weight rows [I, 2I);
+//   model.layers.N.mlp.experts.down_proj    [E, H, I]: expert e's down_proj.weight is [e].
+// so that the MoE block runs every expert with one grouped GEMM per projection, and the ZeRO
+// buffers, the rollout engine and the weight sync move two tensors per layer instead of 3E.
+// Hugging Face checkpoints keep the per-expert names (model.layers.N.mlp.experts.E.gate_proj.weight,
+// ...): HfLayout maps every on-disk tensor to its rows of a parameter, and LoadParams,
+// SaveHfCheckpoint and --freeze-params go through it, so files and user-facing names are those of
+// the checkpoint.
 //
 // Failures: LoadParams throws rl::CheckpointError naming the missing, unexpected and mismatched
 // tensors; CheckParams throws rl::Error with the same lists for tensors handed in by a caller.
@@ -43,6 +55,23 @@ using TensorMap = std::unordered_map<std::string, at::Tensor>;
 // Every parameter of the model described by `config`, in order of first use in the forward pass.
 std::vector<ParamSpec> ListParams(const ModelConfig& config);
 
+// One Hugging Face checkpoint tensor inside a parameter (Note [Stacked experts]): `hf_name` is
+// `param` itself (expert < 0), or rows [row_begin, row_begin + rows) of param[expert].
+struct HfSlice {
+  std::string hf_name;
+  std::string param;
+  int64_t expert = -1;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+};
+
+// Every checkpoint tensor of the parameters `specs` (a ListParams list or a subset), in the order
+// Hugging Face checkpoints hold them: per layer and expert gate_proj, up_proj, down_proj.
+std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs);
+
+// The view of `param` (the tensor of slice.param) that holds slice.hf_name.
+at::Tensor SliceOf(const HfSlice& slice, const at::Tensor& param);
+
 // The dtype a parameter of `spec` has in a model computing in `dtype`: kFp32Extra tensors are fp32
 // (fp64 in an fp64 model), everything else `dtype`.
 at::ScalarType ParamDtype(const ParamSpec& spec, at::ScalarType dtype);
@@ -63,14 +92,15 @@ void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, ui
 void CheckParams(const std::vector<ParamSpec>& specs, const TensorMap& params);
 
 // Copies every tensor of `params` from the checkpoint (converting dtype and device). Understands
-// per-expert tensors and transformers-v5 fused experts (mlp.experts.gate_up_proj [E, 2I, H],
+// per-expert tensors (stacked on load: Note [Stacked experts]) and transformers-v5 fused experts (mlp.experts.gate_up_proj [E, 2I, H],
 // mlp.experts.down_proj [E, H, I]), FP8 weights with a block `weight_scale_inv`, and ignores MTP
 // layers (model.layers.{num_hidden_layers}+) and rotary buffers. Throws rl::CheckpointError naming
 // every missing, unexpected or wrongly shaped tensor.
 void LoadParams(const CheckpointReader& reader, const ModelConfig& config, TensorMap& params);
 
 // Writes `params` as a Hugging Face checkpoint into `dir`: safetensors shards (with an index when
-// there is more than one) and config.json, so that transformers' from_pretrained loads it.
+// there is more than one) and config.json, so that transformers' from_pretrained loads it. Stacked
+// experts are written per expert, in HfLayout order.
 void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const TensorMap& params,
                       int64_t max_shard_bytes = int64_t{5} << 30);
 

@@ -31,10 +31,11 @@
 // The decode steps of a group run at a device-side position (Decoder::DecodeStep) over the first
 // KeyLength(position) cache positions: position + 1 rounded up to a block of kKeyBlock, so that
 // the step's shapes change only once per block. On a CUDA device, for a model whose decode step
-// never waits on the host (no MoE layers), the steps replay CUDA graphs (Note [Decode graphs] in
-// decode_graphs.h) unless set_cuda_graphs(false); elsewhere they run eagerly, computing the same.
-// Masked cache positions must be finite, so each group first zeroes the cache positions past its
-// prompts (after WakeUp, or under --ci-test's poisoned pages, they hold anything).
+// never waits on the host (Decoder::decode_step_capturable: dense, or MoE in bf16), the steps
+// replay CUDA graphs (Note [Decode graphs] in decode_graphs.h) unless set_cuda_graphs(false);
+// elsewhere they run eagerly, computing the same. Masked cache positions must be finite, so each
+// group first zeroes the cache positions past its prompts (after WakeUp, or under --ci-test's
+// poisoned pages, they hold anything).
 //
 // Note [Rollout seeds]
 // Prompt i of a Generate call samples with its own CPU generator seeded with `seed + i`, one
