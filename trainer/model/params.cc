@@ -270,31 +270,6 @@ void CheckParams(const std::vector<ParamSpec>& specs, const TensorMap& params) {
 namespace rl::model {
 namespace {
 
-// "model.layers.7.mlp.experts.12.up_proj.weight" -> {"model.layers.7.mlp.experts.", 12, "up_proj"}
-struct ExpertName {
-  std::string prefix;
-  int64_t expert = -1;
-  std::string proj;
-};
-std::optional<ExpertName> ParseExpertName(const std::string& name) {
-  const size_t at = name.find(".mlp.experts.");
-  if (at == std::string::npos) return std::nullopt;
-  const size_t begin = at + std::string_view(".mlp.experts.").size();
-  const size_t dot = name.find('.', begin);
-  if (dot == std::string::npos || dot == begin) return std::nullopt;
-  ExpertName out;
-  out.prefix = name.substr(0, begin);
-  try {
-    out.expert = std::stoll(name.substr(begin, dot - begin));
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  const std::string rest = name.substr(dot + 1);
-  if (!EndsWith(rest, ".weight")) return std::nullopt;
-  out.proj = rest.substr(0, rest.size() - std::string_view(".weight").size());
-  return out;
-}
-
 // Layers at or past num_hidden_layers are MTP (next-n prediction) layers, which the policy does
 // not use; transformers ignores them too.
 bool IsIgnoredCheckpointTensor(const std::string& name, const ModelConfig& config) {
@@ -340,32 +315,16 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
   // One source tensor for `name` (without prefix), or undefined.
   auto source = [&](const std::string& name) -> at::Tensor {
     const std::string full = prefix + name;
-    if (reader.Find(full) != nullptr) {
-      consumed.insert(full);
-      at::Tensor t = reader.Get(full);
-      const bool fp8 = t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2;
-      const std::string scale_name = full + "_scale_inv";
-      if (fp8 && reader.Find(scale_name) != nullptr) {
-        consumed.insert(scale_name);
-        t = DequantizeFp8(t, reader.Get(scale_name));
-      }
-      return t;
+    if (reader.Find(full) == nullptr) return at::Tensor();
+    consumed.insert(full);
+    at::Tensor t = reader.Get(full);
+    const bool fp8 = t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2;
+    const std::string scale_name = full + "_scale_inv";
+    if (fp8 && reader.Find(scale_name) != nullptr) {
+      consumed.insert(scale_name);
+      t = DequantizeFp8(t, reader.Get(scale_name));
     }
-    // transformers v5 fused experts: mlp.experts.gate_up_proj [E, 2I, H] (gate rows first),
-    // mlp.experts.down_proj [E, H, I].
-    const std::optional<ExpertName> ex = ParseExpertName(name);
-    if (!ex) return at::Tensor();
-    const bool down = ex->proj == "down_proj";
-    std::string fused = prefix + ex->prefix + (down ? "down_proj" : "gate_up_proj");
-    if (reader.Find(fused) == nullptr) fused += ".weight";
-    if (reader.Find(fused) == nullptr) return at::Tensor();
-    consumed.insert(fused);
-    at::Tensor all = reader.Get(fused);
-    if (all.dim() != 3 || ex->expert >= all.size(0)) return at::Tensor();
-    at::Tensor one = all.select(0, ex->expert);
-    if (down) return one;
-    const int64_t inter = one.size(0) / 2;
-    return ex->proj == "gate_proj" ? one.narrow(0, 0, inter) : one.narrow(0, inter, inter);
+    return t;
   };
 
   // A stacked expert parameter stored whole (transformers v5 names) is copied at once; any other

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <set>
+#include <string>
 
 #include "launch/json.h"
 #include "launch/sha256.h"
@@ -21,30 +22,77 @@ using testing::FixturePath;
 using testing::LoadFixture;
 using testing::TempDir;
 
-TEST_CASE("ListParams names and shapes are exactly the fixtures' safetensors tensors") {
+// name -> the view of `params` holding that checkpoint tensor (Note [Stacked experts]).
+TensorMap HfViews(const ModelConfig& config, const TensorMap& params) {
+  TensorMap out;
+  for (const HfSlice& slice : HfLayout(ListParams(config))) {
+    out.emplace(slice.hf_name, SliceOf(slice, params.at(slice.param)));
+  }
+  return out;
+}
+
+TEST_CASE("HfLayout names and shapes are exactly the fixtures' safetensors tensors") {
   for (const std::string& name : FixtureNames()) {
     INFO("fixture " << name);
     const ModelConfig config = LoadModelConfig(FixturePath(name));
     const SafetensorsFile file = SafetensorsFile::Open(FixturePath(name) + "/model.safetensors");
     std::set<std::string> in_file;
     for (const TensorInfo& t : file.tensors()) in_file.insert(t.name);
-    std::set<std::string> listed;
-    for (const ParamSpec& spec : ListParams(config)) {
+    const std::vector<ParamSpec> specs = ListParams(config);
+    const TensorMap params = AllocateParams(specs, at::kFloat, at::kCPU);
+    for (const ParamSpec& spec : specs) {
       INFO(spec.name);
-      listed.insert(spec.name);
-      const TensorInfo* info = file.Find(spec.name);
-      REQUIRE(info != nullptr);
-      CHECK(info->shape == spec.shape);
       // The only fp32-by-design tensor is the router bias, and it is the only extra.
       const bool bias = spec.name.find("e_score_correction_bias") != std::string::npos;
       CHECK((spec.role == ParamRole::kFp32Extra) == bias);
       const bool routed = spec.name.find(".experts.") != std::string::npos &&
                           spec.name.find(".shared_experts.") == std::string::npos;
       CHECK((spec.role == ParamRole::kRoutedExpert) == routed);
+      CHECK(spec.shape.size() == (routed ? 3u : spec.shape.size()));
+    }
+    std::set<std::string> listed;
+    size_t slices = 0;
+    for (const HfSlice& slice : HfLayout(specs)) {
+      INFO(slice.hf_name);
+      listed.insert(slice.hf_name);
+      ++slices;
+      const TensorInfo* info = file.Find(slice.hf_name);
+      REQUIRE(info != nullptr);
+      CHECK(SliceOf(slice, params.at(slice.param)).sizes() == at::IntArrayRef(info->shape));
     }
     CHECK(listed == in_file);
-    CHECK(listed.size() == ListParams(config).size());  // no duplicates
+    CHECK(listed.size() == slices);  // no duplicates
   }
+}
+
+TEST_CASE("HfLayout puts each expert's gate, up and down rows where the grouped GEMMs read them") {
+  const ModelConfig config = LoadModelConfig(FixturePath("qwen3_moe"));
+  const std::vector<ParamSpec> specs = ListParams(config);
+  TensorMap params = AllocateParams(specs, at::kFloat, at::kCPU);
+  const std::string p = "model.layers.1.mlp.experts.";
+  const at::Tensor gate_up = params.at(p + "gate_up_proj");
+  const at::Tensor down = params.at(p + "down_proj");
+  const int64_t inter = config.moe_intermediate_size;
+  REQUIRE(gate_up.sizes() == at::IntArrayRef({config.n_routed_experts, 2 * inter,
+                                               config.hidden_size}));
+  std::vector<HfSlice> layer;
+  for (const HfSlice& slice : HfLayout(specs)) {
+    if (slice.param.rfind(p, 0) == 0) layer.push_back(slice);
+  }
+  REQUIRE(layer.size() == static_cast<size_t>(3 * config.n_routed_experts));
+  CHECK(layer[0].hf_name == p + "0.gate_proj.weight");
+  CHECK(layer[1].hf_name == p + "0.up_proj.weight");
+  CHECK(layer[2].hf_name == p + "0.down_proj.weight");
+  CHECK(layer[3].hf_name == p + "1.gate_proj.weight");
+  // Writing through the views fills the stacked rows: gate then up of expert 5, down of expert 5.
+  const int64_t e = 5;
+  SliceOf(layer[3 * e], gate_up).fill_(1.0);
+  SliceOf(layer[3 * e + 1], gate_up).fill_(2.0);
+  SliceOf(layer[3 * e + 2], down).fill_(3.0);
+  CHECK(gate_up[e].narrow(0, 0, inter).eq(1.0).all().item<bool>());
+  CHECK(gate_up[e].narrow(0, inter, inter).eq(2.0).all().item<bool>());
+  CHECK(down[e].eq(3.0).all().item<bool>());
+  CHECK(gate_up.sum().item<double>() == 3.0 * inter * config.hidden_size);
 }
 
 TEST_CASE("ListParams is in order of first use") {
@@ -62,7 +110,9 @@ TEST_CASE("ListParams is in order of first use") {
   CHECK(pos("model.layers.0.input_layernorm.weight") < pos("model.layers.0.self_attn.q_a_proj.weight"));
   CHECK(pos("model.layers.0.self_attn.indexer.wq_b.weight") <
         pos("model.layers.0.self_attn.o_proj.weight"));
-  CHECK(pos("model.layers.1.mlp.gate.weight") < pos("model.layers.1.mlp.experts.0.gate_proj.weight"));
+  CHECK(pos("model.layers.1.mlp.gate.weight") < pos("model.layers.1.mlp.experts.gate_up_proj"));
+  CHECK(pos("model.layers.1.mlp.experts.gate_up_proj") <
+        pos("model.layers.1.mlp.experts.down_proj"));
   CHECK(pos("model.layers.2.mlp.shared_experts.down_proj.weight") < pos("model.norm.weight"));
 }
 
@@ -103,10 +153,24 @@ TEST_CASE("Save then load gives SHA256-identical tensors and the same config") {
       INFO(param);
       CHECK(TensorSha256(reloaded.at(param)) == TensorSha256(t));
     }
-    // And the original files hold the same bytes.
+    // The files hold the checkpoint's own (per-expert) names, with the original bytes.
     const CheckpointReader original = CheckpointReader::Open(FixturePath(name));
+    const CheckpointReader saved = CheckpointReader::Open(dir);
+    const TensorMap views = HfViews(reloaded_config, reloaded);
+    CHECK(saved.names().size() == original.names().size());
     for (const std::string& tensor : original.names()) {
-      CHECK(TensorSha256(original.Get(tensor)) == TensorSha256(reloaded.at(tensor)));
+      INFO(tensor);
+      REQUIRE(saved.Find(tensor) != nullptr);
+      CHECK(TensorSha256(original.Get(tensor)) == TensorSha256(saved.Get(tensor)));
+      CHECK(TensorSha256(original.Get(tensor)) == TensorSha256(views.at(tensor)));
+    }
+    // Saving the reloaded (stacked) params again writes byte-identical files.
+    const std::string again = TempDir("roundtrip_again_" + name);
+    SaveHfCheckpoint(again, reloaded_config, reloaded, /*max_shard_bytes=*/64 * 1024);
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const std::string file = entry.path().filename().string();
+      INFO(file);
+      CHECK(FileSha256(entry.path().string()) == FileSha256(again + "/" + file));
     }
   }
 }
@@ -142,11 +206,11 @@ TEST_CASE("LoadParams names missing, unexpected and wrongly shaped tensors") {
   testing::LoadedModel m = LoadFixture("qwen3_moe");
   const std::vector<ParamSpec> specs = ListParams(m.config);
   NamedTensors tensors;
-  for (const ParamSpec& s : specs) {
-    if (s.name == "model.layers.2.mlp.experts.5.down_proj.weight") continue;  // missing
-    at::Tensor t = m.params.at(s.name);
-    if (s.name == "model.norm.weight") t = at::zeros({7});  // wrong shape
-    tensors.push_back({s.name, t});
+  for (const auto& [name, view] : HfViews(m.config, m.params)) {
+    if (name == "model.layers.2.mlp.experts.5.down_proj.weight") continue;  // missing
+    at::Tensor t = view;
+    if (name == "model.norm.weight") t = at::zeros({7});  // wrong shape
+    tensors.push_back({name, t});
   }
   tensors.push_back({"model.layers.1.self_attn.surprise.weight", at::zeros({2})});
   tensors.push_back({"model.layers.3.mtp_only.weight", at::zeros({2})});  // MTP layer: ignored
@@ -169,22 +233,8 @@ TEST_CASE("LoadParams reads transformers-v5 fused experts and converts dtypes") 
   testing::LoadedModel m = LoadFixture("deepseek_v3");
   NamedTensors tensors;
   const ModelConfig& c = m.config;
-  for (const ParamSpec& s : ListParams(c)) {
-    if (s.role != ParamRole::kRoutedExpert) tensors.push_back({s.name, m.params.at(s.name)});
-  }
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.mlp_layer_types[l] != MlpType::kSparse) continue;
-    std::vector<at::Tensor> gate_up, down;
-    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      const std::string ex = p + std::to_string(e) + ".";
-      gate_up.push_back(at::cat({m.params.at(ex + "gate_proj.weight"),
-                                 m.params.at(ex + "up_proj.weight")}, 0));
-      down.push_back(m.params.at(ex + "down_proj.weight"));
-    }
-    tensors.push_back({p + "gate_up_proj", at::stack(gate_up)});
-    tensors.push_back({p + "down_proj", at::stack(down)});
-  }
+  // The stacked params are transformers v5's fused expert tensors, names and layout.
+  for (const ParamSpec& s : ListParams(c)) tensors.push_back({s.name, m.params.at(s.name)});
   const std::string dir = TempDir("fused_ckpt");
   WriteCheckpointShards(dir, tensors, int64_t{1} << 30);
   TensorMap params = AllocateParams(ListParams(c), at::kDouble, at::kCPU);

@@ -1,0 +1,164 @@
+// The grouped MoE block (Note [MoE block] in layers.h) against a per-expert loop over the same
+// stacked weights, forward and gradients in fp32 on the CPU: routing with experts that receive no
+// token, one expert that receives every token, and top-k equal to the number of experts.
+#include <ATen/ATen.h>
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "trainer/model/layers.h"
+#include "trainer/model/model_config.h"
+
+namespace rl::model {
+namespace {
+
+constexpr int64_t kHidden = 16;
+constexpr int64_t kInter = 8;
+constexpr int64_t kTokens = 24;
+
+ModelConfig MoeConfig(RouterKind router, int64_t experts, int64_t top_k) {
+  ModelConfig c;
+  c.hidden_size = kHidden;
+  c.router = router;
+  c.n_routed_experts = experts;
+  c.num_experts_per_tok = top_k;
+  c.moe_intermediate_size = kInter;
+  c.norm_topk_prob = true;
+  if (router == RouterKind::kSigmoidNoauxTc) {
+    c.n_group = 2;
+    c.topk_group = 1;
+    c.routed_scaling_factor = 2.5;
+  }
+  return c;
+}
+
+MoeWeights RandomWeights(const ModelConfig& c, uint64_t seed) {
+  at::manual_seed(seed);
+  MoeWeights w;
+  const int64_t e = c.n_routed_experts;
+  w.router = at::randn({e, kHidden}) * 0.3;
+  if (c.router == RouterKind::kSigmoidNoauxTc) w.router_bias = at::randn({e}) * 0.1;
+  w.gate_up = at::randn({e, 2 * kInter, kHidden}) * 0.2;
+  w.down = at::randn({e, kHidden, kInter}) * 0.2;
+  return w;
+}
+
+// The definition: each (token, slot) pair through its expert's MLP, one expert at a time, then
+// the router-weighted sum over the slots.
+at::Tensor LoopMoe(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
+  const Routing r = Route(w, c, x);
+  const int64_t k = r.indices.size(1);
+  at::Tensor per_slot = at::zeros({x.size(0) * k, kHidden}, x.options());
+  const at::Tensor flat = r.indices.reshape({-1});
+  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+    const at::Tensor pairs = (flat == e).nonzero().squeeze(1);
+    if (pairs.numel() == 0) continue;
+    const at::Tensor xe = x.index_select(0, at::floor_divide(pairs, k));
+    const at::Tensor gate = at::linear(xe, w.gate_up[e].narrow(0, 0, kInter));
+    const at::Tensor up = at::linear(xe, w.gate_up[e].narrow(0, kInter, kInter));
+    per_slot = per_slot.index_copy(0, pairs, at::linear(at::silu(gate) * up, w.down[e]));
+  }
+  return (per_slot.view({x.size(0), k, kHidden}) * r.weights.unsqueeze(-1)).sum(1);
+}
+
+struct Grads {
+  at::Tensor out, x, gate_up, down, router;
+};
+
+Grads Run(bool grouped, const MoeWeights& weights, const ModelConfig& c, const at::Tensor& x0,
+          const at::Tensor& seed_grad) {
+  MoeWeights w = weights;
+  w.router = weights.router.clone().requires_grad_();
+  w.gate_up = weights.gate_up.clone().requires_grad_();
+  w.down = weights.down.clone().requires_grad_();
+  const at::Tensor x = x0.clone().requires_grad_();
+  const at::Tensor out = grouped ? MoeBlock(w, c, x) : LoopMoe(w, c, x);
+  out.backward(seed_grad);
+  return {out.detach(), x.grad(), w.gate_up.grad(), w.down.grad(), w.router.grad()};
+}
+
+// How many distinct experts the routing uses.
+int64_t ExpertsUsed(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
+  return std::get<0>(at::_unique(Route(w, c, x).indices)).numel();
+}
+
+void CheckSame(const Grads& a, const Grads& b) {
+  const std::vector<std::pair<std::string, std::pair<at::Tensor, at::Tensor>>> pairs = {
+      {"output", {a.out, b.out}},       {"d x", {a.x, b.x}},
+      {"d gate_up", {a.gate_up, b.gate_up}}, {"d down", {a.down, b.down}},
+      {"d router", {a.router, b.router}}};
+  for (const auto& [what, t] : pairs) {
+    INFO(what << ": max |difference| " << (t.first - t.second).abs().max().item<double>());
+    CHECK(at::allclose(t.first, t.second, /*rtol=*/1e-5, /*atol=*/1e-6));
+  }
+}
+
+TEST_CASE("The grouped MoE block equals the per-expert loop, forward and gradients (fp32 CPU)") {
+  struct Case {
+    std::string name;
+    RouterKind router;
+    int64_t experts, top_k;
+    bool one_expert_takes_all;
+  };
+  const std::vector<Case> cases = {
+      {"softmax, 16 experts top-2: some receive no token", RouterKind::kSoftmax, 16, 2, false},
+      {"softmax, one expert receives every token", RouterKind::kSoftmax, 8, 2, true},
+      {"softmax, top-k = all 8 experts", RouterKind::kSoftmax, 8, 8, false},
+      {"sigmoid noaux_tc with groups, 8 experts top-3", RouterKind::kSigmoidNoauxTc, 8, 3, false},
+      {"sigmoid noaux_tc, top-k = all 4 experts", RouterKind::kSigmoidNoauxTc, 4, 4, false},
+  };
+  for (const Case& tc : cases) {
+    INFO(tc.name);
+    ModelConfig c = MoeConfig(tc.router, tc.experts, tc.top_k);
+    if (tc.top_k == tc.experts) c.n_group = 1;
+    MoeWeights w = RandomWeights(c, 11);
+    at::Tensor x = at::randn({kTokens, kHidden});
+    if (tc.one_expert_takes_all) {
+      // Feature 0 is large for every token and only expert 3 reads it.
+      x.select(1, 0).fill_(5.0);
+      w.router.select(1, 0).zero_();
+      w.router[3][0] = 4.0;
+    }
+    const int64_t used = ExpertsUsed(w, c, x);
+    if (tc.name.find("no token") != std::string::npos) CHECK(used < tc.experts);
+    if (tc.one_expert_takes_all) {
+      const Routing r = Route(w, c, x);
+      CHECK((r.indices == 3).any(1).all().item<bool>());
+    }
+    if (tc.top_k == tc.experts) CHECK(used == tc.experts);
+    const at::Tensor seed_grad = at::randn({kTokens, kHidden});
+    CheckSame(Run(true, w, c, x, seed_grad), Run(false, w, c, x, seed_grad));
+  }
+}
+
+TEST_CASE("The MoE block keeps the input's shape and adds the shared experts") {
+  ModelConfig c = MoeConfig(RouterKind::kSigmoidNoauxTc, 8, 2);
+  MoeWeights w = RandomWeights(c, 5);
+  const at::Tensor x = at::randn({2, kTokens / 2, kHidden});
+  const at::Tensor routed = MoeBlock(w, c, x);
+  CHECK(routed.sizes() == x.sizes());
+  w.has_shared = true;
+  w.shared.gate_proj = at::randn({kInter, kHidden}) * 0.2;
+  w.shared.up_proj = at::randn({kInter, kHidden}) * 0.2;
+  w.shared.down_proj = at::randn({kHidden, kInter}) * 0.2;
+  const at::Tensor with_shared = MoeBlock(w, c, x);
+  CHECK(at::allclose(with_shared - routed, DenseMlp(w.shared, x), 1e-5, 1e-6));
+}
+
+TEST_CASE("GroupedLinear takes groups with no rows and the fp64 loop path") {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({4, 6, 8}, at::kDouble);
+  const at::Tensor x = at::randn({5, 8}, at::kDouble);
+  const at::Tensor ends = at::tensor({0, 2, 2, 5}, at::kInt);
+  const at::Tensor y = GroupedLinear(x, w, ends);
+  REQUIRE(y.sizes() == at::IntArrayRef({5, 6}));
+  CHECK(at::equal(y.narrow(0, 0, 2), at::linear(x.narrow(0, 0, 2), w[1])));
+  CHECK(at::equal(y.narrow(0, 2, 3), at::linear(x.narrow(0, 2, 3), w[3])));
+  const at::Tensor yf = GroupedLinear(x.to(at::kFloat), w.to(at::kFloat), ends);
+  CHECK(at::allclose(yf.to(at::kDouble), y, 1e-5, 1e-6));
+}
+
+}  // namespace
+}  // namespace rl::model
