@@ -13,11 +13,13 @@
 //   X.self_attn.{q,k,v}_proj.weight -> X.self_attn.qkv_proj.weight  (rows: q, then k, then v)
 //   X.self_attn.{q,k,v}_proj.bias   -> X.self_attn.qkv_proj.bias    (same order)
 //   X.gate_proj.weight + X.up_proj.weight -> X.gate_up_proj.weight   (rows: gate, then up)
-// The gate/up rule covers dense MLPs (X = model.layers.N.mlp), shared experts
-// (X = ...mlp.shared_experts) and each routed expert (X = ...mlp.experts.E). A group is fused only
-// when all of its parts are in the HF list with the same dtype, at least one dimension, and equal
-// trailing dimensions (all but dim 0); otherwise each part maps 1:1 under its own name. Every
-// other HF tensor maps 1:1 (same name, shape and dtype). Fusion concatenates along dim 0, so each
+// The gate/up rule covers dense MLPs (X = model.layers.N.mlp) and shared experts
+// (X = ...mlp.shared_experts); the trainer's routed experts arrive already stacked and fused
+// (...mlp.experts.gate_up_proj [E, 2I, H], Note [Stacked experts] in trainer/model/params.h) and
+// map 1:1, while per-expert names (X = ...mlp.experts.E) still fuse by the rule. A group is fused
+// only when all of its parts are in the HF list with the same dtype, at least one dimension, and
+// equal trailing dimensions (all but dim 0); otherwise each part maps 1:1 under its own name.
+// Every other HF tensor maps 1:1 (same name, shape and dtype). Fusion concatenates along dim 0, so each
 // part is a contiguous row range [row_begin, row_begin + rows) of the fused tensor.
 //
 // Note [Engine storage layout]
