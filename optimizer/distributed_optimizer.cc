@@ -132,18 +132,27 @@ void DistributedOptimizer::AccumulateGrads() {
   c10::NoGradGuard no_grad;
   for (BufferKind kind : kBufferKinds) {
     const Buffer& buffer = buffers_[Index(kind)];
+    int64_t written = 0;  // Note [Lazy grad zeroing]: the buffer is written up to here
     for (const BufferEntry& entry : buffer.layout.entries) {
       at::Tensor& param = params_.at(entry.name);
       const at::Tensor& grad = param.grad();
-      if (!grad.defined()) continue;
-      buffer.grads.narrow(0, entry.offset, entry.numel).add_(grad.reshape({-1}));
-      param.mutable_grad().reset();
+      at::Tensor slot = buffer.grads.narrow(0, entry.offset, entry.numel);
+      if (grads_zero_) {
+        buffer.grads.narrow(0, written, entry.offset - written).zero_();  // alignment padding
+        grad.defined() ? slot.copy_(grad.reshape({-1})) : slot.zero_();
+        written = entry.offset + entry.numel;
+      } else if (grad.defined()) {
+        slot.add_(grad.reshape({-1}));
+      }
+      if (grad.defined()) param.mutable_grad().reset();
     }
+    if (grads_zero_) buffer.grads.narrow(0, written, buffer.grads.numel() - written).zero_();
   }
+  grads_zero_ = false;
 }
 
 void DistributedOptimizer::ZeroGrads() {
-  for (Buffer& buffer : buffers_) buffer.grads.zero_();
+  grads_zero_ = true;
   for (auto& [name, param] : params_) {
     if (param.grad().defined()) param.mutable_grad().reset();
   }
@@ -151,6 +160,10 @@ void DistributedOptimizer::ZeroGrads() {
 
 StepStats DistributedOptimizer::Step() {
   c10::NoGradGuard no_grad;
+  if (grads_zero_) {  // a step with no gradient accumulated: the zeros are written now
+    for (Buffer& buffer : buffers_) buffer.grads.zero_();
+    grads_zero_ = false;
+  }
   // Mean over DP, left in place in the owned shard of each grad buffer (with one rank the mean is
   // the buffer itself, and the shard is the whole buffer: nothing to move).
   if (comm_.size() > 1) {

@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <unordered_map>
 
@@ -184,6 +186,42 @@ TEST_CASE("bf16 params are the cast of the fp32 masters and identical on every r
     at::Tensor theirs = optimizer.param_buffer(kind).clone();
     comm.Broadcast(theirs, 0);
     CHECK(at::equal(theirs, optimizer.param_buffer(kind)));
+  }
+}
+
+TEST_CASE("after ZeroGrads the grad buffers hold exactly the accumulated grads, whatever was there") {
+  // Note [Lazy grad zeroing]: the first AccumulateGrads overwrites; slots without a .grad and the
+  // alignment padding become zero, later micro-batches add.
+  MpiCommunicator comm(testing::Session(), CommOptions{});
+  DistributedOptimizer optimizer(kParams, comm, at::kFloat, c10::kCPU, Options(0.0),
+                                 PlainAllocator(c10::kCPU));
+  const std::string skipped = "layer.q_proj.bias";  // no gradient in this step
+  for (BufferKind kind : kBufferKinds) {
+    optimizer.grad_buffer(kind).fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  optimizer.ZeroGrads();
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+    for (size_t i = 0; i < kParams.size(); ++i) {
+      if (kParams[i].name == skipped) continue;
+      (optimizer.params().at(kParams[i].name) * Gradient(kParams[i], i, comm.rank(), micro_batch))
+          .sum()
+          .backward();
+    }
+    optimizer.AccumulateGrads();
+  }
+  for (BufferKind kind : kBufferKinds) {
+    at::Tensor expected = at::zeros_like(optimizer.grad_buffer(kind));
+    for (const BufferEntry& entry : optimizer.layout(kind).entries) {
+      const size_t i = std::find_if(kParams.begin(), kParams.end(),
+                                    [&](const ParamSpec& p) { return p.name == entry.name; }) -
+                       kParams.begin();
+      if (entry.name == skipped) continue;
+      expected.narrow(0, entry.offset, entry.numel)
+          .copy_((Gradient(kParams[i], i, comm.rank(), 0) +
+                  Gradient(kParams[i], i, comm.rank(), 1))
+                     .reshape({-1}));
+    }
+    CHECK(at::equal(optimizer.grad_buffer(kind), expected));
   }
 }
 

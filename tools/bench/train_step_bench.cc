@@ -8,6 +8,7 @@
 // Run: bazel run -c opt //tools/bench:train_step_bench
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,19 @@ double SecondsPerStep(const std::function<void()>& step, int steps, const c10::D
   return std::chrono::duration<double>(Clock::now() - start).count() / steps;
 }
 
+// Runs `step` once under the Kineto profiler (CPU ops and CUDA kernels) and writes a Chrome
+// trace to `path` (tools/bench/profile_summary.py sums it by kernel).
+void ProfileToFile(const std::function<void()>& step, const std::string& path) {
+  namespace profiler = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const profiler::ProfilerConfig config(profiler::ProfilerState::KINETO);
+  const std::set<ActivityType> activities = {ActivityType::CPU, ActivityType::CUDA};
+  profiler::prepareProfiler(config, activities);
+  profiler::enableProfiler(config, activities);
+  step();
+  profiler::disableProfiler()->save(path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,11 +67,13 @@ int main(int argc, char** argv) {
   std::string checkpoint, device_name = "cpu";
   int64_t batch = 8, seq = 64;
   int steps = 10, rounds = 3;
+  std::string profile;
   app.add_option("--model-config", model_config, "config.json of the model (random weights)");
   app.add_option("--checkpoint", checkpoint, "a Hugging Face checkpoint instead (its weights)");
   app.add_option("--device", device_name, "cpu, or auto (the GPU when there is one)")
       ->check(CLI::IsMember({"cpu", "auto"}));
   app.add_option("--batch", batch, "sequences per step");
+  app.add_option("--profile", profile, "also write a Chrome trace of one of our steps here");
   app.add_option("--seq", seq, "tokens per sequence");
   app.add_option("--steps", steps, "timed steps per round");
   app.add_option("--rounds", rounds, "alternating rounds; the best of each side counts");
@@ -153,6 +170,7 @@ int main(int argc, char** argv) {
         1e3 * SecondsPerStep([&] { optimizer.AccumulateGrads(); }, 1, device);
     phase_ms["optimizer"] += 1e3 * SecondsPerStep([&] { optimizer.Step(); }, 1, device);
   }
+  if (!profile.empty()) ProfileToFile(our_step, profile);
   const double tokens_per_step = static_cast<double>(batch * seq);
   std::printf("model %s, batch %lld x %lld tokens, %s on %s, best of %d rounds of %d steps\n",
               checkpoint.empty() ? model_config.c_str() : checkpoint.c_str(),

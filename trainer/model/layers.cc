@@ -1,6 +1,7 @@
 #include "trainer/model/layers.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
@@ -367,6 +368,45 @@ bool GroupedMmTakes(const at::Tensor& x, const at::Tensor& w) {
          w.dim() == 3 && w.is_contiguous() && w.size(2) % align == 0 && aligned(x) && aligned(w);
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows `rows` (a permutation) of x [R, H]; the backward gathers the gradient by the inverse
+// permutation instead of scattering it (index_select's backward is an atomic index_add: slower,
+// and its order of additions is not fixed).
+class PermuteRows : public torch::autograd::Function<PermuteRows> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& rows,
+                            const at::Tensor& inverse) {
+    ctx->save_for_backward({inverse});
+    return x.index_select(0, rows);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const at::Tensor inverse = ctx->get_saved_variables()[0];
+    return {grad[0].index_select(0, inverse), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Row i of the result is token order[i] / k of x [T, H] (the T * k (token, slot) pairs in the
+// order `order`); the backward puts the gradient rows back in pair order (`inverse`) and sums each
+// token's k slots.
+class GatherTokens : public torch::autograd::Function<GatherTokens> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& order,
+                            const at::Tensor& inverse, int64_t k) {
+    ctx->save_for_backward({inverse});
+    ctx->saved_data["k"] = k;
+    return x.index_select(0, at::floor_divide(order, k));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const at::Tensor inverse = ctx->get_saved_variables()[0];
+    const int64_t k = ctx->saved_data["k"].toInt();
+    const at::Tensor by_pair = grad[0].index_select(0, inverse);
+    return {by_pair.view({-1, k, by_pair.size(1)}).sum(1), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
 
 bool MoeBlockSyncFree(const MoeWeights& w) {
@@ -410,12 +450,10 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
                                            /*out_int32=*/true, /*right=*/true);
   const at::Tensor inverse =
       at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
-  // Each token repeated k times, then sorted (unique indices: a deterministic backward).
-  const at::Tensor xs =
-      x2.unsqueeze(1).expand({tokens, k, hidden}).reshape({-1, hidden}).index_select(0, order);
-  const at::Tensor gate_up = GroupedLinear(xs, w.gate_up, ends);  // [T * k, 2I]
+  const at::Tensor xs = GatherTokens::apply(x2, order, inverse, k);  // [T * k, H]
+  const at::Tensor gate_up = GroupedLinear(xs, w.gate_up, ends);      // [T * k, 2I]
   const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-  const at::Tensor ys = GroupedLinear(act, w.down, ends).index_select(0, inverse);  // [T * k, H]
+  const at::Tensor ys = PermuteRows::apply(GroupedLinear(act, w.down, ends), inverse, order);
   at::Tensor out =
       (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
   if (w.has_shared) out = out + DenseMlp(w.shared, x2);

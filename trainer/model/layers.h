@@ -164,9 +164,11 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 // (token, slot) pairs are sorted by expert (a stable sort, so each expert sees its tokens in
 // token order), the rows gathered, both projections done by GroupedLinear with the cumulative
 // counts from a searchsorted over the sorted ids, and the results put back in (token, slot) order
-// and summed with the router weights in fp32. Every shape depends only on T, nothing is read on
-// the host (bf16 on CUDA), and every gather/scatter has unique indices, so the block is
-// deterministic, runs inside a CUDA graph and never waits for the device.
+// and summed with the router weights in fp32. The gathers' backwards are gathers by the inverse
+// permutation (and a sum over each token's k slots), not atomic scatter-adds. Every shape depends
+// only on T, nothing is read on the host (bf16 on CUDA) and no result depends on the order of
+// atomic additions, so the block is deterministic, runs inside a CUDA graph and never waits for
+// the device.
 // `chosen`, when given, receives the routing's expert ids [T, k] int64.
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x,
                     at::Tensor* chosen = nullptr);
