@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Decode by CUDA graphs inside the trainer, on the GPU machine (with .gpu/trainer built here):
-# tools/gpu_decode_graphs_check.sh OUT_DIR
-# The embedded default (the tiny dense Qwen3 learning the toy task, every CI check on) on one GPU
+# tools/gpu_decode_graphs_check.sh OUT_DIR [CONFIG]
+# CONFIG (default: the embedded default, the tiny dense Qwen3 learning the toy task, every CI check
+# on; an MoE recipe such as configs/qwen3_30b_a3b_4layer_ci.toml decodes by graphs too) on one GPU
 # in bf16 with responses of up to 16 tokens, once decoding by CUDA graphs and once by eager steps.
 # Graph replays compute what the eager steps compute, so the rollouts, and with them every
 # training metric, must be identical. Prints the decode mode of each run and the verdict.
 set -uo pipefail
 out="$1"
+config="${2:-configs/default.toml}"
 run() {
-  mpirun --allow-run-as-root -np 1 .gpu/trainer --config configs/default.toml --device cuda \
+  mpirun --allow-run-as-root -np 1 .gpu/trainer --config "$config" --device cuda \
     --actor-num-gpus-per-node 1 --params-dtype bf16 --num-rollout 10 \
     --rollout-max-response-len 16 "$@"
 }
