@@ -23,7 +23,8 @@
 //    (`experts_used_per_step` in the JSON line) counts for every step. A full forward routes each
 //    position as the step did up to rounding (a near-tie may pick another expert: immaterial to
 //    a mean over thousands of choices). The first of the new_tokens steps is the prefill's last
-//    position, counted as a decode step as for dense models.
+//    position, counted as a decode step as for dense models. With --new-tokens 1 there is no
+//    decode step to measure and every expert counts.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <CLI/CLI.hpp>
