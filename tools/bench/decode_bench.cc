@@ -2,14 +2,31 @@
 // [--compare-eager] [--no-cuda-graphs]: greedy generation by our rollout engine
 // (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs there):
 // tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the bytes
-// that must be read at least once (every weight, and the KV cache of every live row) over the
-// step time at --hbm-tb-s (H200: 4.8 TB/s). Prints one JSON line with the figures, so that
-// tools/bench/vs_transformers.sh can set them against `transformers` generate run in the same
-// call. Every row generates exactly --new-tokens tokens (no stop tokens), as `generate` with
-// min_new_tokens does. --compare-eager also times eager decode steps in the same process and
-// checks that graphs and eager steps generate bit-identical tokens and log-probs (greedy and
-// sampled); the exit status is 1 when they differ.
+// that must be read at least once over the step time at --hbm-tb-s (H200: 4.8 TB/s). Prints one
+// JSON line with the figures, so that tools/bench/vs_transformers.sh can set them against
+// `transformers` generate run in the same call. Every row generates exactly --new-tokens tokens
+// (no stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager
+// decode steps in the same process and checks that graphs and eager steps generate bit-identical
+// tokens and log-probs (greedy and sampled); the exit status is 1 when they differ.
+//
+// Roofline bytes per step (StepWeightBytes): the KV cache of every row so far, and
+//  - dense models: every weight;
+//  - MoE models: every weight but the routed experts, plus, in each MoE layer, the weights of the
+//    distinct experts that the step's tokens (one per row) were routed to. That count is measured
+//    after the timed runs (MeanExpertsPerStep): a Decoder over the engine's weights (the same
+//    kernels as the engine's) runs one forward over the greedy generations, tokens [batch,
+//    prompt_len + new_tokens - 1] (each prompt and its response but the last token), with a
+//    routing observer. The decode step that produces response token t (t = 1 .. new_tokens - 1)
+//    feeds response token t - 1 at column prompt_len + t - 1, so the columns [prompt_len,
+//    prompt_len + new_tokens - 1) are the decode steps; per layer and step the distinct expert
+//    ids over the batch are counted, and their mean over layers and steps
+//    (`experts_used_per_step` in the JSON line) counts for every step. A full forward routes each
+//    position as the step did up to rounding (a near-tie may pick another expert: immaterial to
+//    a mean over thousands of choices). The first of the new_tokens steps is the prefill's last
+//    position, counted as a decode step as for dense models. With --new-tokens 1 there is no
+//    decode step to measure and every expert counts.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <CLI/CLI.hpp>
 #include <c10/cuda/CUDACachingAllocator.h>
 
@@ -36,6 +53,59 @@ void Synchronize(const at::Device& device) {
   if (device.is_cuda()) at::empty({1}, at::TensorOptions().device(device)).cpu();
 }
 
+// Weight bytes one decode step reads at least once: every parameter but the routed experts, and
+// `experts_read` routed experts of each MoE layer (none in a dense model, which has no routed
+// experts). Every parameter counts `element_bytes` per element, as the engine's dtype.
+double StepWeightBytes(const rl::model::ModelConfig& config, double element_bytes,
+                       double experts_read) {
+  double bytes = 0;
+  for (const auto& spec : rl::model::ListParams(config)) {
+    double elements = static_cast<double>(spec.numel());
+    if (spec.role == rl::ParamRole::kRoutedExpert) {  // stacked [experts, ...]
+      elements *= experts_read / static_cast<double>(spec.shape[0]);
+    }
+    bytes += elements * element_bytes;
+  }
+  return bytes;
+}
+
+// The mean over MoE layers and decode steps of the number of distinct routed experts the batch's
+// tokens of one step go to (the header comment says how it is measured). `generated` holds the
+// greedy generations of `prompts` [batch, prompt_len], each of new_tokens >= 2 tokens.
+double MeanExpertsPerStep(const rl::rollout::RolloutEngine& engine, const at::Device& device,
+                          const at::Tensor& prompts,
+                          const std::vector<rl::rollout::Generation>& generated) {
+  const rl::model::ModelConfig& config = engine.config();
+  const int64_t batch = prompts.size(0), prompt_len = prompts.size(1);
+  const int64_t steps = static_cast<int64_t>(generated.at(0).response.size()) - 1;
+  at::Tensor responses = at::empty({batch, steps}, at::kLong);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::memcpy(responses[b].data_ptr<int64_t>(), generated[b].response.data(),
+                steps * sizeof(int64_t));
+  }
+  const at::Tensor tokens = at::cat({prompts, responses}, 1).to(device);
+  rl::model::Decoder decoder(
+      config, engine.weights(),
+      device.is_cuda() ? rl::model::Kernels::kFused : rl::model::Kernels::kLibTorch);
+  const int64_t experts = config.n_routed_experts, k = config.num_experts_per_tok;
+  at::Tensor distinct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
+  int64_t layers = 0;
+  decoder.set_routing_observer([&](int64_t, const at::Tensor& ids) {
+    // ids [batch * seq, k] -> the decode steps' columns, one row of batch * k ids per step.
+    const at::Tensor step_ids = ids.view({batch, prompt_len + steps, k})
+                                    .narrow(1, prompt_len, steps)
+                                    .transpose(0, 1)
+                                    .reshape({steps, batch * k});
+    const at::Tensor used =
+        at::zeros({steps, experts}, step_ids.options()).scatter_(1, step_ids, 1);
+    distinct += used.sum();
+    ++layers;
+  });
+  at::NoGradGuard no_grad;
+  decoder.Hidden(tokens, nullptr, 0);
+  return static_cast<double>(distinct.item<int64_t>()) / static_cast<double>(layers * steps);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,8 +129,8 @@ int main(int argc, char** argv) {
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   const rl::model::ModelConfig config = rl::model::LoadModelConfig(checkpoint);
-  rl::model::TensorMap host = rl::model::AllocateParams(rl::model::ListParams(config), dtype,
-                                                        at::kCPU);
+  rl::model::TensorMap host =
+      rl::model::AllocateParams(rl::model::ListParams(config), dtype, at::kCPU);
   rl::model::LoadParams(rl::model::CheckpointReader::Open(checkpoint), config, host);
 
   const int64_t max_length = prompt_len + new_tokens;
@@ -143,24 +213,29 @@ int main(int argc, char** argv) {
       return a.size() == b.size();
     };
     identical = same(generated, eager_greedy) && same(graph_sampled, eager_sampled);
-    std::printf("graphs %s, eager %.1f ms, graphs %.1f ms per Generate (%.2fx); greedy and "
-                "sampled generations %s; graph memory pool %.1f MiB\n",
-                graphs ? "on" : "unavailable", 1e3 * eager_seconds, 1e3 * best,
-                eager_seconds / best, identical ? "bit-identical" : "DIFFER",
-                static_cast<double>(graph_pool_bytes) / (1 << 20));
+    std::printf(
+        "graphs %s, eager %.1f ms, graphs %.1f ms per Generate (%.2fx); greedy and "
+        "sampled generations %s; graph memory pool %.1f MiB\n",
+        graphs ? "on" : "unavailable", 1e3 * eager_seconds, 1e3 * best, eager_seconds / best,
+        identical ? "bit-identical" : "DIFFER", static_cast<double>(graph_pool_bytes) / (1 << 20));
   }
 
-  // Roofline: each decode step reads every weight once and the KV cache of every row so far.
+  // Roofline (header comment): per decode step the weights it reads and the KV cache so far.
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
-  double weight_bytes = 0;
-  for (const auto& s : rl::model::ListParams(config)) {
-    weight_bytes += static_cast<double>(s.numel()) * element_bytes;
+  const bool moe = config.is_moe();
+  double experts_per_step = 0;
+  if (moe) {
+    experts_per_step = new_tokens >= 2 ? MeanExpertsPerStep(engine, device, ids, generated)
+                                       : static_cast<double>(config.n_routed_experts);
   }
+  const double weight_bytes =
+      StepWeightBytes(config, element_bytes, static_cast<double>(config.n_routed_experts));
+  const double step_weight_bytes = StepWeightBytes(config, element_bytes, experts_per_step);
   const double kv_bytes_per_token =
       static_cast<double>(rl::model::KvCache::NumElements(config, 1, 1)) * element_bytes;
   double bytes = 0;
   for (int64_t t = 0; t < new_tokens; ++t) {
-    bytes += weight_bytes + kv_bytes_per_token * static_cast<double>(batch * (prompt_len + t));
+    bytes += step_weight_bytes + kv_bytes_per_token * static_cast<double>(batch * (prompt_len + t));
   }
   const double tokens_per_s = static_cast<double>(batch * new_tokens) / best;
   const double roofline = bytes / best / (hbm_tb_s * 1e12);
@@ -174,6 +249,10 @@ int main(int argc, char** argv) {
   line.Set("seconds", rl::json::Value::Double(best));
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_s));
   line.Set("weight_bytes", rl::json::Value::Double(weight_bytes));
+  if (moe) {
+    line.Set("experts_used_per_step", rl::json::Value::Double(experts_per_step));
+    line.Set("step_weight_bytes", rl::json::Value::Double(step_weight_bytes));
+  }
   line.Set("roofline_fraction", rl::json::Value::Double(roofline));
   line.Set("cuda_graphs", rl::json::Value::Bool(graphs));
   if (compare_eager) {

@@ -1,14 +1,18 @@
 """The PyTorch side of tools/bench/vs_transformers.sh: `transformers`' own implementation of a
 checkpoint, timed on the same batch shapes as our benchmarks.
 
-  make    --out DIR                 writes a randomly initialised Qwen3-0.6B-shaped checkpoint
-                                    (bf16, untied lm_head) with save_pretrained
+  make    --out DIR [--shape S]     writes a randomly initialised checkpoint (bf16, untied lm_head,
+                                    torch.manual_seed(0)) with save_pretrained; --shape
+                                    qwen3_0.6b (default): Qwen3-0.6B-shaped; qwen3_moe_4layer:
+                                    Qwen3-30B-A3B-shaped (128 experts, top-8) cut to 4 layers
   decode  --checkpoint DIR ...      greedy `generate` (min_new_tokens = max_new_tokens), tokens/s
   train   --checkpoint DIR ...      one step: forward, -mean log-prob of the next tokens,
                                     backward, torch.optim.AdamW (bf16 params, the default
                                     foreach implementation), tokens/s
 
-Each of decode/train prints one JSON line. The prompts and training tokens are drawn like the C++
+Each of decode/train prints one JSON line. On an MoE checkpoint they load the model with
+experts_implementation="grouped_mm" (transformers 5's grouped-GEMM experts) where
+from_pretrained takes it, else with the default, and say which in the line ("experts"). The prompts and training tokens are drawn like the C++
 benchmarks draw theirs (uniform ids, seed 7), on the GPU, best of --rounds.
 """
 import argparse
@@ -18,24 +22,57 @@ import time
 import torch
 
 
-def make(args):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def model_for(shape):
+    """The model class and the config of a `make --shape`."""
+    if shape == "qwen3_0.6b":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
 
+        return Qwen3ForCausalLM, Qwen3Config(
+            vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+            max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, torch_dtype="bfloat16")
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    # Qwen3-30B-A3B's shape, 4 layers of its 48, every one MoE.
+    return Qwen3MoeForCausalLM, Qwen3MoeConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
+        head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, torch_dtype="bfloat16")
+
+
+def make(args):
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                         num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                         head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
-                         rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16")
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model_class, config = model_for(args.shape)
+    model = model_class(config).to(torch.bfloat16)
     model.save_pretrained(args.out, safe_serialization=True)
-    print(json.dumps({"made": args.out, "params": sum(p.numel() for p in model.parameters())}))
+    print(json.dumps({"made": args.out, "shape": args.shape,
+                      "params": sum(p.numel() for p in model.parameters())}))
 
 
 def load(args):
-    from transformers import AutoModelForCausalLM
+    """The model in bf16 on the GPU, and for an MoE model the experts implementation used."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        args.checkpoint, torch_dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    kwargs = dict(torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+    experts = None
+    if getattr(AutoConfig.from_pretrained(args.checkpoint), "num_experts", None):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                args.checkpoint, experts_implementation="grouped_mm", **kwargs)
+            experts = getattr(model.config, "_experts_implementation", None) or "grouped_mm"
+        except (TypeError, ValueError) as e:  # an older transformers, or not this model
+            model = AutoModelForCausalLM.from_pretrained(args.checkpoint, **kwargs)
+            experts = f"default ({type(e).__name__}: {str(e)[:120]})"
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.checkpoint, **kwargs)
+    return model.cuda(), experts
+
+
+def labels(experts):
+    return {} if experts is None else {"experts": experts}
 
 
 def best_seconds(fn, rounds):
@@ -51,7 +88,8 @@ def best_seconds(fn, rounds):
 
 
 def decode(args):
-    model = load(args).eval()
+    model, experts = load(args)
+    model.eval()
     vocab = model.config.vocab_size
     ids = torch.randint(vocab, (args.batch, args.prompt_len),
                         generator=torch.Generator().manual_seed(7)).cuda()
@@ -68,11 +106,13 @@ def decode(args):
     print(json.dumps({"bench": "decode", "reference": "transformers generate",
                       "batch": args.batch, "prompt_len": args.prompt_len,
                       "new_tokens": args.new_tokens, "seconds": seconds,
-                      "tokens_per_s": args.batch * args.new_tokens / seconds}))
+                      "tokens_per_s": args.batch * args.new_tokens / seconds,
+                      **labels(experts)}))
 
 
 def train(args):
-    model = load(args).train()
+    model, experts = load(args)
+    model.train()
     vocab = model.config.vocab_size
     tokens = torch.randint(vocab, (args.batch, args.seq + 1),
                            generator=torch.Generator().manual_seed(7)).cuda()
@@ -111,7 +151,7 @@ def train(args):
     print(json.dumps({"bench": "train_step", "reference": "transformers + torch.optim.AdamW",
                       "batch": args.batch, "seq": args.seq, "seconds": seconds,
                       "tokens_per_s": args.batch * args.seq / seconds,
-                      **{f"{k}_ms": v for k, v in phase_ms.items()}}))
+                      **{f"{k}_ms": v for k, v in phase_ms.items()}, **labels(experts)}))
 
 
 def main():
@@ -119,6 +159,8 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["make", "decode", "train"])
     parser.add_argument("--out")
+    parser.add_argument("--shape", choices=["qwen3_0.6b", "qwen3_moe_4layer"],
+                        default="qwen3_0.6b", help="make: the model's shape")
     parser.add_argument("--checkpoint")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=128)
