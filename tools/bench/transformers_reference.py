@@ -46,7 +46,8 @@ def model_for(shape):
 def make(args):
     torch.manual_seed(0)
     model_class, config = model_for(args.shape)
-    model = model_class(config).to(torch.bfloat16)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # GPU init: seconds
+        model = model_class(config).to(torch.bfloat16)
     model.save_pretrained(args.out, safe_serialization=True)
     print(json.dumps({"made": args.out, "shape": args.shape,
                       "params": sum(p.numel() for p in model.parameters())}))
