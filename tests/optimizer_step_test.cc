@@ -189,7 +189,8 @@ TEST_CASE("bf16 params are the cast of the fp32 masters and identical on every r
   }
 }
 
-TEST_CASE("after ZeroGrads the grad buffers hold exactly the accumulated grads, whatever was there") {
+TEST_CASE(
+    "after ZeroGrads the grad buffers hold exactly the accumulated grads, whatever was there") {
   // Note [Lazy grad zeroing]: the first AccumulateGrads overwrites; slots without a .grad and the
   // alignment padding become zero, later micro-batches add.
   MpiCommunicator comm(testing::Session(), CommOptions{});
@@ -217,8 +218,7 @@ TEST_CASE("after ZeroGrads the grad buffers hold exactly the accumulated grads, 
                        kParams.begin();
       if (entry.name == skipped) continue;
       expected.narrow(0, entry.offset, entry.numel)
-          .copy_((Gradient(kParams[i], i, comm.rank(), 0) +
-                  Gradient(kParams[i], i, comm.rank(), 1))
+          .copy_((Gradient(kParams[i], i, comm.rank(), 0) + Gradient(kParams[i], i, comm.rank(), 1))
                      .reshape({-1}));
     }
     CHECK(at::equal(optimizer.grad_buffer(kind), expected));

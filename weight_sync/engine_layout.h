@@ -19,8 +19,8 @@
 // map 1:1, while per-expert names (X = ...mlp.experts.E) still fuse by the rule. A group is fused
 // only when all of its parts are in the HF list with the same dtype, at least one dimension, and
 // equal trailing dimensions (all but dim 0); otherwise each part maps 1:1 under its own name.
-// Every other HF tensor maps 1:1 (same name, shape and dtype). Fusion concatenates along dim 0, so each
-// part is a contiguous row range [row_begin, row_begin + rows) of the fused tensor.
+// Every other HF tensor maps 1:1 (same name, shape and dtype). Fusion concatenates along dim 0, so
+// each part is a contiguous row range [row_begin, row_begin + rows) of the fused tensor.
 //
 // Note [Engine storage layout]
 // Engine tensors are laid out in the order their first part appears in the HF list, each one

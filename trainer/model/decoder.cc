@@ -325,7 +325,6 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
       .select(1, 0);
 }
 
-
 bool Decoder::decode_step_capturable() const {
   for (const Layer& layer : layers_) {
     if (layer.mlp_type != MlpType::kDense && !MoeBlockSyncFree(layer.moe)) return false;

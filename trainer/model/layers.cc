@@ -445,13 +445,13 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
   // order[i], and pair p goes back from row inverse[p].
   const at::Tensor flat = r.indices.reshape({-1});  // [T * k]
   const at::Tensor order = at::argsort(flat, /*stable=*/true);
-  const at::Tensor ends = at::searchsorted(flat.index_select(0, order),
-                                           at::arange(experts, flat.options()),
-                                           /*out_int32=*/true, /*right=*/true);
+  const at::Tensor ends =
+      at::searchsorted(flat.index_select(0, order), at::arange(experts, flat.options()),
+                       /*out_int32=*/true, /*right=*/true);
   const at::Tensor inverse =
       at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
   const at::Tensor xs = GatherTokens::apply(x2, order, inverse, k);  // [T * k, H]
-  const at::Tensor gate_up = GroupedLinear(xs, w.gate_up, ends);      // [T * k, 2I]
+  const at::Tensor gate_up = GroupedLinear(xs, w.gate_up, ends);     // [T * k, 2I]
   const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
   const at::Tensor ys = PermuteRows::apply(GroupedLinear(act, w.down, ends), inverse, order);
   at::Tensor out =

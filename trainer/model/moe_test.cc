@@ -86,8 +86,10 @@ int64_t ExpertsUsed(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
 
 void CheckSame(const Grads& a, const Grads& b) {
   const std::vector<std::pair<std::string, std::pair<at::Tensor, at::Tensor>>> pairs = {
-      {"output", {a.out, b.out}},       {"d x", {a.x, b.x}},
-      {"d gate_up", {a.gate_up, b.gate_up}}, {"d down", {a.down, b.down}},
+      {"output", {a.out, b.out}},
+      {"d x", {a.x, b.x}},
+      {"d gate_up", {a.gate_up, b.gate_up}},
+      {"d down", {a.down, b.down}},
       {"d router", {a.router, b.router}}};
   for (const auto& [what, t] : pairs) {
     INFO(what << ": max |difference| " << (t.first - t.second).abs().max().item<double>());

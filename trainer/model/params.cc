@@ -147,8 +147,8 @@ std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs) {
       continue;
     }
     // "model.layers.N.mlp" + ".experts."
-    const std::string stem = s.name.substr(0, s.name.size() - (gate_up ? kGateUpSuffix.size()
-                                                                       : kDownSuffix.size()));
+    const std::string stem =
+        s.name.substr(0, s.name.size() - (gate_up ? kGateUpSuffix.size() : kDownSuffix.size()));
     const std::string gate_up_name = stem + std::string(kGateUpSuffix);
     const std::string down_name = stem + std::string(kDownSuffix);
     const ParamSpec* gu = by_name.count(gate_up_name) ? by_name.at(gate_up_name) : nullptr;

@@ -24,8 +24,8 @@
 //   model.layers.N.mlp.experts.down_proj    [E, H, I]: expert e's down_proj.weight is [e].
 // so that the MoE block runs every expert with one grouped GEMM per projection, and the ZeRO
 // buffers, the rollout engine and the weight sync move two tensors per layer instead of 3E.
-// Hugging Face checkpoints keep the per-expert names (model.layers.N.mlp.experts.E.gate_proj.weight,
-// ...): HfLayout maps every on-disk tensor to its rows of a parameter, and LoadParams,
+// Hugging Face checkpoints keep the per-expert names (model.layers.N.mlp.experts.E.up_proj.weight
+// and the like): HfLayout maps every on-disk tensor to its rows of a parameter, and LoadParams,
 // SaveHfCheckpoint and --freeze-params go through it, so files and user-facing names are those of
 // the checkpoint.
 //
@@ -92,10 +92,10 @@ void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, ui
 void CheckParams(const std::vector<ParamSpec>& specs, const TensorMap& params);
 
 // Copies every tensor of `params` from the checkpoint (converting dtype and device). Understands
-// per-expert tensors (stacked on load: Note [Stacked experts]) and transformers-v5 fused experts (mlp.experts.gate_up_proj [E, 2I, H],
-// mlp.experts.down_proj [E, H, I]), FP8 weights with a block `weight_scale_inv`, and ignores MTP
-// layers (model.layers.{num_hidden_layers}+) and rotary buffers. Throws rl::CheckpointError naming
-// every missing, unexpected or wrongly shaped tensor.
+// per-expert tensors (stacked on load: Note [Stacked experts]) and transformers-v5 fused experts
+// (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]), FP8 weights with a block
+// `weight_scale_inv`, and ignores MTP layers (model.layers.{num_hidden_layers}+) and rotary
+// buffers. Throws rl::CheckpointError naming every missing, unexpected or wrongly shaped tensor.
 void LoadParams(const CheckpointReader& reader, const ModelConfig& config, TensorMap& params);
 
 // Writes `params` as a Hugging Face checkpoint into `dir`: safetensors shards (with an index when

@@ -73,8 +73,8 @@ TEST_CASE("HfLayout puts each expert's gate, up and down rows where the grouped 
   const at::Tensor gate_up = params.at(p + "gate_up_proj");
   const at::Tensor down = params.at(p + "down_proj");
   const int64_t inter = config.moe_intermediate_size;
-  REQUIRE(gate_up.sizes() == at::IntArrayRef({config.n_routed_experts, 2 * inter,
-                                               config.hidden_size}));
+  REQUIRE(gate_up.sizes() ==
+          at::IntArrayRef({config.n_routed_experts, 2 * inter, config.hidden_size}));
   std::vector<HfSlice> layer;
   for (const HfSlice& slice : HfLayout(specs)) {
     if (slice.param.rfind(p, 0) == 0) layer.push_back(slice);
