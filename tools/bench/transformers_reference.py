@@ -4,7 +4,9 @@ checkpoint, timed on the same batch shapes as our benchmarks.
   make    --out DIR [--shape S]     writes a randomly initialised checkpoint (bf16, untied lm_head,
                                     torch.manual_seed(0)) with save_pretrained; --shape
                                     qwen3_0.6b (default): Qwen3-0.6B-shaped; qwen3_moe_4layer:
-                                    Qwen3-30B-A3B-shaped (128 experts, top-8) cut to 4 layers
+                                    Qwen3-30B-A3B-shaped (128 experts, top-8) cut to 4 layers;
+                                    glm47_flash_4layer: GLM-4.7-Flash (MLA + MoE, 64 experts,
+                                    top-4) cut to 4 layers
   decode  --checkpoint DIR ...      greedy `generate` (min_new_tokens = max_new_tokens), tokens/s
   train   --checkpoint DIR ...      one step: forward, -mean log-prob of the next tokens,
                                     backward, torch.optim.AdamW (bf16 params, the default
@@ -12,30 +14,41 @@ checkpoint, timed on the same batch shapes as our benchmarks.
 
 Each of decode/train prints one JSON line. On an MoE checkpoint they load the model with
 experts_implementation="grouped_mm" (transformers 5's grouped-GEMM experts) where
-from_pretrained takes it, else with the default, and say which in the line ("experts"). The prompts and training tokens are drawn like the C++
-benchmarks draw theirs (uniform ids, seed 7), on the GPU, best of --rounds.
+from_pretrained takes it, else with the default, and say which in the line ("experts"). The
+prompts and training tokens are drawn like the C++ benchmarks draw theirs (uniform ids, seed 7), on the GPU, best of --rounds.
 """
 import argparse
 import json
+import os
 import time
 
 import torch
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 def model_for(shape):
-    """The model class and the config of a `make --shape`."""
+    """The config of a `make --shape`."""
     if shape == "qwen3_0.6b":
-        from transformers import Qwen3Config, Qwen3ForCausalLM
+        from transformers import Qwen3Config
 
-        return Qwen3ForCausalLM, Qwen3Config(
+        return Qwen3Config(
             vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
             num_attention_heads=16, num_key_value_heads=8, head_dim=128,
             max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
             tie_word_embeddings=False, torch_dtype="bfloat16")
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    if shape == "glm47_flash_4layer":
+        # GLM-4.7-Flash (MLA, sigmoid noaux_tc router, 64 experts top-4, a shared expert) at its
+        # widths, 4 layers of its 47: layer 0 dense, 1-3 MoE.
+        from transformers import AutoConfig
+
+        fields = json.load(open(os.path.join(HERE, "../../configs/models/glm47_flash.json")))
+        fields["num_hidden_layers"] = 4
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+    from transformers import Qwen3MoeConfig
 
     # Qwen3-30B-A3B's shape, 4 layers of its 48, every one MoE.
-    return Qwen3MoeForCausalLM, Qwen3MoeConfig(
+    return Qwen3MoeConfig(
         vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
@@ -44,10 +57,12 @@ def model_for(shape):
 
 
 def make(args):
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
-    model_class, config = model_for(args.shape)
+    config = model_for(args.shape)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # GPU init: seconds
-        model = model_class(config).to(torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(args.out, safe_serialization=True)
     print(json.dumps({"made": args.out, "shape": args.shape,
                       "params": sum(p.numel() for p in model.parameters())}))
@@ -59,7 +74,8 @@ def load(args):
 
     kwargs = dict(torch_dtype=torch.bfloat16, attn_implementation="sdpa")
     experts = None
-    if getattr(AutoConfig.from_pretrained(args.checkpoint), "num_experts", None):
+    config = AutoConfig.from_pretrained(args.checkpoint)
+    if getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None):
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 args.checkpoint, experts_implementation="grouped_mm", **kwargs)
@@ -160,7 +176,7 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["make", "decode", "train"])
     parser.add_argument("--out")
-    parser.add_argument("--shape", choices=["qwen3_0.6b", "qwen3_moe_4layer"],
+    parser.add_argument("--shape", choices=["qwen3_0.6b", "qwen3_moe_4layer", "glm47_flash_4layer"],
                         default="qwen3_0.6b", help="make: the model's shape")
     parser.add_argument("--checkpoint")
     parser.add_argument("--batch", type=int, default=64)

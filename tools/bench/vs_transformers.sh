@@ -3,10 +3,11 @@
 # call on the GPU machine: tools/bench/vs_transformers.sh BIN_DIR OUT_DIR
 # BIN_DIR holds decode_bench and train_step_bench (built here: bazel build //tools/bench/...);
 # `transformers` must be importable (on the GPU machine: pip install --no-index from carried
-# wheels). Two models, each a random bf16 checkpoint made by transformers_reference.py make:
+# wheels). Three models, each a random bf16 checkpoint made by transformers_reference.py make:
 #   qwen3_0.6b        dense, Qwen3-0.6B-shaped: decode batch 64 x (128 prompt + 128 new tokens)
 #   qwen3_moe_4layer  Qwen3-30B-A3B-shaped cut to 4 layers: decode batch 64 x (128 + 64)
-# and for both one train step of batch 8 x 512. Writes OUT_DIR/results.jsonl (each line with its
+#   glm47_flash_4layer  GLM-4.7-Flash (MLA + MoE) cut to 4 layers: decode batch 64 x (128 + 64)
+# and for each one train step of batch 8 x 512. Writes OUT_DIR/results.jsonl (each line with its
 # "model") and prints one table block per model with the ratios ours / reference.
 set -euo pipefail
 bin="$1" out="$2"
@@ -39,6 +40,7 @@ bench_model() {
 
 bench_model qwen3_0.6b --batch 64 --prompt-len 128 --new-tokens 128
 bench_model qwen3_moe_4layer --batch 64 --prompt-len 128 --new-tokens 64
+bench_model glm47_flash_4layer --batch 64 --prompt-len 128 --new-tokens 64
 
 python3 - "$results" <<'PY'
 import json, sys
