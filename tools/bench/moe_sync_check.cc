@@ -241,7 +241,8 @@ Value SyncFree(const Model& m, int64_t tokens, bool& ok) {
   const rl::model::RopeTable rope =
       rl::model::MakeRopeTable(m.config, 0, max_length, at::kBFloat16, device);
   const auto ids = [&](int64_t n) {
-    return at::randint(m.config.vocab_size, {rows, n}, at::TensorOptions().device(device));
+    return at::randint(m.config.vocab_size, {rows, n},
+                       at::TensorOptions().dtype(at::kLong).device(device));
   };
   const at::Tensor position =
       at::full({1}, prompt, at::TensorOptions().dtype(at::kLong).device(device));

@@ -13,6 +13,7 @@ set -euo pipefail
 bin="$1" out="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
 train_args=(--batch 8 --seq 512)
+mkdir -p "$out"
 results="$out/results.jsonl"
 : > "$results"
 

@@ -1,5 +1,6 @@
 #include "trainer/model/decoder.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -78,6 +79,27 @@ MlpWeights GetMlp(const TensorMap& params, const std::string& prefix) {
   return {Get(params, prefix + "gate_proj.weight"), Get(params, prefix + "up_proj.weight"),
           Get(params, prefix + "down_proj.weight")};
 }
+
+// Note [Decode steps without cuDNN attention]
+// SDPA does not pick its cuDNN backend while a CUDA graph is being captured, but may pick it for
+// the same call run eagerly (seen for MLA's head dim 256 at GLM-4.7-Flash widths: graph replays
+// and eager steps then generated different tokens). A device-position decode step therefore turns
+// the cuDNN backend off for its duration, so that a replayed step and an eager one run the same
+// kernels and compute the same bits (decode_bench --compare-eager checks it); the speed of the
+// step did not change (164.8 vs 164.0 ms per Generate on the H200). The switch is process-wide,
+// restored on return; the engine's thread is the only one computing while it decodes.
+class CudnnAttentionOff {
+ public:
+  CudnnAttentionOff() : was_on_(at::globalContext().userEnabledCuDNNSDP()) {
+    at::globalContext().setSDPUseCuDNN(false);
+  }
+  ~CudnnAttentionOff() { at::globalContext().setSDPUseCuDNN(was_on_); }
+  CudnnAttentionOff(const CudnnAttentionOff&) = delete;
+  CudnnAttentionOff& operator=(const CudnnAttentionOff&) = delete;
+
+ private:
+  bool was_on_;
+};
 
 }  // namespace
 
@@ -313,6 +335,7 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
            "{} keys; got {} on {} and a table of {} positions",
            device_.str(), key_length, c10::toString(position.scalar_type()),
            position.device().str(), rope.cos.size(0));
+  const CudnnAttentionOff cudnn_off;  // Note [Decode steps without cuDNN attention]
   const at::Tensor index = position.reshape({1});
   const RopeTable step_rope{rope.cos.index_select(0, index), rope.sin.index_select(0, index)};
   AttentionContext ctx;
