@@ -353,19 +353,25 @@ Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
 
 namespace {
 
-// True when at::_grouped_mm accepts x [R, K] and w [E, N, K] as they are (GroupedMMUtils.h).
-bool GroupedMmTakes(const at::Tensor& x, const at::Tensor& w) {
-  const at::ScalarType t = x.scalar_type();
-  if (t != w.scalar_type() || (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat)) {
+// True when at::_grouped_mm takes w [E, N, K] (transposed) against rows of `dtype` and width K:
+// a dtype it has, K a multiple of 16 bytes (ATen's GroupedMMUtils.h), w contiguous and, on CUDA,
+// 16-byte aligned.
+bool GroupedMmTakesWeight(const at::Tensor& w, at::ScalarType dtype) {
+  if (dtype != w.scalar_type() ||
+      (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat)) {
     return false;
   }
+  const int64_t align = 16 / static_cast<int64_t>(w.element_size());
+  return w.dim() == 3 && w.is_contiguous() && w.size(2) % align == 0 &&
+         (!w.is_cuda() || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0);
+}
+
+// And x [R, K]: rows of 16-byte multiples, unit column stride, aligned on CUDA.
+bool GroupedMmTakes(const at::Tensor& x, const at::Tensor& w) {
   const int64_t align = 16 / static_cast<int64_t>(x.element_size());
-  const bool cuda = x.is_cuda();
-  const auto aligned = [&](const at::Tensor& m) {
-    return !cuda || reinterpret_cast<uintptr_t>(m.data_ptr()) % 16 == 0;
-  };
-  return x.dim() == 2 && x.stride(1) == 1 && x.stride(0) % align == 0 && x.stride(0) >= x.size(1) &&
-         w.dim() == 3 && w.is_contiguous() && w.size(2) % align == 0 && aligned(x) && aligned(w);
+  return GroupedMmTakesWeight(w, x.scalar_type()) && x.dim() == 2 && x.stride(1) == 1 &&
+         x.stride(0) % align == 0 && x.stride(0) >= x.size(1) &&
+         (!x.is_cuda() || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0);
 }
 
 using torch::autograd::AutogradContext;
@@ -410,10 +416,11 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
 }  // namespace
 
 bool MoeBlockSyncFree(const MoeWeights& w) {
-  if (!w.gate_up.is_cuda() || w.gate_up.scalar_type() != at::kBFloat16) return false;
-  const at::Tensor rows = at::empty({1, w.gate_up.size(2)}, w.gate_up.options());
-  const at::Tensor act = at::empty({1, w.down.size(2)}, w.down.options());
-  return GroupedMmTakes(rows, w.gate_up) && GroupedMmTakes(act, w.down);
+  // MoeBlock's rows (the gathered tokens, the SwiGLU output) are fresh contiguous tensors of
+  // the weights' widths, so the weights decide.
+  return w.gate_up.is_cuda() && w.gate_up.scalar_type() == at::kBFloat16 &&
+         GroupedMmTakesWeight(w.gate_up, at::kBFloat16) &&
+         GroupedMmTakesWeight(w.down, at::kBFloat16);
 }
 
 at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ends) {
