@@ -18,8 +18,10 @@
 // tokens of the wrong shape/dtype, positions past the cache or a batch larger than the cache
 // throw rl::Error with the sizes.
 //
-// Thread safety: a Decoder is immutable after construction; concurrent forwards are safe if they
-// use distinct KV caches.
+// Thread safety: a Decoder is immutable after construction (but for set_routing_observer);
+// concurrent forwards are safe if they use distinct KV caches, except that DecodeStep turns SDPA's
+// cuDNN backend off process-wide while it runs (Note [Decode steps without cuDNN attention] in
+// decoder.cc).
 #ifndef RL_TRAINER_MODEL_DECODER_H_
 #define RL_TRAINER_MODEL_DECODER_H_
 
