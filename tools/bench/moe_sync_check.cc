@@ -4,11 +4,10 @@
 // top-4, expert width 128, 2 MoE layers.
 //
 //  1. Equivalence: MoeBlock (the stacked experts through GroupedLinear) against a plain loop over
-//     the experts (PerExpertMoe: one at::linear per expert on its tokens), forward and the
-//     gradients of x, the router, the stacked expert weights (and the shared expert), on the same
-//     routing. fp32 must match exactly (the grouped path is ATen's per-group loop there, on the
-//     CPU and on CUDA); bf16 on CUDA (the CUTLASS grouped GEMM) within kBf16Tolerance of the
-//     largest reference value.
+//     the experts (MoeBlockByExpertLoop, moe_reference.h), forward and the gradients of x, the
+//     router, the stacked expert weights (and the shared expert), on the same routing. fp32 must
+//     match exactly (the grouped path is ATen's per-group loop there, on the CPU and on CUDA); bf16
+//     on CUDA (the CUTLASS grouped GEMM) within kBf16Tolerance of the largest reference value.
 //  2. On CUDA only, the host synchronisation check: after a warm-up, with
 //     c10::cuda::warning_state().set_sync_debug_mode(L_ERROR) (any op that waits for the device
 //     throws, naming itself), a bf16 MoeBlock forward + backward (training), a no-grad forward
@@ -37,6 +36,7 @@
 #include "trainer/model/hf_config.h"
 #include "trainer/model/layers.h"
 #include "trainer/model/model_config.h"
+#include "trainer/model/moe_reference.h"
 #include "trainer/model/params.h"
 
 namespace {
@@ -91,52 +91,6 @@ Model MakeModel(const std::string& name, const char* config_json, at::ScalarType
 }
 
 // Layer 0's MoE weights, as the Decoder gathers them.
-MoeWeights LayerMoe(const TensorMap& params) {
-  const std::string m = "model.layers.0.mlp.";
-  MoeWeights w;
-  w.router = params.at(m + "gate.weight");
-  if (params.count(m + "gate.e_score_correction_bias")) {
-    w.router_bias = params.at(m + "gate.e_score_correction_bias");
-  }
-  w.gate_up = params.at(m + "experts.gate_up_proj");
-  w.down = params.at(m + "experts.down_proj");
-  w.has_shared = params.count(m + "shared_experts.gate_proj.weight") > 0;
-  if (w.has_shared) {
-    w.shared = {params.at(m + "shared_experts.gate_proj.weight"),
-                params.at(m + "shared_experts.up_proj.weight"),
-                params.at(m + "shared_experts.down_proj.weight"),
-                {}};
-  }
-  return w;
-}
-
-// The MoE block as a loop over the experts: the same routing and the same combination as
-// MoeBlock, each expert's rows by two at::linear calls. The (token, slot) rows go to and come back
-// from the experts by index_select / index_copy, each row exactly once, so that the gradients sum
-// in the same order as MoeBlock's (exact equality in fp32).
-at::Tensor PerExpertMoe(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
-  const int64_t hidden = x.size(-1);
-  const at::Tensor x2 = x.reshape({-1, hidden});
-  const int64_t tokens = x2.size(0);
-  const rl::model::Routing r = rl::model::Route(w, c, x2);
-  const int64_t k = r.indices.size(1);
-  const int64_t inter = w.down.size(2);
-  const at::Tensor pairs = x2.unsqueeze(1).expand({tokens, k, hidden}).reshape({-1, hidden});
-  const at::Tensor flat = r.indices.reshape({-1}).cpu();
-  at::Tensor ys = at::zeros({tokens * k, hidden}, x.options());
-  for (int64_t e = 0; e < w.gate_up.size(0); ++e) {
-    const at::Tensor rows = at::nonzero(flat == e).view({-1}).to(x.device());
-    if (rows.numel() == 0) continue;
-    const at::Tensor gate_up = at::linear(pairs.index_select(0, rows), w.gate_up[e]);
-    const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-    ys = ys.index_copy(0, rows, at::linear(act, w.down[e]));
-  }
-  at::Tensor out =
-      (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
-  if (w.has_shared) out = out + rl::model::DenseMlp(w.shared, x2);
-  return out.view(x.sizes());
-}
-
 // The tensors whose gradients are compared, and their names.
 std::vector<std::pair<std::string, at::Tensor>> Differentiable(const MoeWeights& w,
                                                                const at::Tensor& x) {
@@ -169,7 +123,7 @@ double MaxAbs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 // Check 1 for one model and dtype.
 Value Equivalence(const Model& m, at::ScalarType dtype, at::Device device, int64_t tokens,
                   bool& ok) {
-  const MoeWeights w = LayerMoe(m.params);
+  const MoeWeights w = rl::model::MoeWeightsOf(m.params, "model.layers.0.mlp.");
   const int64_t hidden = m.config.hidden_size;
   at::Tensor x = at::randn({tokens, hidden}, at::make_generator<at::CPUGeneratorImpl>(1))
                      .to(device, dtype)
@@ -179,7 +133,8 @@ Value Equivalence(const Model& m, at::ScalarType dtype, at::Device device, int64
   const auto grouped = ForwardBackward(
       [&](const at::Tensor& in) { return rl::model::MoeBlock(w, m.config, in); }, w, x, probe);
   const auto loop = ForwardBackward(
-      [&](const at::Tensor& in) { return PerExpertMoe(w, m.config, in); }, w, x, probe);
+      [&](const at::Tensor& in) { return rl::model::MoeBlockByExpertLoop(w, m.config, in); }, w, x,
+      probe);
   const bool exact = dtype == at::kFloat;
   std::vector<std::string> names = {"out"};
   for (const auto& [name, t] : Differentiable(w, x)) names.push_back("grad_" + name);
@@ -216,7 +171,7 @@ struct SyncErrors {
 // Check 2 for one bf16 CUDA model: every MoE path under L_ERROR after a warm-up.
 Value SyncFree(const Model& m, int64_t tokens, bool& ok) {
   const at::Device device = m.params.begin()->second.device();
-  const MoeWeights w = LayerMoe(m.params);
+  const MoeWeights w = rl::model::MoeWeightsOf(m.params, "model.layers.0.mlp.");
   const at::Tensor x = at::randn({tokens, m.config.hidden_size}, at::TensorOptions().device(device))
                            .to(at::kBFloat16)
                            .requires_grad_(true);

@@ -103,6 +103,18 @@ class CudnnAttentionOff {
 
 }  // namespace
 
+MoeWeights MoeWeightsOf(const TensorMap& params, const std::string& mlp_prefix) {
+  const std::string& m = mlp_prefix;
+  MoeWeights w;
+  w.router = Get(params, m + "gate.weight");
+  w.router_bias = GetOptional(params, m + "gate.e_score_correction_bias");
+  w.gate_up = Get(params, m + "experts.gate_up_proj");
+  w.down = Get(params, m + "experts.down_proj");
+  w.has_shared = params.count(m + "shared_experts.gate_proj.weight") > 0;
+  if (w.has_shared) w.shared = GetMlp(params, m + "shared_experts.");
+  return w;
+}
+
 int64_t KvCache::NumElements(const ModelConfig& config, int64_t max_batch, int64_t max_length) {
   int64_t n = 0;
   for (const auto& layer : CacheShapes(config, max_batch, max_length)) {
@@ -224,13 +236,7 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels)
         fused_projections_ += layer.mlp.gate_up_proj.defined() ? 1 : 0;
       }
     } else {
-      MoeWeights& w = layer.moe;
-      w.router = Get(params, m + "gate.weight");
-      w.router_bias = GetOptional(params, m + "gate.e_score_correction_bias");
-      w.gate_up = Get(params, m + "experts.gate_up_proj");
-      w.down = Get(params, m + "experts.down_proj");
-      w.has_shared = params.count(m + "shared_experts.gate_proj.weight") > 0;
-      if (w.has_shared) w.shared = GetMlp(params, m + "shared_experts.");
+      layer.moe = MoeWeightsOf(params, m);
     }
     layers_.push_back(std::move(layer));
   }

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "trainer/model/layers.h"
@@ -63,6 +64,10 @@ class KvCache {
   int64_t max_length_;
   std::vector<LayerKv> layers_;
 };
+
+// The MoE block's weights of the layer whose MLP is at `mlp_prefix` ("model.layers.N.mlp."), as
+// handles into `params`; throws rl::Error naming a missing parameter.
+MoeWeights MoeWeightsOf(const TensorMap& params, const std::string& mlp_prefix);
 
 struct TokenStats {
   at::Tensor log_probs;  // [batch, seq] log p(target | prefix), fp32 (fp64 for fp64 params)

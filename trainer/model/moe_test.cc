@@ -1,6 +1,7 @@
-// The grouped MoE block (Note [MoE block] in layers.h) against a per-expert loop over the same
-// stacked weights, forward and gradients in fp32 on the CPU: routing with experts that receive no
-// token, one expert that receives every token, and top-k equal to the number of experts.
+// The grouped MoE block (Note [MoE block] in layers.h) against the per-expert loop
+// (moe_reference.h) over the same stacked weights, forward and gradients in fp32 on the CPU:
+// routing with experts that receive no token, one expert that receives every token, and top-k
+// equal to the number of experts.
 #include <ATen/ATen.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +11,7 @@
 
 #include "trainer/model/layers.h"
 #include "trainer/model/model_config.h"
+#include "trainer/model/moe_reference.h"
 
 namespace rl::model {
 namespace {
@@ -45,24 +47,6 @@ MoeWeights RandomWeights(const ModelConfig& c, uint64_t seed) {
   return w;
 }
 
-// The definition: each (token, slot) pair through its expert's MLP, one expert at a time, then
-// the router-weighted sum over the slots.
-at::Tensor LoopMoe(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
-  const Routing r = Route(w, c, x);
-  const int64_t k = r.indices.size(1);
-  at::Tensor per_slot = at::zeros({x.size(0) * k, kHidden}, x.options());
-  const at::Tensor flat = r.indices.reshape({-1});
-  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-    const at::Tensor pairs = (flat == e).nonzero().squeeze(1);
-    if (pairs.numel() == 0) continue;
-    const at::Tensor xe = x.index_select(0, at::floor_divide(pairs, k));
-    const at::Tensor gate = at::linear(xe, w.gate_up[e].narrow(0, 0, kInter));
-    const at::Tensor up = at::linear(xe, w.gate_up[e].narrow(0, kInter, kInter));
-    per_slot = per_slot.index_copy(0, pairs, at::linear(at::silu(gate) * up, w.down[e]));
-  }
-  return (per_slot.view({x.size(0), k, kHidden}) * r.weights.unsqueeze(-1)).sum(1);
-}
-
 struct Grads {
   at::Tensor out, x, gate_up, down, router;
 };
@@ -74,7 +58,7 @@ Grads Run(bool grouped, const MoeWeights& weights, const ModelConfig& c, const a
   w.gate_up = weights.gate_up.clone().requires_grad_();
   w.down = weights.down.clone().requires_grad_();
   const at::Tensor x = x0.clone().requires_grad_();
-  const at::Tensor out = grouped ? MoeBlock(w, c, x) : LoopMoe(w, c, x);
+  const at::Tensor out = grouped ? MoeBlock(w, c, x) : MoeBlockByExpertLoop(w, c, x);
   out.backward(seed_grad);
   return {out.detach(), x.grad(), w.gate_up.grad(), w.down.grad(), w.router.grad()};
 }
