@@ -16,6 +16,12 @@ summary='^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|FAILED T
 passed=$(grep -Ec "^//[^ ]+ +(\(cached\) )?PASSED" "$log")
 total=$(grep -Ec "$summary" "$log")
 failed=$((total - passed))
+# The end of each failed test's log, again, just above the count (CI shows the tail of the run).
+for target in $(grep -Eo "^//[^ ]+ +(FAILED|TIMEOUT|FLAKY)" "$log" | cut -d' ' -f1); do
+  test_log="bazel-testlogs/$(echo "${target#//}" | tr ':' '/')/test.log"
+  echo "==== the last 60 lines of ${target} (${test_log})"
+  tail -n 60 "$test_log" 2>/dev/null || echo "(no log)"
+done
 if [[ $status -ne 0 && $failed -eq 0 ]]; then
   failed=1  # the build or Bazel itself failed before any test ran
 fi
