@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <map>
@@ -68,6 +69,22 @@ double Mean(const std::vector<double>& v) {
   double sum = 0;
   for (double x : v) sum += x;
   return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+}
+
+json::Value IntList(const std::vector<int64_t>& values) {
+  json::Value::Array array;
+  for (int64_t v : values) array.push_back(json::Value::Int(v));
+  return json::Value::MakeArray(std::move(array));
+}
+
+// Max over mean of per-rank counts: 1 is perfectly even; 0 when nothing was counted.
+double Imbalance(const std::vector<int64_t>& per_rank) {
+  int64_t sum = 0, most = 0;
+  for (int64_t v : per_rank) {
+    sum += v;
+    most = std::max(most, v);
+  }
+  return sum == 0 ? 0.0 : static_cast<double>(most) * per_rank.size() / static_cast<double>(sum);
 }
 
 // The cycle of one rank: Init once, RunIteration per iteration, Finish once. RunIteration is the
@@ -297,6 +314,13 @@ class ColocatedCycle {
     line.Set("tokens_per_s", json::Value::Double(tokens_per_s));
     for (const auto& [name, seconds] : phase_seconds_) {
       line.Set("time_" + name + "_s", json::Value::Double(seconds));
+    }
+    // Note [Data-parallel rollout]: what each rank generated.
+    const GenerationShares shares = colocated() ? rollout_->last_shares() : GenerationShares();
+    if (!shares.samples.empty()) {
+      line.Set("rollout_samples_per_rank", IntList(shares.samples));
+      line.Set("rollout_tokens_per_rank", IntList(shares.response_tokens));
+      line.Set("rollout_tokens_imbalance", json::Value::Double(Imbalance(shares.response_tokens)));
     }
     line.Set("gpu_bytes", json::Value::Int(regions_.total_device_bytes()));
     line.Set("host_pinned_bytes", json::Value::Int(HostPinnedBytes()));

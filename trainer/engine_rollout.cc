@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <sstream>
 #include <unordered_map>
 
@@ -15,6 +16,7 @@
 #include "trainer/data/tokenizer.h"
 #include "trainer/memory/region_manager.h"
 #include "trainer/rollout/engine.h"
+#include "trainer/rollout_split.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rl {
@@ -25,8 +27,10 @@ using memory::RegionTag;
 class EngineRollout final : public Rollout {
  public:
   EngineRollout(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                c10::Device device, memory::RegionManager& regions)
+                Communicator& comm, c10::Device device, memory::RegionManager& regions)
       : resolved_(resolved),
+        comm_(comm),
+        device_(device),
         tokenizer_(model.hf_config.is_null() || resolved.config.model.hf_checkpoint.empty()
                        ? std::unique_ptr<data::Tokenizer>(new data::ByteTokenizer())
                        : data::LoadTokenizer(resolved.config.model.hf_checkpoint)),
@@ -58,7 +62,10 @@ class EngineRollout final : public Rollout {
       RL_CHECK(inserted, Error, "{}: two prompts share line {}", c.data.prompt_data, p.line);
       longest_prompt = std::max<int64_t>(longest_prompt, it->second.size());
     }
-    const int64_t max_batch = c.rollout.rollout_batch_size * c.rollout.n_samples_per_prompt;
+    // This rank's rows: its share of the prompts (the first rank's is the largest), n samples each.
+    const int64_t max_batch =
+        std::max<int64_t>(1, PromptShare(c.rollout.rollout_batch_size, 0, comm.size()).size() *
+                                 c.rollout.n_samples_per_prompt);
     const int64_t max_length = longest_prompt + c.rollout.rollout_max_response_len;
     stop_ids_ = tokenizer_->stop_ids();
     stop_ids_.insert(stop_ids_.end(), c.rollout.rollout_stop_token_ids.begin(),
@@ -88,14 +95,19 @@ class EngineRollout final : public Rollout {
         engine_->uses_cuda_graphs() ? "by CUDA graphs" : "eager");
   }
 
+  // Note [Data-parallel rollout]: this rank generates its share of the prompts; the batch
+  // returned is everyone's.
   rl_algo::RolloutBatch Generate(int64_t iteration) override {
     const config::Config& c = resolved_.config;
+    const int64_t n = c.rollout.n_samples_per_prompt;
     const std::vector<data::PromptExample> prompts =
         dataset_->NextBatch(c.rollout.rollout_batch_size);
+    const PromptRange mine =
+        PromptShare(static_cast<int64_t>(prompts.size()), comm_.rank(), comm_.size());
     std::vector<std::vector<int64_t>> inputs;
-    for (const data::PromptExample& p : prompts) {
-      const std::vector<int64_t>& ids = prompt_ids_.at(p.line);
-      for (int64_t k = 0; k < c.rollout.n_samples_per_prompt; ++k) inputs.push_back(ids);
+    for (int64_t p = mine.begin; p < mine.end; ++p) {
+      const std::vector<int64_t>& ids = prompt_ids_.at(prompts[p].line);
+      for (int64_t k = 0; k < n; ++k) inputs.push_back(ids);
     }
     rollout::SamplingParams sampling;
     sampling.temperature = c.rollout.rollout_temperature;
@@ -103,15 +115,19 @@ class EngineRollout final : public Rollout {
     sampling.top_k = c.rollout.rollout_top_k;
     sampling.max_new_tokens = c.rollout.rollout_max_response_len;
     sampling.stop_token_ids = stop_ids_;
-    // Per prompt i the engine seeds seed + i; keep iterations apart.
-    sampling.seed = static_cast<uint64_t>(c.run.seed) * 1000003u +
-                    static_cast<uint64_t>(iteration) * static_cast<uint64_t>(inputs.size() + 1);
-    const std::vector<rollout::Generation> generations = engine_->Generate(inputs, sampling);
+    // Sample k of prompt p draws with base + p * n + k; the bases of two iterations are a whole
+    // batch (plus one) apart, so no two samples of a run share a seed.
+    const int64_t batch_rows = static_cast<int64_t>(prompts.size()) * n;
+    const uint64_t base = static_cast<uint64_t>(c.run.seed) * 1000003u +
+                          static_cast<uint64_t>(iteration) * static_cast<uint64_t>(batch_rows + 1);
+    sampling.seed = base + static_cast<uint64_t>(mine.begin * n);
+    const std::vector<rollout::Generation> generations =
+        inputs.empty() ? std::vector<rollout::Generation>() : engine_->Generate(inputs, sampling);
 
-    rl_algo::RolloutBatch batch;
+    std::vector<rl_algo::Sample> local;
     for (size_t i = 0; i < generations.size(); ++i) {
       const rollout::Generation& g = generations[i];
-      const int64_t group = static_cast<int64_t>(i) / c.rollout.n_samples_per_prompt;
+      const int64_t group = mine.begin + static_cast<int64_t>(i) / n;
       rl_algo::Sample s;
       s.tokens = g.prompt;
       s.tokens.insert(s.tokens.end(), g.response.begin(), g.response.end());
@@ -121,10 +137,21 @@ class EngineRollout final : public Rollout {
                          prompts[group].label);
       s.rollout_log_probs = g.log_probs;
       s.group_index = group;
-      batch.samples.push_back(std::move(s));
+      local.push_back(std::move(s));
+    }
+    rl_algo::RolloutBatch batch;
+    shares_ = GenerationShares();
+    for (std::vector<rl_algo::Sample>& part : AllGatherSamples(local, comm_, device_)) {
+      int64_t tokens = 0;
+      for (const rl_algo::Sample& s : part) tokens += s.response_length;
+      shares_.samples.push_back(static_cast<int64_t>(part.size()));
+      shares_.response_tokens.push_back(tokens);
+      std::move(part.begin(), part.end(), std::back_inserter(batch.samples));
     }
     return batch;
   }
+
+  GenerationShares last_shares() const override { return shares_; }
 
   void Sleep() override { engine_->Sleep(); }
   void WakeWeights() override {
@@ -171,6 +198,8 @@ class EngineRollout final : public Rollout {
   }
 
   const config::ResolvedConfig& resolved_;
+  Communicator& comm_;
+  c10::Device device_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::RewardFn reward_;
   std::unique_ptr<data::PromptDataset> dataset_;
@@ -179,14 +208,15 @@ class EngineRollout final : public Rollout {
   std::unordered_map<int64_t, std::vector<int64_t>> prompt_ids_;  // line -> token ids
   memory::RegionManager& regions_;
   std::unique_ptr<rollout::RolloutEngine> engine_;
+  GenerationShares shares_;  // of the last Generate
 };
 
 }  // namespace
 
 std::unique_ptr<Rollout> MakeEngineRollout(const config::ResolvedConfig& resolved,
-                                           const model::ModelConfig& model, c10::Device device,
-                                           memory::RegionManager& regions) {
-  return std::make_unique<EngineRollout>(resolved, model, device, regions);
+                                           const model::ModelConfig& model, Communicator& comm,
+                                           c10::Device device, memory::RegionManager& regions) {
+  return std::make_unique<EngineRollout>(resolved, model, comm, device, regions);
 }
 
 }  // namespace rl

@@ -5,9 +5,9 @@
 // and `kv_cache` regions, created in `regions` (which must outlive it) and paused by Sleep(); the
 // weight sync writes the actor's tensors into the engine's own (fused) layout.
 //
-// With DP > 1 every rank generates the whole rollout (same weights, same seeds: identical
-// samples), so that GRPO groups and the data split need no exchange of samples; dividing the
-// generation over the ranks is left for the multi-GPU work.
+// With DP > 1 each rank generates its share of the prompts and the samples are exchanged, so
+// that Generate returns the whole rollout on every rank (Note [Data-parallel rollout] in
+// rollout_split.h); Generate is then collective over `comm`.
 #ifndef RL_TRAINER_ENGINE_ROLLOUT_H_
 #define RL_TRAINER_ENGINE_ROLLOUT_H_
 
@@ -15,6 +15,7 @@
 
 #include <memory>
 
+#include "launch/communicator.h"
 #include "trainer/config/validate.h"
 #include "trainer/memory/region_manager.h"
 #include "trainer/model/model_config.h"
@@ -23,8 +24,8 @@
 namespace rl {
 
 std::unique_ptr<Rollout> MakeEngineRollout(const config::ResolvedConfig& resolved,
-                                           const model::ModelConfig& model, c10::Device device,
-                                           memory::RegionManager& regions);
+                                           const model::ModelConfig& model, Communicator& comm,
+                                           c10::Device device, memory::RegionManager& regions);
 
 }  // namespace rl
 

@@ -143,7 +143,7 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
   std::unique_ptr<Rollout> rollout;
   if (!cfg.colocate.debug_train_only) {
     rollout = cfg.data.load_debug_rollout_data.empty()
-                  ? MakeEngineRollout(resolved, model, device, regions)
+                  ? MakeEngineRollout(resolved, model, *comm, device, regions)
                   : MakeReplayRollout(resolved);
   }
   try {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "launch/json.h"
 #include "launch/named_tensors.h"
@@ -22,11 +23,20 @@
 
 namespace rl {
 
+// What each data-parallel rank's engine generated in one Generate, one entry per rank.
+struct GenerationShares {
+  std::vector<int64_t> samples;
+  std::vector<int64_t> response_tokens;
+};
+
 class Rollout {
  public:
   virtual ~Rollout() = default;
-  // This iteration's samples; the same on every rank.
+  // This iteration's samples; the same on every rank. Collective for the engine (its ranks
+  // exchange their shares).
   virtual rl_algo::RolloutBatch Generate(int64_t iteration) = 0;
+  // The shares of the last Generate; empty when nothing was generated (a replay).
+  virtual GenerationShares last_shares() const { return {}; }
   virtual void Sleep() {}        // release weights and KV cache
   virtual void WakeWeights() {}  // weights back (contents undefined until the sync)
   virtual void WakeKvCache() {}

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string_view>
 #include <unordered_set>
@@ -275,6 +276,101 @@ void WriteRolloutData(const std::string& path, const RolloutBatch& batch) {
   }
   writer.Write(chunk);
   writer.Commit();
+}
+
+namespace {
+
+// Appends and reads plain values in the host's byte order (Note [Sample wire format]).
+class ByteWriter {
+ public:
+  template <class T>
+  void Put(T value) {
+    const char* p = reinterpret_cast<const char*>(&value);
+    out_.append(p, sizeof(T));
+  }
+  template <class T, class U = T>
+  void PutArray(const std::vector<U>& values) {
+    Put<int64_t>(static_cast<int64_t>(values.size()));
+    for (const U& v : values) Put<T>(static_cast<T>(v));
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class ByteReader {
+ public:
+  ByteReader(std::string_view bytes, const std::string& source) : bytes_(bytes), source_(source) {}
+  template <class T>
+  T Get(std::string_view what) {
+    RL_CHECK(bytes_.size() - offset_ >= sizeof(T), Error,
+             "{}: the sample bytes end inside {} (at byte {} of {})", source_, what, offset_,
+             bytes_.size());
+    T value;
+    std::memcpy(&value, bytes_.data() + offset_, sizeof(T));
+    offset_ += sizeof(T);
+    return value;
+  }
+  template <class T, class U = T>
+  std::vector<U> GetArray(std::string_view what) {
+    const int64_t n = Get<int64_t>(what);
+    RL_CHECK(n >= 0 && static_cast<uint64_t>(n) <= (bytes_.size() - offset_) / sizeof(T), Error,
+             "{}: {} claims {} entries, more than the {} bytes left", source_, what, n,
+             bytes_.size() - offset_);
+    std::vector<U> values;
+    values.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) values.push_back(static_cast<U>(Get<T>(what)));
+    return values;
+  }
+  bool done() const { return offset_ == bytes_.size(); }
+  size_t offset() const { return offset_; }
+
+ private:
+  std::string_view bytes_;
+  const std::string& source_;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+std::string EncodeSamples(const std::vector<Sample>& samples) {
+  ByteWriter w;
+  w.Put<uint64_t>(samples.size());
+  for (const Sample& s : samples) {
+    w.PutArray<int64_t>(s.tokens);
+    w.Put<int64_t>(s.response_length);
+    w.PutArray<int32_t>(s.loss_mask);
+    w.Put<double>(s.reward);
+    w.Put<uint8_t>(s.rollout_log_probs.has_value() ? 1 : 0);
+    if (s.rollout_log_probs) w.PutArray<float>(*s.rollout_log_probs);
+    w.Put<uint8_t>(s.group_index.has_value() ? 1 : 0);
+    if (s.group_index) w.Put<int64_t>(*s.group_index);
+  }
+  return w.Take();
+}
+
+std::vector<Sample> DecodeSamples(std::string_view bytes, const std::string& source) {
+  ByteReader r(bytes, source);
+  const uint64_t count = r.Get<uint64_t>("the sample count");
+  std::vector<Sample> samples;
+  for (uint64_t i = 0; i < count; ++i) {
+    Sample s;
+    s.tokens = r.GetArray<int64_t>("tokens");
+    s.response_length = r.Get<int64_t>("response_length");
+    s.loss_mask = r.GetArray<int32_t, int>("loss_mask");
+    s.reward = r.Get<double>("reward");
+    if (r.Get<uint8_t>("rollout_log_probs") != 0) {
+      s.rollout_log_probs = r.GetArray<float>("rollout_log_probs");
+    }
+    if (r.Get<uint8_t>("group") != 0) s.group_index = r.Get<int64_t>("group");
+    const std::string problem = SampleProblem(s);
+    RL_CHECK(problem.empty(), Error, "{}: sample {}: {}", source, i, problem);
+    samples.push_back(std::move(s));
+  }
+  RL_CHECK(r.done(), Error, "{}: {} bytes left over after {} samples", source,
+           bytes.size() - r.offset(), count);
+  return samples;
 }
 
 std::vector<int64_t> GroupSizes(const RolloutBatch& batch, int64_t n_samples_per_prompt) {

@@ -69,6 +69,17 @@ RolloutBatch ParseRolloutData(std::string_view text, const std::string& source);
 // rl::CheckpointError.
 void WriteRolloutData(const std::string& path, const RolloutBatch& batch);
 
+// Note [Sample wire format]
+// Samples travel between data-parallel ranks (the rollout exchange) as bytes: a uint64 count, then
+// per sample the tokens (int64 count + int64 ids), response_length (int64), the loss mask (int64
+// count + int32 each), the reward (float64), the rollout log-probs (uint8 present flag, then
+// int64 count + float32 each) and the group index (uint8 present flag, then int64), in the host's
+// byte order (every rank of a job runs on the same kind of host). DecodeSamples gives back the
+// encoded samples exactly (==), and throws rl::Error naming `source` when the bytes are cut short,
+// have bytes left over or hold a sample that breaks Note [Rollout sample layout].
+std::string EncodeSamples(const std::vector<Sample>& samples);
+std::vector<Sample> DecodeSamples(std::string_view bytes, const std::string& source);
+
 // The sizes of the GRPO groups, in batch order, summing to samples.size(). When every sample has
 // a group_index, a group is a run of consecutive samples with the same index; an index that
 // reappears after another group is an error (groups must be contiguous). When none has one,
