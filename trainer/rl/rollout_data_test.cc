@@ -206,5 +206,40 @@ TEST_CASE("groups come from group ids, or from position", "[rollout_data]") {
   CHECK_THROWS_WITH(GroupSizes(batch, 4), Catch::Contains("--n-samples-per-prompt"));
 }
 
+TEST_CASE("samples encoded for the rollout exchange decode to the same samples",
+          "[rollout_data][wire]") {
+  Sample a = MakeSample({151644, 872, 0, 9223372036854775807LL}, 3, 0.1);
+  a.loss_mask = {1, 0, 1};
+  a.rollout_log_probs = std::vector<float>{-0.1f, std::nextafter(-1.0f, 0.0f), -1e-38f};
+  a.group_index = 3;
+  Sample b = MakeSample({8}, 1, 5e-324);  // no log-probs, no group
+  const std::vector<Sample> samples = {a, b};
+  const std::vector<Sample> back = DecodeSamples(EncodeSamples(samples), "test");
+  REQUIRE(back.size() == 2);
+  CHECK(back[0] == a);
+  CHECK(back[1] == b);
+  CHECK(DecodeSamples(EncodeSamples({}), "test").empty());
+}
+
+TEST_CASE("cut or padded sample bytes are an error naming the source, never a crash",
+          "[rollout_data][wire]") {
+  Sample a = MakeSample({1, 2, 3}, 2, 1.0);
+  a.rollout_log_probs = std::vector<float>{-1.0f, -2.0f};
+  const std::string bytes = EncodeSamples({a, a});
+  // Every proper prefix fails (none is a whole encoding), and so do extra bytes.
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    INFO("prefix of " << n << " bytes");
+    CHECK_THROWS_WITH(DecodeSamples(bytes.substr(0, n), "rank 1"), Catch::Contains("rank 1"));
+  }
+  CHECK_THROWS_WITH(DecodeSamples(bytes + "x", "rank 1"), Catch::Contains("left over"));
+  // A sample that breaks the layout (response longer than its tokens) is refused.
+  Sample bad = a;
+  bad.response_length = 9;
+  bad.loss_mask.assign(9, 1);
+  bad.rollout_log_probs = std::vector<float>(9, -1.0f);
+  CHECK_THROWS_WITH(DecodeSamples(EncodeSamples({bad}), "rank 1"),
+                    Catch::Contains("rank 1: sample 0"));
+}
+
 }  // namespace
 }  // namespace rl::rl_algo
