@@ -43,25 +43,11 @@ class EngineRollout final : public Rollout {
     RL_CHECK(tokenizer_->vocab_size() <= model.vocab_size, ConfigError,
              "the tokenizer has {} tokens but the model's vocabulary is {}",
              tokenizer_->vocab_size(), model.vocab_size);
-    data::PromptDatasetOptions options;
-    options.input_key = c.data.input_key;
-    options.label_key = c.data.label_key;
-    options.seed = static_cast<uint64_t>(c.run.seed);
-    dataset_ = std::make_unique<data::PromptDataset>(
-        data::PromptDataset::LoadJsonl(c.data.prompt_data, options));
     if (c.data.apply_chat_template) {
       template_ = std::make_unique<data::ChatTemplate>(
           data::ChatTemplate::Recognize(tokenizer_->chat_template()));
     }
-    // Every prompt is tokenised once, here: the engine's KV cache is sized by the longest, and
-    // Generate reuses the ids.
-    int64_t longest_prompt = 1;
-    for (int64_t i = 0; i < dataset_->size(); ++i) {
-      const data::PromptExample& p = dataset_->at(i);
-      const auto [it, inserted] = prompt_ids_.emplace(p.line, Encode(p));
-      RL_CHECK(inserted, Error, "{}: two prompts share line {}", c.data.prompt_data, p.line);
-      longest_prompt = std::max<int64_t>(longest_prompt, it->second.size());
-    }
+    const int64_t longest_prompt = LoadPrompts(c, model);
     // This rank's rows: its share of the prompts (the first rank's is the largest), n samples each.
     const int64_t max_batch =
         std::max<int64_t>(1, PromptShare(c.rollout.rollout_batch_size, 0, comm.size()).size() *
@@ -71,8 +57,25 @@ class EngineRollout final : public Rollout {
     stop_ids_.insert(stop_ids_.end(), c.rollout.rollout_stop_token_ids.begin(),
                      c.rollout.rollout_stop_token_ids.end());
 
-    const auto allocate = [this](RegionTag tag, int64_t bytes) {
-      regions_.Create(tag, bytes, memory::HostBackup::kNone);
+    const auto allocate = [&](RegionTag tag, int64_t bytes) {
+      try {
+        regions_.Create(tag, bytes, memory::HostBackup::kNone);
+      } catch (const Error& e) {
+        // Say which options size the region that does not fit.
+        throw ConfigError(fmt::format(
+            "{}; the {} region of {} holds {}", e.what(), memory::RegionTagName(tag),
+            memory::FormatBytes(bytes),
+            tag == RegionTag::kKvCache
+                ? fmt::format("{} rows x {} tokens: this rank's share of --rollout-batch-size {} "
+                              "x --n-samples-per-prompt {}, and the longest prompt kept ({} "
+                              "tokens, at most --rollout-max-prompt-len) + "
+                              "--rollout-max-response-len {}",
+                              max_batch, max_length, c.rollout.rollout_batch_size,
+                              c.rollout.n_samples_per_prompt, longest_prompt,
+                              c.rollout.rollout_max_response_len)
+                : std::string("the model's weights (--hf-checkpoint / --model-config, "
+                              "--params-dtype)")));
+      }
       return regions_.Carve(tag, bytes, at::kByte);
     };
     const at::ScalarType dtype =
@@ -185,6 +188,68 @@ class EngineRollout final : public Rollout {
   }
 
  private:
+  // Note [Prompt length limit]
+  // Reads --prompt-data, tokenises every prompt once (Generate reuses the ids) and drops, with one
+  // warning, the prompts longer than --rollout-max-prompt-len (default: the model's context less
+  // --rollout-max-response-len), so that a stray long line neither sizes the KV cache nor runs
+  // past the positions the model was trained for. The KV cache is sized by the longest prompt
+  // kept plus the response limit: at most the limits, and no more than the data needs. Returns
+  // that longest prompt. Throws ConfigError naming the options when the limits leave no room or
+  // no prompt is kept.
+  int64_t LoadPrompts(const config::Config& c, const model::ModelConfig& model) {
+    const int64_t response = c.rollout.rollout_max_response_len;
+    const int64_t context = model.max_position_embeddings;  // 0: not stated by the model
+    int64_t limit = c.rollout.rollout_max_prompt_len;
+    if (context > 0) {
+      RL_CHECK(response < context, ConfigError,
+               "--rollout-max-response-len {} leaves no room for a prompt in the model's context "
+               "of {} positions (max_position_embeddings)",
+               response, context);
+      RL_CHECK(limit + response <= context, ConfigError,
+               "--rollout-max-prompt-len {} + --rollout-max-response-len {} exceed the model's "
+               "context of {} positions (max_position_embeddings)",
+               limit, response, context);
+      if (limit == 0) limit = context - response;
+    }
+    data::PromptDatasetOptions options;
+    options.input_key = c.data.input_key;
+    options.label_key = c.data.label_key;
+    options.seed = static_cast<uint64_t>(c.run.seed);
+    const data::PromptDataset all = data::PromptDataset::LoadJsonl(c.data.prompt_data, options);
+    std::vector<data::PromptExample> kept;
+    std::vector<int64_t> dropped;  // line numbers
+    int64_t longest = 1, longest_dropped = 0;
+    for (int64_t i = 0; i < all.size(); ++i) {
+      const data::PromptExample& p = all.at(i);
+      std::vector<int64_t> ids = Encode(p);
+      const int64_t length = static_cast<int64_t>(ids.size());
+      if (limit > 0 && length > limit) {
+        dropped.push_back(p.line);
+        longest_dropped = std::max(longest_dropped, length);
+        continue;
+      }
+      const bool inserted = prompt_ids_.emplace(p.line, std::move(ids)).second;
+      RL_CHECK(inserted, Error, "{}: two prompts share line {}", c.data.prompt_data, p.line);
+      longest = std::max(longest, length);
+      kept.push_back(p);
+    }
+    RL_CHECK(!kept.empty(), ConfigError,
+             "every prompt of {} is longer than --rollout-max-prompt-len {} tokens (the longest "
+             "has {}); raise the limit or shorten the prompts",
+             c.data.prompt_data, limit, longest_dropped);
+    if (!dropped.empty() && comm_.rank() == 0) {
+      const size_t shown = std::min<size_t>(dropped.size(), 10);
+      spdlog::warn("{} of {} prompts in {} are longer than --rollout-max-prompt-len {} tokens and "
+                   "are dropped (lines {}{})",
+                   dropped.size(), all.size(), c.data.prompt_data, limit,
+                   fmt::join(dropped.begin(), dropped.begin() + shown, ", "),
+                   dropped.size() > shown ? ", ..." : "");
+    }
+    dataset_ = std::make_unique<data::PromptDataset>(std::move(kept), options.seed,
+                                                     options.shuffle);
+    return longest;
+  }
+
   std::vector<int64_t> Encode(const data::PromptExample& p) const {
     if (template_) {
       std::vector<data::ChatMessage> messages = p.messages;

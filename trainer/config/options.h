@@ -129,6 +129,7 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(int64_t, rollout_batch_size, 8, "Prompts per rollout.")                                        \
   X(int64_t, n_samples_per_prompt, 8, "Responses sampled per prompt (the GRPO group).")           \
   X(int64_t, rollout_max_response_len, 1024, "Maximum response tokens.")                           \
+  X(int64_t, rollout_max_prompt_len, 0, "Longer prompts are dropped at start-up, with a warning; 0 = the model's context less --rollout-max-response-len.") \
   X(double, rollout_temperature, 1.0, "Sampling temperature.")                                     \
   X(double, rollout_top_p, 1.0, "Nucleus sampling threshold; 1 disables it.")                      \
   X(int64_t, rollout_top_k, -1, "Top-k sampling; -1 disables it.")                                 \

@@ -203,6 +203,10 @@ void ValidateRanges(Rules& rules, const Config& c) {
                 ro.rollout_batch_size);
   rules.Require(ro.n_samples_per_prompt >= 1, "--n-samples-per-prompt must be at least 1; got {}",
                 ro.n_samples_per_prompt);
+  rules.Require(ro.rollout_max_prompt_len >= 0,
+                "--rollout-max-prompt-len must be at least 0 (0 = the model's context less the "
+                "response); got {}",
+                ro.rollout_max_prompt_len);
   rules.Require(ro.rollout_max_response_len >= 1,
                 "--rollout-max-response-len must be at least 1; got {}",
                 ro.rollout_max_response_len);
