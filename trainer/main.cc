@@ -133,6 +133,10 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
            "--device cuda but this host has no CUDA device; use --device auto or cpu");
   std::unique_ptr<Communicator> comm = CreateCommunicator(
       session, device, CommOptions{std::chrono::seconds(cfg.parallel.comm_timeout_s)});
+  // Checked here, before any rank generates: every rank trains on an equal share of each step.
+  RL_CHECK(cfg.rollout.global_batch_size % comm->size() == 0, ConfigError,
+           "--global-batch-size {} is not a multiple of the {} data-parallel ranks (mpirun -np)",
+           cfg.rollout.global_batch_size, comm->size());
   const std::vector<RankInfo> layout = GatherRankLayout(session, device);
   spdlog::info("rank layout ({} ranks, backend {}):\n{}", session.world_size(), comm->backend(),
                FormatRankLayout(layout));
