@@ -38,6 +38,16 @@ optimizer::AdamOptions AdamOptionsFrom(const config::Config& c) {
   return o;
 }
 
+PlanOptions PlanOptionsFrom(const config::RolloutOptions& r) {
+  PlanOptions o;
+  o.global_batch_size = r.global_batch_size;
+  o.micro_batch_size = r.micro_batch_size;
+  o.balance_data = r.balance_data;
+  o.dynamic_batch_size = r.use_dynamic_batch_size;
+  o.max_tokens_per_gpu = r.max_tokens_per_gpu;
+  return o;
+}
+
 // The tokens of a micro-batch, right-padded with 0: [mb, max_len].
 struct MicroBatch {
   at::Tensor tokens;
@@ -93,29 +103,6 @@ at::Tensor PackField(const rl_algo::RolloutBatch& batch, const std::vector<int64
 }
 
 }  // namespace
-
-TrainingPlan MakeTrainingPlan(int64_t num_samples, int64_t global_batch_size,
-                              int64_t micro_batch_size, int dp_rank, int dp_size) {
-  RL_CHECK(global_batch_size % dp_size == 0, ConfigError,
-           "--global-batch-size {} is not a multiple of the {} data-parallel ranks",
-           global_batch_size, dp_size);
-  RL_CHECK(num_samples % global_batch_size == 0, Error,
-           "the rollout has {} samples, not a multiple of --global-batch-size {}", num_samples,
-           global_batch_size);
-  std::vector<int64_t> local;
-  for (int64_t i = dp_rank; i < num_samples; i += dp_size) local.push_back(i);
-  const int64_t per_step = global_batch_size / dp_size;
-  TrainingPlan plan;
-  for (int64_t begin = 0; begin < static_cast<int64_t>(local.size()); begin += per_step) {
-    std::vector<std::vector<int64_t>> micro_batches;
-    for (int64_t mb = begin; mb < begin + per_step; mb += micro_batch_size) {
-      const int64_t end = std::min(mb + micro_batch_size, begin + per_step);
-      micro_batches.emplace_back(local.begin() + mb, local.begin() + end);
-    }
-    plan.steps.push_back(std::move(micro_batches));
-  }
-  return plan;
-}
 
 ParamSplit SplitParams(const std::vector<ParamSpec>& specs,
                        const std::string& freeze_regex) {
@@ -237,9 +224,12 @@ void Actor::LoadInitialWeights() {
 }
 
 TrainingPlan Actor::PlanFor(const rl_algo::RolloutBatch& batch) const {
-  const config::RolloutOptions& r = resolved_.config.rollout;
-  return MakeTrainingPlan(static_cast<int64_t>(batch.samples.size()), r.global_batch_size,
-                          r.micro_batch_size, comm_.rank(), comm_.size());
+  return PlansForAllRanks(batch).at(comm_.rank());
+}
+
+std::vector<TrainingPlan> Actor::PlansForAllRanks(const rl_algo::RolloutBatch& batch) const {
+  return MakeTrainingPlans(SampleTokens(batch), PlanOptionsFrom(resolved_.config.rollout),
+                           comm_.size());
 }
 
 PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,

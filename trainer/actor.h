@@ -6,9 +6,12 @@
 // (--freeze-params, not in any buffer). The Decoder computes from all three through handles, so
 // every in-place write to the buffers (step, rebuild, restore) is seen.
 //
-// Data split (the reference's default): the rollout's samples are dealt to DP ranks strided
-// (sample i to rank i % dp); each optimizer step takes global_batch_size / dp of a rank's samples,
-// in micro-batches of micro_batch_size, right-padded (Note [Training plan]).
+// Data split: each optimizer step covers --global-batch-size consecutive samples of the rollout,
+// split over the DP ranks in equal counts, by default into sets of close token sums
+// (--balance-data; --no-balance-data deals them strided, sample i to rank i % dp, the reference's
+// default), and trained in micro-batches of --micro-batch-size samples or, with
+// --use-dynamic-batch-size, of at most --max-tokens-per-gpu padded tokens, right-padded (Note
+// [Training plan] in trainer/training_plan.h).
 //
 // Every public method that computes is collective over the DP communicator (Train's steps, the
 // metric and token-count all-reduces) and must be called on every rank in the same order.
@@ -33,18 +36,9 @@
 #include "trainer/model/params.h"
 #include "trainer/rl/losses.h"
 #include "trainer/rl/rollout_data.h"
+#include "trainer/training_plan.h"
 
 namespace rl {
-
-// Note [Training plan]: which of the rollout's samples this rank trains on, step by step and
-// micro-batch by micro-batch. The same plan serves the no-grad log-prob passes and the training
-// pass, so that both see identical batch shapes (and, with deterministic kernels, identical
-// numbers: the first step's ppo_kl is exactly 0).
-struct TrainingPlan {
-  std::vector<std::vector<std::vector<int64_t>>> steps;  // step -> micro-batch -> sample index
-};
-TrainingPlan MakeTrainingPlan(int64_t num_samples, int64_t global_batch_size,
-                              int64_t micro_batch_size, int dp_rank, int dp_size);
 
 // Per micro-batch [mb, max_response_len] response-aligned tensors, in plan order.
 using PerMicroBatch = std::vector<at::Tensor>;
@@ -96,7 +90,11 @@ class Actor {
 
   // Log-probs [mb, T] of the plan's samples under the current weights, no autograd.
   PerMicroBatch ComputeLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan) const;
+  // This rank's plan for `batch` (Note [Training plan]), from the config's batch options.
   TrainingPlan PlanFor(const rl_algo::RolloutBatch& batch) const;
+  // Every DP rank's plan, indexed by rank (the same on every rank; no communication), so that the
+  // caller can report each rank's share, e.g. PlanTokens(plans[r], SampleTokens(batch)).
+  std::vector<TrainingPlan> PlansForAllRanks(const rl_algo::RolloutBatch& batch) const;
 
   // Trains on one rollout. `old_log_probs` and `ref_log_probs` come from ComputeLogProbs with the
   // same plan (ref may be empty when there is no reference model).

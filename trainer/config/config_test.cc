@@ -65,6 +65,18 @@ TEST_CASE("flags set options; every boolean has --x and --no-x") {
   CHECK(Parse({"--no-offload-train"}).config.colocate.offload_train == std::optional<bool>(false));
 }
 
+TEST_CASE("training-plan flags: balance on by default, dynamic micro-batches opt-in") {
+  const CommandLine defaults = Parse({});
+  CHECK(defaults.config.rollout.balance_data);
+  CHECK_FALSE(defaults.config.rollout.use_dynamic_batch_size);
+  CHECK(defaults.config.rollout.max_tokens_per_gpu == 0);
+  const CommandLine cl =
+      Parse({"--no-balance-data", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192"});
+  CHECK_FALSE(cl.config.rollout.balance_data);
+  CHECK(cl.config.rollout.use_dynamic_batch_size);
+  CHECK(cl.config.rollout.max_tokens_per_gpu == 8192);
+}
+
 TEST_CASE("the config file sets options and command-line flags override it") {
   const std::string path = WriteTemp(
       "[optimizer]\nlr = 2e-5\n[colocate]\ncolocate = true\noffload_train = true\n"

@@ -137,7 +137,10 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(bool, rollout_cuda_graphs, true, "Replay the decode step as CUDA graphs (GPU, models without MoE layers).") \
   X(int64_t, global_batch_size, 0, "Samples per optimizer step; 0 = derived from the rollout batch.") \
   X(int64_t, num_steps_per_rollout, 0, "Optimizer steps per rollout; 0 = derived (1 unless --global-batch-size says otherwise).") \
-  X(int64_t, micro_batch_size, 1, "Samples per micro-batch (gradient accumulation within a step).")
+  X(int64_t, micro_batch_size, 1, "Samples per micro-batch (gradient accumulation within a step); not used with --use-dynamic-batch-size.") \
+  X(bool, balance_data, true, "Split each step's samples over the DP ranks in equal counts with close token sums (Karmarkar-Karp); off = strided, sample i to rank i % dp.") \
+  X(bool, use_dynamic_batch_size, false, "Form micro-batches by tokens instead of --micro-batch-size: at most --max-tokens-per-gpu padded tokens each, equally many on every rank.") \
+  X(int64_t, max_tokens_per_gpu, 0, "Padded-token budget (samples x longest) of a micro-batch with --use-dynamic-batch-size; a longer sample trains alone.")
 
 #define RL_RL_OPTIONS(X)                                                                           \
   X(AdvantageEstimator, advantage_estimator, AdvantageEstimator::kGrpo, "Advantage estimator (ppo needs a critic, which this trainer does not have).") \

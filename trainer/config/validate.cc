@@ -223,6 +223,11 @@ void ValidateRanges(Rules& rules, const Config& c) {
                 "--global-batch-size and --num-steps-per-rollout must be >= 0 (0 = derived)");
   rules.Require(ro.micro_batch_size >= 1, "--micro-batch-size must be at least 1; got {}",
                 ro.micro_batch_size);
+  rules.Require(ro.max_tokens_per_gpu >= 0, "--max-tokens-per-gpu must be >= 0; got {}",
+                ro.max_tokens_per_gpu);
+  rules.Require(!ro.use_dynamic_batch_size || ro.max_tokens_per_gpu != 0,
+                "--use-dynamic-batch-size needs --max-tokens-per-gpu >= 1 (the padded-token budget "
+                "of a micro-batch); set it or drop --use-dynamic-batch-size");
 
   const auto& rl = c.rl;
   rules.Require(rl.advantage_estimator != AdvantageEstimator::kPpo,

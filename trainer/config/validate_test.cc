@@ -287,6 +287,20 @@ TEST_CASE("rule: micro batch divides the global batch") {
   CHECK(OnlyError(c).empty());
 }
 
+TEST_CASE("rule: --use-dynamic-batch-size needs --max-tokens-per-gpu") {
+  Config c = Remat();
+  c.rollout.use_dynamic_batch_size = true;
+  const std::string error = OnlyError(c);
+  CHECK(Mentions(error, "--use-dynamic-batch-size needs --max-tokens-per-gpu >= 1"));
+  c.rollout.max_tokens_per_gpu = -1;
+  CHECK(Mentions(OnlyError(c), "--max-tokens-per-gpu must be >= 0; got -1"));
+  c.rollout.max_tokens_per_gpu = 8192;
+  CHECK(OnlyError(c).empty());
+  c.rollout.use_dynamic_batch_size = false;
+  c.rollout.max_tokens_per_gpu = 0;  // unused without dynamic micro-batches
+  CHECK(OnlyError(c).empty());
+}
+
 TEST_CASE("derived: one sample per prompt turns GRPO std normalisation off") {
   Config c = Remat();
   c.rollout.n_samples_per_prompt = 1;
