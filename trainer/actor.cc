@@ -223,10 +223,6 @@ void Actor::LoadInitialWeights() {
   optimizer_->InitMastersFromParams();
 }
 
-TrainingPlan Actor::PlanFor(const rl_algo::RolloutBatch& batch) const {
-  return PlansForAllRanks(batch).at(comm_.rank());
-}
-
 std::vector<TrainingPlan> Actor::PlansForAllRanks(const rl_algo::RolloutBatch& batch) const {
   return MakeTrainingPlans(SampleTokens(batch), PlanOptionsFrom(resolved_.config.rollout),
                            comm_.size());

@@ -90,10 +90,9 @@ class Actor {
 
   // Log-probs [mb, T] of the plan's samples under the current weights, no autograd.
   PerMicroBatch ComputeLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan) const;
-  // This rank's plan for `batch` (Note [Training plan]), from the config's batch options.
-  TrainingPlan PlanFor(const rl_algo::RolloutBatch& batch) const;
-  // Every DP rank's plan, indexed by rank (the same on every rank; no communication), so that the
-  // caller can report each rank's share, e.g. PlanTokens(plans[r], SampleTokens(batch)).
+  // Every DP rank's plan for `batch` (Note [Training plan]), from the config's batch options,
+  // indexed by rank: the same on every rank, with no communication, so that the caller can report
+  // each rank's share, e.g. PlanTokens(plans[r], SampleTokens(batch)). This rank's is [dp_rank].
   std::vector<TrainingPlan> PlansForAllRanks(const rl_algo::RolloutBatch& batch) const;
 
   // Trains on one rollout. `old_log_probs` and `ref_log_probs` come from ComputeLogProbs with the

@@ -22,6 +22,7 @@
 #include "trainer/metrics_writer.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/rollout.h"
+#include "trainer/training_plan.h"
 
 namespace rl {
 namespace {
@@ -143,7 +144,8 @@ class ColocatedCycle {
       Phase("rollout_sleep", [&] { rollout_->Sleep(); });
       Phase("actor_wake", [&] { ActorWake(); });
     }
-    const TrainingPlan plan = actor_.PlanFor(batch);
+    const std::vector<TrainingPlan> plans = actor_.PlansForAllRanks(batch);
+    const TrainingPlan& plan = plans.at(comm_.rank());
     PerMicroBatch ref_log_probs;
     if (resolved_.with_ref) {
       ref_log_probs = Phase("ref_logprobs", [&] { return RefLogProbs(batch, plan); });
@@ -163,7 +165,7 @@ class ColocatedCycle {
       Phase("weight_sync", [&] { SyncWeights(); });
       Phase("kv_cache_wake", [&] { rollout_->WakeKvCache(); });
     }
-    Report(iteration, batch, result);
+    Report(iteration, batch, plans, result);
   }
 
   // --save-debug-rollout-data and --save-hf.
@@ -285,7 +287,8 @@ class ColocatedCycle {
   }
 
   // The iteration's log line and metrics line.
-  void Report(int64_t iteration, const rl_algo::RolloutBatch& batch, const TrainResult& result) {
+  void Report(int64_t iteration, const rl_algo::RolloutBatch& batch,
+              const std::vector<TrainingPlan>& plans, const TrainResult& result) {
     std::vector<double> rewards, lengths;
     for (const rl_algo::Sample& s : batch.samples) {
       rewards.push_back(s.reward);
@@ -322,6 +325,12 @@ class ColocatedCycle {
       line.Set("rollout_tokens_per_rank", IntList(shares.response_tokens));
       line.Set("rollout_tokens_imbalance", json::Value::Double(Imbalance(shares.response_tokens)));
     }
+    // Note [Training plan]: what each rank trained on.
+    const std::vector<int64_t> sample_tokens = SampleTokens(batch);
+    std::vector<int64_t> train_tokens;
+    for (const TrainingPlan& p : plans) train_tokens.push_back(PlanTokens(p, sample_tokens));
+    line.Set("train_tokens_per_rank", IntList(train_tokens));
+    line.Set("train_tokens_imbalance", json::Value::Double(Imbalance(train_tokens)));
     line.Set("gpu_bytes", json::Value::Int(regions_.total_device_bytes()));
     line.Set("host_pinned_bytes", json::Value::Int(HostPinnedBytes()));
     line.Set("rss_bytes", json::Value::Int(memory::ProcessRssBytes()));
