@@ -263,6 +263,11 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
   };
 
   TrainResult result;
+  // Note [Log-prob mismatch]: rollout vs the recomputed old log-probs over every micro-batch, or,
+  // when the old-logprob pass was skipped (--use-rollout-logprobs), vs the first step's training
+  // forward (the only one on the rollout's weights).
+  const bool old_from_rollout = old_log_probs.empty();
+  at::Tensor mismatch;
   size_t mb_index = 0;
   for (const auto& step : plan.steps) {
     // Global count of trained tokens in this step (per-token aggregation).
@@ -291,12 +296,26 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
           }, at::kFloat).to(device_);
       std::vector<int64_t> local(indices.begin(), indices.end());
       const at::Tensor mb_rewards = rewards.index({at::tensor(local, at::kLong)}).to(device_);
-      const at::Tensor old = old_log_probs.at(mb_index).to(device_);
+      const bool have_rollout =
+          std::all_of(indices.begin(), indices.end(),
+                      [&](int64_t i) { return batch.samples[i].rollout_log_probs.has_value(); });
+      at::Tensor rollout;
+      if (have_rollout) {
+        rollout =
+            PackField<float>(batch, indices, width, [](const rl_algo::Sample& s) -> const auto& {
+              return *s.rollout_log_probs;
+            }, at::kFloat).to(device_);
+      }
+      RL_CHECK(!old_from_rollout || rollout.defined(), Error,
+               "--use-rollout-logprobs: the rollout has samples without engine log-probs (replayed "
+               "data recorded without them)");
+      const at::Tensor old =
+          old_from_rollout ? at::Tensor() : old_log_probs.at(mb_index).to(device_);
       const at::Tensor ref =
           ref_log_probs.empty() ? at::Tensor() : ref_log_probs.at(mb_index).to(device_);
       at::Tensor kl;
       if (advantage_options.kl_coef != 0 && ref.defined()) {
-        kl = rl_algo::ApproxKl(old, ref, loss_options_.kl_loss_type);
+        kl = rl_algo::ApproxKl(old_from_rollout ? rollout : old, ref, loss_options_.kl_loss_type);
       }
       // Advantages per micro-batch: exact for GRPO-family estimators (a broadcast of the
       // normalised reward); whitening, when on, is global through the all-reduce.
@@ -311,14 +330,11 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
       inputs.log_probs = ResponseAligned(stats.log_probs, mb).to(at::kFloat);
       inputs.old_log_probs = old;
       inputs.ref_log_probs = ref;
-      const bool have_rollout =
-          std::all_of(indices.begin(), indices.end(),
-                      [&](int64_t i) { return batch.samples[i].rollout_log_probs.has_value(); });
-      if (have_rollout) {
-        inputs.rollout_log_probs =
-            PackField<float>(batch, indices, width, [](const rl_algo::Sample& s) -> const auto& {
-              return *s.rollout_log_probs;
-            }, at::kFloat).to(device_);
+      inputs.rollout_log_probs = rollout;
+      if (rollout.defined() && (!old_from_rollout || result.steps == 0)) {
+        mismatch = rl_algo::AddMismatchSums(
+            mismatch, rl_algo::MismatchSums(old_from_rollout ? inputs.log_probs : old, rollout,
+                                            loss_mask));
       }
       inputs.advantages = adv.advantages.to(at::kFloat);
       inputs.loss_mask = loss_mask;
@@ -341,6 +357,17 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
     result.grad_norm = step_stats.grad_norm;
     result.lr = step_stats.lr;
     ++result.steps;
+  }
+  // Every rank's mismatch sums, when every rank has them (samples with engine log-probs).
+  at::Tensor have = at::full({1}, mismatch.defined() ? 1.0 : 0.0,
+                             at::TensorOptions().dtype(at::kDouble).device(device_));
+  comm_.AllReduce(have, ReduceOp::kSum);
+  if (have.item<double>() == comm_.size()) {
+    at::Tensor sums = mismatch.narrow(0, 0, 3).contiguous();
+    at::Tensor max = mismatch.narrow(0, 3, 1).contiguous();
+    comm_.AllReduce(sums, ReduceOp::kSum);
+    comm_.AllReduce(max, ReduceOp::kMax);
+    result.mismatch = rl_algo::SummarizeMismatch(at::cat({sums, max}));
   }
   return result;
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -50,6 +51,9 @@ struct TrainResult {
   double lr = 0;
   int64_t steps = 0;
   int64_t tokens = 0;  // tokens this rank trained on (prompt + response)
+  // Note [Log-prob mismatch] in trainer/rl/losses.h; absent when some sample has no engine
+  // log-probs.
+  std::optional<rl_algo::LogProbMismatch> mismatch;
 };
 
 // How the model's parameters divide: trained (in the optimizer's buffers), fp32 extras, frozen.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <type_traits>
 #include <utility>
@@ -151,8 +152,12 @@ class ColocatedCycle {
       ref_log_probs = Phase("ref_logprobs", [&] { return RefLogProbs(batch, plan); });
     }
     Phase("restore_actor", [&] { backuper_->Restore(backup::kActorTag); });
+    // --use-rollout-logprobs: the engine's log-probs are the old policy; no pass computes them
+    // again (TIS still needs the trainer's).
     const PerMicroBatch old_log_probs =
-        Phase("old_logprobs", [&] { return actor_.ComputeLogProbs(batch, plan); });
+        skip_old_logprobs()
+            ? PerMicroBatch()
+            : Phase("old_logprobs", [&] { return actor_.ComputeLogProbs(batch, plan); });
     MaybeInjectFault(FaultPoint::kTrain, comm_.rank(), iteration + 1);
     const TrainResult result =
         Phase("train", [&] { return actor_.Train(batch, plan, old_log_probs, ref_log_probs); });
@@ -210,6 +215,7 @@ class ColocatedCycle {
   int64_t HostPinnedBytes() const { return regions_.total_host_bytes() + backuper_->HostBytes(); }
 
   bool colocated() const { return rollout_ != nullptr; }
+  bool skip_old_logprobs() const { return c_.rl.use_rollout_logprobs && !c_.rl.use_tis; }
   bool remat() const { return c_.colocate.rematerialize_param_from_master_weight; }
 
   // The reference: --ref-load, or the initial actor weights.
@@ -244,10 +250,23 @@ class ColocatedCycle {
 
   void CheckFirstStepKl(const TrainResult& result) const {
     if (!resolved_.check_kl) return;
-    RL_CHECK(result.first_step_metrics.ppo_kl == 0.0, Error,
-             "CI check failed: the first step's ppo_kl is {} (must be exactly 0: the old "
-             "log-probs were computed from the same weights)",
-             result.first_step_metrics.ppo_kl);
+    const double kl = result.first_step_metrics.ppo_kl;
+    if (!skip_old_logprobs()) {
+      RL_CHECK(kl == 0.0, Error,
+               "CI check failed: the first step's ppo_kl is {} (must be exactly 0: the old "
+               "log-probs were computed from the same weights)",
+               kl);
+      return;
+    }
+    // The old policy is the engine's: the first step's ppo_kl is a mean of (rollout - train)
+    // log-prob differences, each at most the measured maximum mismatch.
+    RL_CHECK(result.mismatch.has_value(), Error,
+             "CI check failed: --use-rollout-logprobs without a log-prob mismatch measure");
+    const double bound = result.mismatch->abs_diff_max * (1 + 1e-9) + 1e-12;
+    RL_CHECK(std::isfinite(kl) && std::abs(kl) <= bound, Error,
+             "CI check failed: with --use-rollout-logprobs the first step's ppo_kl is {}, beyond "
+             "the largest rollout/train log-prob difference {}",
+             kl, result.mismatch->abs_diff_max);
   }
 
   bool SaveDue(int64_t iteration) const {
@@ -297,12 +316,16 @@ class ColocatedCycle {
     // Training throughput of the job: this rank's tokens times the ranks (equal shares).
     const double tokens_per_s =
         result.tokens * comm_.size() / std::max(phase_seconds_.at("train"), 1e-9);
+    const std::string mismatch =
+        result.mismatch ? fmt::format(" | logprob diff {:.3g} (max {:.3g})",
+                                      result.mismatch->abs_diff_mean, result.mismatch->abs_diff_max)
+                        : std::string();
     spdlog::info(
-        "iteration {}: reward {:.4f} | response len {:.2f} | loss {:.6f} | ppo_kl {:.3g} | "
+        "iteration {}: reward {:.4f} | response len {:.2f} | loss {:.6f} | ppo_kl {:.3g}{} | "
         "grad norm {:.4f} | {:.0f} tokens/s | gpu {} | host pinned {}",
         iteration + 1, Mean(rewards), Mean(lengths), result.metrics.loss, result.metrics.ppo_kl,
-        result.grad_norm, tokens_per_s, memory::FormatBytes(regions_.total_device_bytes()),
-        memory::FormatBytes(HostPinnedBytes()));
+        mismatch, result.grad_norm, tokens_per_s,
+        memory::FormatBytes(regions_.total_device_bytes()), memory::FormatBytes(HostPinnedBytes()));
     if (!metrics_.enabled()) return;
     json::Value line = json::Value::MakeObject({});
     line.Set("iteration", json::Value::Int(iteration + 1));
@@ -314,6 +337,13 @@ class ColocatedCycle {
     line.Set("pg_clipfrac", json::Value::Double(result.metrics.pg_clipfrac));
     line.Set("grad_norm", json::Value::Double(result.grad_norm));
     line.Set("lr", json::Value::Double(result.lr));
+    if (result.mismatch) {  // Note [Log-prob mismatch]
+      line.Set("train_rollout_logprob_abs_diff",
+               json::Value::Double(result.mismatch->abs_diff_mean));
+      line.Set("train_rollout_logprob_abs_diff_max",
+               json::Value::Double(result.mismatch->abs_diff_max));
+      line.Set("train_rollout_ratio_mean", json::Value::Double(result.mismatch->ratio_mean));
+    }
     line.Set("tokens_per_s", json::Value::Double(tokens_per_s));
     for (const auto& [name, seconds] : phase_seconds_) {
       line.Set("time_" + name + "_s", json::Value::Double(seconds));

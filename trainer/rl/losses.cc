@@ -261,6 +261,37 @@ LossMetrics SummarizeLossMetrics(const at::Tensor& metric_sums) {
   return m;
 }
 
+at::Tensor MismatchSums(const at::Tensor& old, const at::Tensor& rollout,
+                        const at::Tensor& loss_mask) {
+  RL_CHECK(old.sizes() == rollout.sizes() && old.sizes() == loss_mask.sizes(), Error,
+           "MismatchSums: old {}, rollout {} and loss_mask {} must have one shape", Shape(old),
+           Shape(rollout), Shape(loss_mask));
+  const at::NoGradGuard no_grad;
+  const at::Tensor active = loss_mask.ne(0);
+  const at::Tensor diff = at::where(active, old.to(at::kDouble) - rollout.to(at::kDouble), 0.0);
+  const at::Tensor abs_diff = diff.abs();
+  return at::stack({abs_diff.sum(), at::where(active, diff.exp(), 0.0).sum(),
+                    active.sum().to(at::kDouble), abs_diff.max()});
+}
+
+at::Tensor AddMismatchSums(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined()) return b;
+  return at::cat({a.narrow(0, 0, 3) + b.narrow(0, 0, 3), at::maximum(a[3], b[3]).reshape({1})});
+}
+
+LogProbMismatch SummarizeMismatch(const at::Tensor& sums) {
+  const at::Tensor host = sums.detach().to(at::kCPU, at::kDouble).contiguous();
+  const double* s = host.data_ptr<double>();
+  LogProbMismatch m;
+  m.tokens = static_cast<int64_t>(s[2]);
+  if (m.tokens > 0) {
+    m.abs_diff_mean = s[0] / s[2];
+    m.ratio_mean = s[1] / s[2];
+    m.abs_diff_max = s[3];
+  }
+  return m;
+}
+
 std::vector<std::pair<std::string, double>> NamedMetrics(const LossMetrics& m) {
   std::vector<std::pair<std::string, double>> named = {
       {"loss", m.loss},

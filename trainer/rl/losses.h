@@ -180,6 +180,25 @@ struct LossMetrics {
 };
 LossMetrics SummarizeLossMetrics(const at::Tensor& metric_sums);
 
+// Note [Log-prob mismatch]
+// The rollout engine and the training forward compute the same policy with different kernels and
+// batch shapes, so the engine's log-probs (`rollout`) and the trainer's recomputation before the
+// first step (`old`) differ a little. Over the response tokens with mask != 0, MismatchSums gives
+// the [4] fp64 partial sums {sum |old - rollout|, sum exp(old - rollout), token count,
+// max |old - rollout|} of one micro-batch (on the inputs' device); AddMismatchSums combines two
+// (sums add, the max is a max), and SummarizeMismatch turns the total into the metrics:
+// the mean absolute difference, its maximum and the mean importance ratio exp(old - rollout).
+at::Tensor MismatchSums(const at::Tensor& old, const at::Tensor& rollout,
+                        const at::Tensor& loss_mask);
+at::Tensor AddMismatchSums(const at::Tensor& a, const at::Tensor& b);
+struct LogProbMismatch {
+  double abs_diff_mean = 0.0;  // train_rollout_logprob_abs_diff
+  double abs_diff_max = 0.0;   // train_rollout_logprob_abs_diff_max
+  double ratio_mean = 1.0;     // train_rollout_ratio_mean: mean of exp(old - rollout)
+  int64_t tokens = 0;
+};
+LogProbMismatch SummarizeMismatch(const at::Tensor& sums);
+
 // The present metrics as (reference name, value) pairs, in the order above, for the metrics file.
 std::vector<std::pair<std::string, double>> NamedMetrics(const LossMetrics& metrics);
 
