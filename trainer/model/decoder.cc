@@ -286,7 +286,9 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) c
       h = DenseMlp(layer.mlp, h);
     } else {
       at::Tensor chosen;
-      h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr);
+      const at::Tensor replay =
+          routing_source_ ? routing_source_(static_cast<int64_t>(l)) : at::Tensor();
+      h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr, replay);
       if (routing_observer_) routing_observer_(static_cast<int64_t>(l), chosen);
     }
     x = x + h;

@@ -18,7 +18,7 @@
 // tokens of the wrong shape/dtype, positions past the cache or a batch larger than the cache
 // throw rl::Error with the sizes.
 //
-// Thread safety: a Decoder is immutable after construction (but for set_routing_observer);
+// Thread safety: a Decoder is immutable after construction (but for its routing hooks);
 // concurrent forwards are safe if they use distinct KV caches, except that DecodeStep turns SDPA's
 // cuDNN backend off process-wide while it runs (Note [Decode steps without cuDNN attention] in
 // decoder.cc).
@@ -127,6 +127,13 @@ class Decoder {
   using RoutingObserver = std::function<void(int64_t layer, const at::Tensor& expert_ids)>;
   void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
 
+  // Note [Routing replay] (layers.h): called by every MoE layer of every forward with the layer's
+  // index; a defined result ([tokens, k] int64 expert ids on the device, tokens in [batch, seq]
+  // row-major order) replaces the router's choice in that layer, an undefined one leaves it. The
+  // observer then reports the replayed ids. An empty function (the default) turns it off.
+  using RoutingSource = std::function<at::Tensor(int64_t layer)>;
+  void set_routing_source(RoutingSource source) { routing_source_ = std::move(source); }
+
   // How many q/k/v and gate/up groups this Decoder computes as one GEMM (Note [Inference
   // kernels]; 0 unless built with Kernels::kFused on back-to-back weights).
   int64_t fused_projections() const { return fused_projections_; }
@@ -161,6 +168,7 @@ class Decoder {
   at::Tensor lm_head_;
   std::vector<Layer> layers_;
   RoutingObserver routing_observer_;
+  RoutingSource routing_source_;
 };
 
 }  // namespace rl::model

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "launch/check.h"
 #include "trainer/kernels/fused_ops.h"
@@ -314,12 +315,24 @@ at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x) {
   return Linear(at::silu(Linear(x, w.gate_proj)) * Linear(x, w.up_proj), w.down_proj);
 }
 
-Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
+Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
+              const at::Tensor& replay) {
   at::Tensor xf = AtLeastFloat(x);
   at::Tensor logits = at::linear(xf, w.router.to(xf.scalar_type()));  // [T, E]
   const int64_t k = c.num_experts_per_tok;
+  RL_CHECK(!replay.defined() || (replay.dim() == 2 && replay.size(0) == x.size(0) &&
+                                 replay.size(1) == k && replay.scalar_type() == at::kLong),
+           Error, "routing replay: expert ids must be [{}, {}] int64; got {} of {} dims", x.size(0),
+           k, c10::toString(replay.scalar_type()), replay.dim());
   if (c.router == RouterKind::kSoftmax) {
-    auto [top_w, top_i] = at::softmax(logits, -1).topk(k, -1);
+    const at::Tensor probs = at::softmax(logits, -1);
+    at::Tensor top_w, top_i;
+    if (replay.defined()) {
+      top_i = replay;
+      top_w = probs.gather(1, replay);
+    } else {
+      std::tie(top_w, top_i) = probs.topk(k, -1);
+    }
     if (c.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
     return {top_i, top_w};
   }
@@ -328,7 +341,7 @@ Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
   const int64_t experts = c.n_routed_experts;
   at::Tensor scores = at::sigmoid(logits);
   at::Tensor choice;
-  {
+  if (!replay.defined()) {
     at::NoGradGuard no_grad;
     choice = scores.detach() + w.router_bias.to(scores.scalar_type()).unsqueeze(0);
     if (c.n_group > 1) {
@@ -344,7 +357,9 @@ Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x) {
       choice = choice.masked_fill(score_mask == 0, -std::numeric_limits<double>::infinity());
     }
   }
-  at::Tensor idx = std::get<1>(choice.topk(k, -1, /*largest=*/true, /*sorted=*/false));
+  at::Tensor idx = replay.defined()
+                       ? replay
+                       : std::get<1>(choice.topk(k, -1, /*largest=*/true, /*sorted=*/false));
   at::Tensor weights = scores.gather(1, idx);
   if (c.norm_topk_prob) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
   weights = weights * c.routed_scaling_factor;
@@ -438,11 +453,11 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 }
 
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
-                    at::Tensor* chosen) {
+                    at::Tensor* chosen, const at::Tensor& replay) {
   const int64_t hidden = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, hidden});  // [T, H]
   const int64_t tokens = x2.size(0);
-  const Routing r = Route(w, c, x2);
+  const Routing r = Route(w, c, x2, replay);
   if (chosen != nullptr) *chosen = r.indices;
   const int64_t k = r.indices.size(1);
   const int64_t experts = w.gate_up.size(0);

@@ -149,7 +149,14 @@ struct Routing {
   at::Tensor indices;  // [tokens, k] int64
   at::Tensor weights;  // [tokens, k] fp32 (fp64 in an fp64 model), differentiable in the router
 };
-Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x /*[T, H]*/);
+// Note [Routing replay]
+// `replay`, when defined ([T, k] int64 expert ids on x's device), selects the experts instead of
+// the router's top-k: the weights are still the router's (softmax or sigmoid scores of its logits
+// over the replayed experts, normalised as usual), so the router keeps its gradient. Replaying
+// the ids a forward chose, in the order it reports them, reproduces that forward bit for bit.
+// Ids must lie in [0, n_routed_experts) (not checked on the host: that would wait for the device).
+Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x /*[T, H]*/,
+              const at::Tensor& replay = {});
 
 // Rows of `x` [R, K] grouped by expert times each expert's weight: rows [ends[e-1], ends[e]) of
 // the result [R, N] are x[rows] w[e]^T, for `w` [E, N, K] and `ends` [E] int32 (cumulative row
@@ -169,9 +176,10 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 // only on T, nothing is read on the host (bf16 on CUDA) and no result depends on the order of
 // atomic additions, so the block is deterministic, runs inside a CUDA graph and never waits for
 // the device.
-// `chosen`, when given, receives the routing's expert ids [T, k] int64.
+// `chosen`, when given, receives the routing's expert ids [T, k] int64; `replay`, when defined,
+// replaces the router's choice (Note [Routing replay]).
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x,
-                    at::Tensor* chosen = nullptr);
+                    at::Tensor* chosen = nullptr, const at::Tensor& replay = {});
 
 // True when MoeBlock on `w` never waits for the device: bf16 CUDA weights whose widths
 // at::_grouped_mm takes (its CUTLASS kernel needs a Hopper or newer GPU).

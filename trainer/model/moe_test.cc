@@ -146,5 +146,67 @@ TEST_CASE("GroupedLinear takes groups with no rows and the fp64 loop path") {
   CHECK(at::allclose(yf.to(at::kDouble), y, 1e-5, 1e-6));
 }
 
+// Output and gradients of the grouped block, with `replay` replacing the router's choice.
+Grads RunReplay(const MoeWeights& weights, const ModelConfig& c, const at::Tensor& x0,
+                const at::Tensor& seed_grad, const at::Tensor& replay, at::Tensor* chosen) {
+  MoeWeights w = weights;
+  w.router = weights.router.clone().requires_grad_();
+  w.gate_up = weights.gate_up.clone().requires_grad_();
+  w.down = weights.down.clone().requires_grad_();
+  const at::Tensor x = x0.clone().requires_grad_();
+  const at::Tensor out = MoeBlock(w, c, x, chosen, replay);
+  out.backward(seed_grad);
+  return {out.detach(), x.grad(), w.gate_up.grad(), w.down.grad(), w.router.grad()};
+}
+
+TEST_CASE("Replaying the block's own routing reproduces it bit for bit, gradients included") {
+  for (RouterKind router : {RouterKind::kSoftmax, RouterKind::kSigmoidNoauxTc}) {
+    INFO((router == RouterKind::kSoftmax ? "softmax" : "sigmoid noaux_tc"));
+    const ModelConfig c = MoeConfig(router, 8, 3);
+    const MoeWeights w = RandomWeights(c, 21);
+    const at::Tensor x = at::randn({kTokens, kHidden});
+    const at::Tensor seed_grad = at::randn({kTokens, kHidden});
+    at::Tensor recorded, replayed;
+    const Grads natural = RunReplay(w, c, x, seed_grad, {}, &recorded);
+    const Grads again = RunReplay(w, c, x, seed_grad, recorded, &replayed);
+    CHECK(at::equal(replayed, recorded));
+    CHECK(at::equal(natural.out, again.out));
+    CHECK(at::equal(natural.x, again.x));
+    CHECK(at::equal(natural.gate_up, again.gate_up));
+    CHECK(at::equal(natural.down, again.down));
+    CHECK(at::equal(natural.router, again.router));
+  }
+}
+
+TEST_CASE("A replayed routing that differs on some tokens changes exactly their outputs, and the "
+          "router keeps its gradient") {
+  for (RouterKind router : {RouterKind::kSoftmax, RouterKind::kSigmoidNoauxTc}) {
+    INFO((router == RouterKind::kSoftmax ? "softmax" : "sigmoid noaux_tc"));
+    const ModelConfig c = MoeConfig(router, 8, 2);
+    const MoeWeights w = RandomWeights(c, 23);
+    const at::Tensor x = at::randn({kTokens, kHidden});
+    const at::Tensor seed_grad = at::randn({kTokens, kHidden});
+    at::Tensor recorded;
+    const Grads natural = RunReplay(w, c, x, seed_grad, {}, &recorded);
+    // Tokens 3 and 10 get an expert the router did not choose in their first slot.
+    at::Tensor forced = recorded.clone();
+    for (int64_t t : {3, 10}) {
+      const int64_t other = (recorded[t][0].item<int64_t>() + 1) % 8 == recorded[t][1].item<int64_t>()
+                                ? (recorded[t][0].item<int64_t>() + 2) % 8
+                                : (recorded[t][0].item<int64_t>() + 1) % 8;
+      forced[t][0] = other;
+    }
+    const Grads replayed = RunReplay(w, c, x, seed_grad, forced, nullptr);
+    const at::Tensor changed = (replayed.out != natural.out).any(1);
+    for (int64_t t = 0; t < kTokens; ++t) {
+      INFO("token " << t);
+      CHECK(changed[t].item<bool>() == (t == 3 || t == 10));
+    }
+    REQUIRE(replayed.router.defined());
+    CHECK(replayed.router.abs().sum().item<double>() > 0);
+    CHECK_FALSE(at::equal(replayed.router, natural.router));
+  }
+}
+
 }  // namespace
 }  // namespace rl::model
