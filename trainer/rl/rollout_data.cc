@@ -16,8 +16,9 @@
 namespace rl::rl_algo {
 namespace {
 
-constexpr const char* kKnownKeys[] = {"tokens", "response_length",   "loss_mask",
-                                      "reward", "rollout_log_probs", "group"};
+constexpr const char* kKnownKeys[] = {"tokens",          "response_length", "loss_mask", "reward",
+                                      "rollout_log_probs", "group",         "routed_experts"};
+constexpr const char* kRoutingKeys[] = {"layers", "positions", "k", "id_bytes", "ids"};
 
 // A short description of a JSON value for messages: `-1.5`, `"abc"`, `an array`.
 std::string Describe(const json::Value& v) {
@@ -59,6 +60,49 @@ const json::Value::Array& ArrayOf(const json::Value& v, std::string_view field) 
 
 std::string EntryText(size_t i) { return fmt::format("entry {} ", i); }
 
+// Note [Routing record]: {"layers": L, "positions": P, "k": K, "id_bytes": B, "ids": [...]}.
+RoutingRecord ParseRouting(const json::Value& v) {
+  constexpr std::string_view kField = "routed_experts";
+  if (!v.is_object()) throw FieldError(kField, fmt::format("is {}, not an object", Describe(v)));
+  for (const auto& [key, unused] : v.AsObject()) {
+    bool known = false;
+    for (const char* k : kRoutingKeys) known = known || key == k;
+    if (!known) {
+      throw FieldError(kField, fmt::format("unknown key \"{}\" (expected layers, positions, k, "
+                                           "id_bytes, ids)",
+                                           key));
+    }
+  }
+  const auto integer = [&](const char* key) {
+    const json::Value* x = v.Find(key);
+    if (x == nullptr) throw FieldError(kField, fmt::format("\"{}\" is missing", key));
+    return IntegerOf(*x, kField, fmt::format("\"{}\" ", key));
+  };
+  RoutingRecord r;
+  r.layers = integer("layers");
+  r.positions = integer("positions");
+  r.k = integer("k");
+  const int64_t id_bytes = integer("id_bytes");
+  if (id_bytes != 1 && id_bytes != 2) {
+    throw FieldError(kField, fmt::format("\"id_bytes\" is {}; it is 1 or 2", id_bytes));
+  }
+  r.id_bytes = static_cast<int>(id_bytes);
+  const json::Value* ids = v.Find("ids");
+  if (ids == nullptr) throw FieldError(kField, "\"ids\" is missing");
+  const json::Value::Array& values = ArrayOf(*ids, kField);
+  const int64_t limit = int64_t{1} << (8 * r.id_bytes);
+  r.ids.resize(values.size() * static_cast<size_t>(r.id_bytes));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const int64_t id = IntegerOf(values[i], kField, "\"ids\" " + EntryText(i));
+    if (id < 0 || id >= limit) {
+      throw FieldError(kField, fmt::format("\"ids\" entry {} is {}, outside [0, {}) for {} byte(s)",
+                                           i, id, limit, r.id_bytes));
+    }
+    r.set_id(static_cast<int64_t>(i), id);
+  }
+  return r;
+}
+
 Sample ParseSample(const json::Value& line) {
   if (!line.is_object()) {
     throw Error(
@@ -70,7 +114,7 @@ Sample ParseSample(const json::Value& line) {
     if (!known) {
       throw FieldError(key,
                        "unknown field (expected tokens, response_length, loss_mask, "
-                       "reward, and optionally rollout_log_probs, group)");
+                       "reward, and optionally rollout_log_probs, group, routed_experts)");
     }
   }
   const auto required = [&](const char* key) -> const json::Value& {
@@ -122,6 +166,8 @@ Sample ParseSample(const json::Value& line) {
   }
   const json::Value* group = line.Find("group");
   if (group != nullptr && !group->is_null()) sample.group_index = IntegerOf(*group, "group", "");
+  const json::Value* routed = line.Find("routed_experts");
+  if (routed != nullptr && !routed->is_null()) sample.routed_experts = ParseRouting(*routed);
   return sample;
 }
 
@@ -149,6 +195,19 @@ json::Value SampleToJson(const Sample& sample) {
   if (sample.group_index.has_value()) {
     object.emplace_back("group", json::Value::Int(*sample.group_index));
   }
+  if (sample.routed_experts.has_value()) {
+    const RoutingRecord& r = *sample.routed_experts;
+    json::Value::Array ids;
+    ids.reserve(static_cast<size_t>(r.num_ids()));
+    for (int64_t i = 0; i < r.num_ids(); ++i) ids.push_back(json::Value::Int(r.id(i)));
+    json::Value::Object routed;
+    routed.emplace_back("layers", json::Value::Int(r.layers));
+    routed.emplace_back("positions", json::Value::Int(r.positions));
+    routed.emplace_back("k", json::Value::Int(r.k));
+    routed.emplace_back("id_bytes", json::Value::Int(r.id_bytes));
+    routed.emplace_back("ids", json::Value::MakeArray(std::move(ids)));
+    object.emplace_back("routed_experts", json::Value::MakeObject(std::move(routed)));
+  }
   return json::Value::MakeObject(std::move(object));
 }
 
@@ -157,7 +216,8 @@ json::Value SampleToJson(const Sample& sample) {
 bool operator==(const Sample& a, const Sample& b) {
   return a.tokens == b.tokens && a.response_length == b.response_length &&
          a.loss_mask == b.loss_mask && a.reward == b.reward &&
-         a.rollout_log_probs == b.rollout_log_probs && a.group_index == b.group_index;
+         a.rollout_log_probs == b.rollout_log_probs && a.group_index == b.group_index &&
+         a.routed_experts == b.routed_experts;
 }
 
 std::string SampleProblem(const Sample& sample) {
@@ -206,6 +266,29 @@ std::string SampleProblem(const Sample& sample) {
   }
   if (sample.group_index.has_value() && *sample.group_index < 0) {
     return fmt::format("field \"group\": is {}; group ids must be >= 0", *sample.group_index);
+  }
+  if (sample.routed_experts.has_value()) {
+    const RoutingRecord& r = *sample.routed_experts;
+    if (r.layers < 1 || r.k < 1 || (r.id_bytes != 1 && r.id_bytes != 2)) {
+      return fmt::format("field \"routed_experts\": {} layers, k {}, {} id bytes; layers and k "
+                         "must be >= 1 and id bytes 1 or 2",
+                         r.layers, r.k, r.id_bytes);
+    }
+    if (r.positions != num_tokens - 1) {
+      return fmt::format("field \"routed_experts\": has {} positions, but the sample feeds {} "
+                         "tokens (all but the last)",
+                         r.positions, num_tokens - 1);
+    }
+    int64_t count = 0, bytes = 0;  // a corrupt file may hold sizes whose product overflows
+    if (__builtin_mul_overflow(r.layers, r.positions, &count) ||
+        __builtin_mul_overflow(count, r.k, &count) ||
+        __builtin_mul_overflow(count, static_cast<int64_t>(r.id_bytes), &bytes) ||
+        static_cast<int64_t>(r.ids.size()) != bytes) {
+      return fmt::format("field \"routed_experts\": holds {} ids, but {} layers x {} positions "
+                         "x k {} need {}",
+                         static_cast<int64_t>(r.ids.size()) / r.id_bytes, r.layers, r.positions,
+                         r.k, count);
+    }
   }
   return "";
 }
@@ -346,6 +429,15 @@ std::string EncodeSamples(const std::vector<Sample>& samples) {
     if (s.rollout_log_probs) w.PutArray<float>(*s.rollout_log_probs);
     w.Put<uint8_t>(s.group_index.has_value() ? 1 : 0);
     if (s.group_index) w.Put<int64_t>(*s.group_index);
+    w.Put<uint8_t>(s.routed_experts.has_value() ? 1 : 0);
+    if (s.routed_experts) {
+      const RoutingRecord& r = *s.routed_experts;
+      w.Put<int64_t>(r.layers);
+      w.Put<int64_t>(r.positions);
+      w.Put<int64_t>(r.k);
+      w.Put<int64_t>(r.id_bytes);
+      w.PutArray<uint8_t>(r.ids);
+    }
   }
   return w.Take();
 }
@@ -364,6 +456,15 @@ std::vector<Sample> DecodeSamples(std::string_view bytes, const std::string& sou
       s.rollout_log_probs = r.GetArray<float>("rollout_log_probs");
     }
     if (r.Get<uint8_t>("group") != 0) s.group_index = r.Get<int64_t>("group");
+    if (r.Get<uint8_t>("routed_experts") != 0) {
+      RoutingRecord routing;
+      routing.layers = r.Get<int64_t>("routed_experts");
+      routing.positions = r.Get<int64_t>("routed_experts");
+      routing.k = r.Get<int64_t>("routed_experts");
+      routing.id_bytes = static_cast<int>(r.Get<int64_t>("routed_experts"));
+      routing.ids = r.GetArray<uint8_t>("routed_experts");
+      s.routed_experts = std::move(routing);
+    }
     const std::string problem = SampleProblem(s);
     RL_CHECK(problem.empty(), Error, "{}: sample {}: {}", source, i, problem);
     samples.push_back(std::move(s));

@@ -241,5 +241,56 @@ TEST_CASE("cut or padded sample bytes are an error naming the source, never a cr
                     Catch::Contains("rank 1: sample 0"));
 }
 
+// A routing record for `sample` (Note [Routing record]) with ids i * 37 % num_experts.
+RoutingRecord MakeRouting(const Sample& sample, int64_t layers, int64_t k, int64_t num_experts) {
+  RoutingRecord r;
+  r.layers = layers;
+  r.positions = static_cast<int64_t>(sample.tokens.size()) - 1;
+  r.k = k;
+  r.id_bytes = RoutingRecord::IdBytesFor(num_experts);
+  r.ids.resize(static_cast<size_t>(r.num_ids() * r.id_bytes));
+  for (int64_t i = 0; i < r.num_ids(); ++i) r.set_id(i, i * 37 % num_experts);
+  return r;
+}
+
+TEST_CASE("routing records round-trip through the file and the exchange, 1- and 2-byte ids",
+          "[rollout_data][routing]") {
+  Sample a = MakeSample({5, 6, 7, 8}, 2, 1.0);
+  a.routed_experts = MakeRouting(a, 3, 2, 128);  // 1 byte per id
+  Sample b = MakeSample({5, 6, 7, 8, 9}, 3, 0.0);
+  b.routed_experts = MakeRouting(b, 2, 8, 384);  // 2 bytes: ids up to 383
+  CHECK(a.routed_experts->id_bytes == 1);
+  CHECK(b.routed_experts->id_bytes == 2);
+  CHECK(b.routed_experts->id(7) == 7 * 37 % 384);
+  const std::string path = MakeTempDir() + "/routing.jsonl";
+  WriteRolloutData(path, RolloutBatch{{a, b}});
+  const RolloutBatch back = ReadRolloutData(path);
+  REQUIRE(back.samples.size() == 2);
+  CHECK(back.samples[0] == a);
+  CHECK(back.samples[1] == b);
+  const std::vector<Sample> wire = DecodeSamples(EncodeSamples({a, b}), "test");
+  REQUIRE(wire.size() == 2);
+  CHECK(wire[0] == a);
+  CHECK(wire[1] == b);
+}
+
+TEST_CASE("a routing record that does not fit its sample is refused, naming the field",
+          "[rollout_data][routing]") {
+  const std::string base = R"({"tokens": [5, 6, 7], "response_length": 1, "loss_mask": [1], )"
+                           R"("reward": 1.0, "routed_experts": )";
+  CHECK(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3]}})" "\n") == "");
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 3, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3, 4, 5]}})" "\n"),
+             Catch::Contains("has 3 positions, but the sample feeds 2 tokens"));
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 1, "ids": [0, 1, 2]}})" "\n"),
+             Catch::Contains("holds 3 ids, but 1 layers x 2 positions x k 2 need 4"));
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 256]}})" "\n"),
+             Catch::Contains("entry 3 is 256, outside [0, 256)"));
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 3, "ids": []}})" "\n"),
+             Catch::Contains("\"id_bytes\" is 3"));
+  CHECK_THAT(ReadError(base + R"({"layers": 4611686018427387904, "positions": 2, "k": 4, "id_bytes": 1, "ids": []}})" "\n"),
+             Catch::Contains("routed_experts"));
+  CHECK_THAT(ReadError(base + R"({"layer": 1}})" "\n"), Catch::Contains("unknown key \"layer\""));
+}
+
 }  // namespace
 }  // namespace rl::rl_algo
