@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every *_4layer_ci recipe runs 2 colocated iterations on 2 CPU ranks (generation by the rollout
 # engine on the toy prompts, GRPO training, weight sync) with all CI checks passing: the SHA256
-# rebuild check (rematerialize recipes), the weight-update check and the weight version, and the
-# first step's ppo_kl == 0. Any failed check ends the trainer with a non-zero status.
+# rebuild check (rematerialize recipes), the weight-update check and the weight version, the
+# first step's ppo_kl == 0, the routing replay check where the recipe replays (0 pairs differ, in
+# both iterations), and finite log-prob mismatch metrics in every iteration. Any failed check in
+# the trainer ends it with a non-zero status.
 set -euo pipefail
 trainer="$1"
 shift
@@ -31,6 +33,19 @@ for recipe in "$@"; do
     failed=1
     continue
   fi
-  echo "PASS: $name ($((SECONDS - start)) s, $checks weight checks, $rebuilds verified rebuilds)"
+  replays=$(grep -c "routing replay check: 0 of [1-9]" "$tmp/$name.log" || true)
+  if grep -q "^use_rollout_routing_replay = true" "$recipe" && [[ $replays -ne 2 ]]; then
+    echo "FAIL: $name: $replays routing replay checks with 0 differing pairs (want 2)"
+    failed=1
+    continue
+  fi
+  # Note [Log-prob mismatch]: present and finite in every iteration.
+  if [[ $(grep -Ec '"train_rollout_logprob_abs_diff":[0-9.e+-]+,"train_rollout_logprob_abs_diff_max":[0-9.e+-]+,"train_rollout_ratio_mean":[0-9.e+-]+' "$tmp/$name.jsonl") -ne 2 ]]; then
+    echo "FAIL: $name: the log-prob mismatch metrics are missing or not finite"
+    failed=1
+    continue
+  fi
+  echo "PASS: $name ($((SECONDS - start)) s, $checks weight checks, $rebuilds verified rebuilds," \
+    "$replays routing replay checks)"
 done
 exit $failed

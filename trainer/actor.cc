@@ -181,6 +181,9 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
       split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
+  moe_layers_ = MoeLayers(model_);
+  RL_CHECK(!resolved_.config.rl.use_routing_replay || !moe_layers_.empty(), ConfigError,
+           "--use-routing-replay / --use-rollout-routing-replay need a model with MoE layers");
 }
 
 model::TensorMap Actor::AllTensors() const {
@@ -229,24 +232,49 @@ std::vector<TrainingPlan> Actor::PlansForAllRanks(const rl_algo::RolloutBatch& b
 }
 
 PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
-                                     const TrainingPlan& plan) const {
+                                     const TrainingPlan& plan, const PlanRouting* replay,
+                                     PlanRouting* record) const {
   c10::NoGradGuard no_grad;
   PerMicroBatch out;
+  if (record != nullptr) record->clear();
   for (const auto& step : plan.steps) {
     for (const std::vector<int64_t>& indices : step) {
       const MicroBatch mb = Pack(batch, indices, device_);
       const int64_t len = mb.tokens.size(1);
-      const model::TokenStats stats =
-          decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
-                                  /*with_entropy=*/false);
-      out.push_back(ResponseAligned(stats.log_probs, mb).to(at::kFloat));
+      LayerRouting recorded;
+      {
+        const RoutingReplayScope routing(*decoder_, moe_layers_,
+                                         replay != nullptr ? &replay->at(out.size()) : nullptr,
+                                         record != nullptr ? &recorded : nullptr);
+        const model::TokenStats stats = decoder_->TokenLogProbs(
+            mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
+            /*with_entropy=*/false);
+        out.push_back(ResponseAligned(stats.log_probs, mb).to(at::kFloat));
+      }
+      if (record != nullptr) record->push_back(std::move(recorded));
     }
   }
   return out;
 }
 
+PlanRouting Actor::RolloutRouting(const rl_algo::RolloutBatch& batch,
+                                  const TrainingPlan& plan) const {
+  PlanRouting routing;
+  for (const auto& step : plan.steps) {
+    for (const std::vector<int64_t>& indices : step) {
+      int64_t longest = 0;
+      for (int64_t i : indices) {
+        longest = std::max<int64_t>(longest, batch.samples.at(i).tokens.size());
+      }
+      routing.push_back(PackRolloutRouting(batch, indices, longest - 1, model_, device_));
+    }
+  }
+  return routing;
+}
+
 TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
-                         const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs) {
+                         const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs,
+                         const PlanRouting* replay) {
   const config::Config& c = resolved_.config;
   // Rewards: group-normalised over the whole rollout (every rank holds it).
   std::vector<double> raw;
@@ -268,6 +296,7 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
   // forward (the only one on the rollout's weights).
   const bool old_from_rollout = old_log_probs.empty();
   at::Tensor mismatch;
+  at::Tensor routing_counts;  // {replayed, differing} (token, layer) pairs, this rank's
   size_t mb_index = 0;
   for (const auto& step : plan.steps) {
     // Global count of trained tokens in this step (per-token aggregation).
@@ -323,9 +352,24 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
           mb_rewards, loss_mask, kl, advantage_options, all_reduce);
 
       const int64_t len = mb.tokens.size(1);
-      const model::TokenStats stats =
-          decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
-                                  /*with_entropy=*/loss_options_.entropy_coef != 0);
+      model::TokenStats stats;
+      {
+        const RoutingReplayScope routing(
+            *decoder_, moe_layers_, replay != nullptr ? &replay->at(mb_index) : nullptr, nullptr);
+        stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
+                                        mb.tokens.narrow(1, 1, len - 1),
+                                        /*with_entropy=*/loss_options_.entropy_coef != 0);
+        if (replay != nullptr) {
+          const int64_t pairs = static_cast<int64_t>(indices.size()) * (len - 1) *
+                                static_cast<int64_t>(moe_layers_.size());
+          const at::Tensor differing =
+              routing.differing_tokens().defined()
+                  ? routing.differing_tokens().to(at::kLong)
+                  : at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+          const at::Tensor counts = at::cat({at::full({1}, pairs, differing.options()), differing});
+          routing_counts = routing_counts.defined() ? routing_counts + counts : counts;
+        }
+      }
       rl_algo::PolicyLossInputs inputs;
       inputs.log_probs = ResponseAligned(stats.log_probs, mb).to(at::kFloat);
       inputs.old_log_probs = old;
@@ -357,6 +401,12 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
     result.grad_norm = step_stats.grad_norm;
     result.lr = step_stats.lr;
     ++result.steps;
+  }
+  if (replay != nullptr) {  // Note [Routing replay modes]: the CI check's counts
+    comm_.AllReduce(routing_counts, ReduceOp::kSum);
+    const at::Tensor counts = routing_counts.cpu();
+    result.routing_replayed = counts[0].item<int64_t>();
+    result.routing_differing = counts[1].item<int64_t>();
   }
   // Every rank's mismatch sums, when every rank has them (samples with engine log-probs).
   at::Tensor have = at::full({1}, mismatch.defined() ? 1.0 : 0.0,

@@ -37,12 +37,15 @@
 #include "trainer/model/params.h"
 #include "trainer/rl/losses.h"
 #include "trainer/rl/rollout_data.h"
+#include "trainer/routing_replay.h"
 #include "trainer/training_plan.h"
 
 namespace rl {
 
 // Per micro-batch [mb, max_response_len] response-aligned tensors, in plan order.
 using PerMicroBatch = std::vector<at::Tensor>;
+// Per micro-batch, in plan order, the expert ids of each MoE layer (Note [Routing replay modes]).
+using PlanRouting = std::vector<LayerRouting>;
 
 struct TrainResult {
   rl_algo::LossMetrics metrics;             // of the last step
@@ -54,6 +57,10 @@ struct TrainResult {
   // Note [Log-prob mismatch] in trainer/rl/losses.h; absent when some sample has no engine
   // log-probs.
   std::optional<rl_algo::LogProbMismatch> mismatch;
+  // With routing replay, over all ranks: the (token, MoE layer) pairs the training forwards
+  // replayed, and how many of them used other experts than replayed (must be 0).
+  int64_t routing_replayed = 0;
+  int64_t routing_differing = 0;
 };
 
 // How the model's parameters divide: trained (in the optimizer's buffers), fp32 extras, frozen.
@@ -92,8 +99,13 @@ class Actor {
   // Every model tensor by name (for saving).
   model::TensorMap AllTensors() const;
 
-  // Log-probs [mb, T] of the plan's samples under the current weights, no autograd.
-  PerMicroBatch ComputeLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan) const;
+  // Log-probs [mb, T] of the plan's samples under the current weights, no autograd. MoE routing
+  // replays `replay` when given and is recorded into `record` when given.
+  PerMicroBatch ComputeLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
+                                const PlanRouting* replay = nullptr,
+                                PlanRouting* record = nullptr) const;
+  // The rollout engine's routing records of the plan's samples, packed per micro-batch (R3).
+  PlanRouting RolloutRouting(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan) const;
   // Every DP rank's plan for `batch` (Note [Training plan]), from the config's batch options,
   // indexed by rank: the same on every rank, with no communication, so that the caller can report
   // each rank's share, e.g. PlanTokens(plans[r], SampleTokens(batch)). This rank's is [dp_rank].
@@ -101,8 +113,11 @@ class Actor {
 
   // Trains on one rollout. `old_log_probs` and `ref_log_probs` come from ComputeLogProbs with the
   // same plan (ref may be empty when there is no reference model).
+  // `replay`, when given, is the routing the training forwards replay (Note [Routing replay
+  // modes]).
   TrainResult Train(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
-                    const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs);
+                    const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs,
+                    const PlanRouting* replay = nullptr);
 
   // Writes the actor as a Hugging Face checkpoint (rank 0 writes; every rank holds the full
   // params after the all-gather). Collective (a barrier at the end).
@@ -119,6 +134,7 @@ class Actor {
   model::TensorMap extras_;
   model::TensorMap frozen_;
   std::unique_ptr<model::Decoder> decoder_;
+  std::vector<int64_t> moe_layers_;  // the model's MoE layers (routing replay)
   rl_algo::LossOptions loss_options_;
 };
 

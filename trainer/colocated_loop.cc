@@ -147,9 +147,18 @@ class ColocatedCycle {
     }
     const std::vector<TrainingPlan> plans = actor_.PlansForAllRanks(batch);
     const TrainingPlan& plan = plans.at(comm_.rank());
+    // Note [Routing replay modes]: R3 replays the engine's experts everywhere; R2 those the
+    // old-logprob pass records.
+    const bool r2 = c_.rl.use_routing_replay;
+    const bool r3 = c_.rl.use_rollout_routing_replay;
+    PlanRouting routing;
+    if (r3) routing = actor_.RolloutRouting(batch, plan);
     PerMicroBatch ref_log_probs;
     if (resolved_.with_ref) {
-      ref_log_probs = Phase("ref_logprobs", [&] { return RefLogProbs(batch, plan); });
+      ref_log_probs = Phase("ref_logprobs", [&] {
+        backuper_->Restore(backup::kRefTag);
+        return actor_.ComputeLogProbs(batch, plan, r3 ? &routing : nullptr);
+      });
     }
     Phase("restore_actor", [&] { backuper_->Restore(backup::kActorTag); });
     // --use-rollout-logprobs: the engine's log-probs are the old policy; no pass computes them
@@ -157,11 +166,16 @@ class ColocatedCycle {
     const PerMicroBatch old_log_probs =
         skip_old_logprobs()
             ? PerMicroBatch()
-            : Phase("old_logprobs", [&] { return actor_.ComputeLogProbs(batch, plan); });
+            : Phase("old_logprobs", [&] {
+                return actor_.ComputeLogProbs(batch, plan, r3 ? &routing : nullptr,
+                                              r2 && !r3 ? &routing : nullptr);
+              });
     MaybeInjectFault(FaultPoint::kTrain, comm_.rank(), iteration + 1);
-    const TrainResult result =
-        Phase("train", [&] { return actor_.Train(batch, plan, old_log_probs, ref_log_probs); });
+    const TrainResult result = Phase("train", [&] {
+      return actor_.Train(batch, plan, old_log_probs, ref_log_probs, r2 ? &routing : nullptr);
+    });
     CheckFirstStepKl(result);
+    if (r2) CheckRoutingReplay(result);
     Phase("backup", [&] { backuper_->Backup(backup::kActorTag); });
     // The actor is awake and its params are the step's result: saved before it sleeps.
     if (SaveDue(iteration)) Phase("save", [&] { Save(iteration); });
@@ -243,9 +257,16 @@ class ColocatedCycle {
     actor_.optimizer().ZeroGrads();  // the grad buffer's contents are undefined after resume
   }
 
-  PerMicroBatch RefLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan) {
-    backuper_->Restore(backup::kRefTag);
-    return actor_.ComputeLogProbs(batch, plan);
+  // Note [Routing replay modes]: every replaying training forward used the experts it was given.
+  void CheckRoutingReplay(const TrainResult& result) const {
+    spdlog::info("routing replay check: {} of {} (token, MoE layer) pairs used other experts than "
+                 "replayed",
+                 result.routing_differing, result.routing_replayed);
+    RL_CHECK(!c_.checks.ci_test || (result.routing_differing == 0 && result.routing_replayed > 0),
+             Error,
+             "CI check failed: routing replay: {} of {} (token, MoE layer) pairs of the training "
+             "forwards used other experts than replayed",
+             result.routing_differing, result.routing_replayed);
   }
 
   void CheckFirstStepKl(const TrainResult& result) const {

@@ -17,6 +17,7 @@
 #include "trainer/memory/region_manager.h"
 #include "trainer/rollout/engine.h"
 #include "trainer/rollout_split.h"
+#include "trainer/routing_replay.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rl {
@@ -80,8 +81,11 @@ class EngineRollout final : public Rollout {
     };
     const at::ScalarType dtype =
         c.model.params_dtype == config::ParamsDtype::kFp32 ? at::kFloat : at::kBFloat16;
-    engine_ = std::make_unique<rollout::RolloutEngine>(model, dtype, device, max_batch,
-                                                       max_length, allocate);
+    engine_ = std::make_unique<rollout::RolloutEngine>(
+        model, dtype, device, max_batch, max_length, allocate,
+        /*record_routing=*/c.rl.use_rollout_routing_replay);
+    RL_CHECK(!c.rl.use_rollout_routing_replay || engine_->records_routing(), ConfigError,
+             "--use-rollout-routing-replay needs a model with MoE layers");
     engine_->set_cuda_graphs(c.rollout.rollout_cuda_graphs);
     engine_->SetMemoryHooks(
         [this] {
@@ -140,6 +144,11 @@ class EngineRollout final : public Rollout {
                          prompts[group].label);
       s.rollout_log_probs = g.log_probs;
       s.group_index = group;
+      if (engine_->records_routing()) {  // Note [Routing record]
+        s.routed_experts = MakeRoutingRecord(
+            g.routed_experts, static_cast<int64_t>(engine_->moe_layers().size()),
+            engine_->config().num_experts_per_tok, engine_->config().n_routed_experts);
+      }
       local.push_back(std::move(s));
     }
     rl_algo::RolloutBatch batch;

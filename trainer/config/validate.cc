@@ -299,6 +299,15 @@ ValidationResult Validate(const Config& input) {
 
   ValidateRematerialize(rules, r);
 
+  // Note [Routing replay modes] (trainer/routing_replay.h): R3 implies R2; R2 alone replays what
+  // the old-logprob pass chose, which --use-rollout-logprobs skips.
+  if (c.rl.use_rollout_routing_replay) c.rl.use_routing_replay = true;
+  rules.Require(!c.rl.use_routing_replay || c.rl.use_rollout_routing_replay ||
+                    !c.rl.use_rollout_logprobs || c.rl.use_tis,
+                "--use-routing-replay replays the experts of the old-logprob pass, which "
+                "--use-rollout-logprobs skips; use --use-rollout-routing-replay (the engine's "
+                "experts) instead");
+
   r.with_ref = c.rl.kl_coef != 0 || c.rl.use_kl_loss;
   if (!c.rl.eps_clip_high.has_value()) c.rl.eps_clip_high = c.rl.eps_clip;
 

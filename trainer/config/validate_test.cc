@@ -390,6 +390,21 @@ TEST_CASE("rule: stop token ids are not negative") {
   CHECK(OnlyError(c) == "--rollout-stop-token-ids must be token ids >= 0; got -1");
 }
 
+TEST_CASE("rule: rollout routing replay implies routing replay; R2 alone needs the old-logprob "
+          "pass") {
+  Config c = Remat();
+  c.rl.use_rollout_routing_replay = true;
+  const ValidationResult r = Validate(c);
+  CHECK(r.errors.empty());
+  CHECK(r.resolved.config.rl.use_routing_replay);
+  c = Remat();
+  c.rl.use_routing_replay = true;
+  c.rl.use_rollout_logprobs = true;
+  CHECK(Mentions(OnlyError(c), "use --use-rollout-routing-replay"));
+  c.rl.use_rollout_routing_replay = true;
+  CHECK(OnlyError(c).empty());
+}
+
 // ---- hostile values (found by fuzz/toml_fuzz.cc) ------------------------------------------------
 
 TEST_CASE("rule: a byte size too large for int64 is refused, not shifted into overflow") {

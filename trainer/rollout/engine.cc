@@ -70,9 +70,22 @@ StorageAllocator PlainAllocator(at::Device device) {
   };
 }
 
+int64_t RolloutEngine::KvStorageBytes(const model::ModelConfig& config,
+                                      at::ScalarType param_dtype, int64_t max_batch,
+                                      int64_t max_length, bool record_routing) {
+  const int64_t kv = model::KvCache::NumElements(config, max_batch, max_length) *
+                     static_cast<int64_t>(c10::elementSize(param_dtype));
+  if (!record_routing) return kv;
+  int64_t moe = 0;
+  for (model::MlpType t : config.mlp_layer_types) moe += t == model::MlpType::kSparse ? 1 : 0;
+  const int64_t aligned = (kv + 255) / 256 * 256;
+  return aligned + moe * max_batch * max_length * config.num_experts_per_tok *
+                       static_cast<int64_t>(sizeof(int16_t));
+}
+
 RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype,
                              at::Device device, int64_t max_batch, int64_t max_length,
-                             const StorageAllocator& allocator)
+                             const StorageAllocator& allocator, bool record_routing)
     : config_(std::move(config)),
       dtype_(param_dtype),
       device_(device),
@@ -98,9 +111,27 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
 
   const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
   const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
-  kv_storage_ = AllocateChecked(allocator, RegionTag::kKvCache, kv_bytes, device_)
-                    .narrow(0, 0, kv_bytes)
-                    .view(dtype_);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const bool moe = config_.mlp_layer_types[l] == model::MlpType::kSparse;
+    moe_ordinal_.push_back(moe ? static_cast<int64_t>(moe_layers_.size()) : -1);
+    if (moe) moe_layers_.push_back(l);
+  }
+  record_routing = record_routing && !moe_layers_.empty();
+  const int64_t storage_bytes =
+      KvStorageBytes(config_, dtype_, max_batch_, max_length_, record_routing);
+  const at::Tensor storage =
+      AllocateChecked(allocator, RegionTag::kKvCache, storage_bytes, device_);
+  kv_storage_ = storage.narrow(0, 0, kv_bytes).view(dtype_);
+  if (record_routing) {  // Note [Engine routing record]
+    const int64_t k = config_.num_experts_per_tok;
+    const int64_t routing_bytes = static_cast<int64_t>(moe_layers_.size()) * max_batch_ *
+                                  max_length_ * k * static_cast<int64_t>(sizeof(int16_t));
+    routing_ = storage.narrow(0, storage_bytes - routing_bytes, routing_bytes)
+                   .view(at::kShort)
+                   .view({static_cast<int64_t>(moe_layers_.size()), max_batch_, max_length_, k});
+    decoder_->set_routing_observer(
+        [this](int64_t layer, const at::Tensor& ids) { RecordRouting(layer, ids); });
+  }
   cache_ = std::make_unique<model::KvCache>(config_, kv_storage_, max_batch_, max_length_);
   rope_ = model::MakeRopeTable(config_, 0, max_length_, dtype_, device_);
   position_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
@@ -119,6 +150,21 @@ void RolloutEngine::set_cuda_graphs(bool on) {
 
 int64_t RolloutEngine::KeyLength(int64_t position) const {
   return std::min(max_length_, (position + kKeyBlock) / kKeyBlock * kKeyBlock);
+}
+
+void RolloutEngine::RecordRouting(int64_t layer, const at::Tensor& expert_ids) {
+  const int64_t k = config_.num_experts_per_tok;
+  const at::Tensor record = routing_[moe_ordinal_.at(static_cast<size_t>(layer))];
+  const at::Tensor ids = expert_ids.to(at::kShort);
+  if (prefill_length_ > 0) {  // rows [0, batch), positions [0, prefill_length_)
+    const int64_t batch = ids.size(0) / prefill_length_;
+    record.narrow(0, 0, batch)
+        .narrow(1, 0, prefill_length_)
+        .copy_(ids.view({batch, prefill_length_, k}));
+  } else {  // a decode step: rows [0, n) at the device-side position
+    const int64_t n = ids.size(0);
+    record.narrow(0, 0, n).index_copy_(1, position_, ids.view({n, 1, k}));
+  }
 }
 
 at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_length) {
@@ -235,8 +281,15 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
   const at::Tensor prompt_tokens =
       at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({batch, prompt_length});
   // [live, vocab]: the next-token logits of each live row.
-  at::Tensor logits =
-      decoder_->ForwardStep(prompt_tokens, *cache_, 0).select(1, prompt_length - 1);
+  prefill_length_ = prompt_length;  // Note [Engine routing record]
+  at::Tensor logits;
+  try {
+    logits = decoder_->ForwardStep(prompt_tokens, *cache_, 0).select(1, prompt_length - 1);
+  } catch (...) {
+    prefill_length_ = 0;
+    throw;
+  }
+  prefill_length_ = 0;
 
   std::vector<int64_t> live(static_cast<size_t>(batch));  // indices into rows, in cache-row order
   for (int64_t j = 0; j < batch; ++j) live[static_cast<size_t>(j)] = j;
@@ -259,6 +312,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
 
     std::vector<int64_t> keep;  // cache rows (indices into `live`) that go on
     std::vector<int64_t> next_live;
+    std::vector<int64_t> finished;  // cache rows that end at this step
     for (size_t r = 0; r < live.size(); ++r) {
       Generation& gen = out[rows[static_cast<size_t>(live[r])]];
       gen.response.push_back(token_data[r]);
@@ -269,6 +323,21 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
       if (!stopped && !full) {
         keep.push_back(static_cast<int64_t>(r));
         next_live.push_back(live[r]);
+      } else {
+        finished.push_back(static_cast<int64_t>(r));
+      }
+    }
+    if (routing_.defined() && !finished.empty()) {  // Note [Engine routing record]
+      const at::Tensor finished_rows =
+          at::tensor(finished, at::TensorOptions().dtype(at::kLong)).to(device_);
+      // [moe layers, finished, position, k]: the fed positions [0, position) of each.
+      const at::Tensor ids =
+          routing_.narrow(2, 0, position).index_select(1, finished_rows).cpu().contiguous();
+      for (size_t f = 0; f < finished.size(); ++f) {
+        const at::Tensor row = ids.select(1, static_cast<int64_t>(f)).contiguous();
+        const int16_t* data = row.data_ptr<int16_t>();
+        out[rows[static_cast<size_t>(live[static_cast<size_t>(finished[f])])]]
+            .routed_experts.assign(data, data + row.numel());
       }
     }
     if (next_live.empty()) break;
@@ -279,6 +348,12 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
           at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(device_);
       CompactCache(*cache_, config_.num_hidden_layers, keep_rows,
                    static_cast<int64_t>(live.size()), position);
+      if (routing_.defined()) {
+        const at::Tensor used =
+            routing_.narrow(1, 0, static_cast<int64_t>(live.size())).narrow(2, 0, position);
+        const at::Tensor moved = used.index_select(1, keep_rows);
+        routing_.narrow(1, 0, keep_rows.size(0)).narrow(2, 0, position).copy_(moved);
+      }
       step_tokens = step_tokens.index_select(0, keep_rows);
     }
     step_tokens = step_tokens.reshape({-1, 1});

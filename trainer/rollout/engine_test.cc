@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
@@ -308,6 +309,64 @@ TEST_CASE("A bf16 engine (the production dtype) generates, with fp32 router extr
       CHECK(g.response.size() == 6);
       for (float lp : g.log_probs) CHECK((std::isfinite(lp) && lp <= 0));
     }
+  }
+}
+
+TEST_CASE("The engine's routing record equals the routing of a full forward, and replays it") {
+  for (const std::string name : {"qwen3_moe", "deepseek_v3", "glm_moe_dsa"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    // max_batch 3 splits the groups and stop tokens end rows early: the record is read at
+    // different steps and compacted with the cache.
+    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3,
+                                                  24, PlainAllocator(at::Device(at::kCPU)),
+                                                  /*record_routing=*/true);
+    engine->LoadWeights(f.params);
+    REQUIRE(engine->records_routing());
+    SamplingParams params;
+    params.max_new_tokens = 12;
+    params.seed = 5;
+    for (int64_t t = 0; t < 128; t += 11) params.stop_token_ids.push_back(t);
+    const std::vector<Generation> out = engine->Generate(MixedPrompts(name), params);
+    model::Decoder decoder(f.config, f.params);
+    const int64_t layers = static_cast<int64_t>(engine->moe_layers().size());
+    const int64_t k = f.config.num_experts_per_tok;
+    int64_t stopped = 0, compared = 0;
+    for (const Generation& g : out) {
+      stopped += g.truncated ? 0 : 1;
+      std::vector<int64_t> fed = g.prompt;
+      fed.insert(fed.end(), g.response.begin(), g.response.end() - 1);
+      const int64_t n = static_cast<int64_t>(fed.size());
+      REQUIRE(static_cast<int64_t>(g.routed_experts.size()) == layers * n * k);
+      const at::Tensor record =
+          at::tensor(g.routed_experts, at::TensorOptions().dtype(at::kShort))
+              .to(at::kLong)
+              .view({layers, n, k});
+      // What a full forward over the fed tokens chooses, layer by layer.
+      std::vector<at::Tensor> chosen(static_cast<size_t>(f.config.num_hidden_layers));
+      decoder.set_routing_observer(
+          [&](int64_t l, const at::Tensor& ids) { chosen[static_cast<size_t>(l)] = ids; });
+      decoder.set_routing_source({});
+      const at::Tensor tokens = at::tensor(fed, at::TensorOptions().dtype(at::kLong)).view({1, n});
+      const at::Tensor natural = decoder.Logits(tokens);
+      for (int64_t m = 0; m < layers; ++m) {
+        INFO("MoE layer " << m);
+        CHECK(at::equal(chosen[static_cast<size_t>(engine->moe_layers()[m])], record[m]));
+        ++compared;
+      }
+      // Replaying the record reproduces the full forward bit for bit.
+      decoder.set_routing_source([&](int64_t l) {
+        const auto it = std::find(engine->moe_layers().begin(), engine->moe_layers().end(), l);
+        return it == engine->moe_layers().end()
+                   ? at::Tensor()
+                   : record[it - engine->moe_layers().begin()].contiguous();
+      });
+      CHECK(at::equal(decoder.Logits(tokens), natural));
+    }
+    fmt::print("{:12s} routing record vs full forward: {} rows ({} stopped early), {} layers\n",
+               name, out.size(), stopped, layers);
+    CHECK(stopped >= 1);
+    CHECK(compared == static_cast<int64_t>(out.size()) * layers);
   }
 }
 

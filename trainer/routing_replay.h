@@ -1,0 +1,74 @@
+// Routing replay in training (Note [Routing replay] in trainer/model/layers.h): the expert ids a
+// forward must use, per micro-batch and MoE layer, and the scope that hands them to a Decoder.
+//
+// Note [Routing replay modes]
+// --use-routing-replay (R2): the old-logprob pass records the experts each MoE layer chose for
+// every micro-batch; the training forwards of the same micro-batches replay them, so the policy
+// ratio compares the same expert mix. --use-rollout-routing-replay (R3, implies R2): the rollout
+// engine records its choice for every fed position of every sample (Note [Routing record] in
+// rollout_data.h); the reference, old-logprob and training forwards all replay it, so training
+// computes the log-probs of exactly the experts that generated the tokens. In both, the gate
+// weights come from the training router's logits over the replayed experts, so the router keeps
+// its gradient. Padding positions of a micro-batch replay experts 0..k-1 (their outputs are
+// masked). With --ci-test, every replaying forward also checks that each MoE layer used the ids it
+// was given (RoutingReplayScope::differing_tokens must stay 0).
+//
+// Thread safety: none; the trainer's main thread. Failures: rl::Error / ConfigError naming the
+// sample and what is wrong.
+#ifndef RL_TRAINER_ROUTING_REPLAY_H_
+#define RL_TRAINER_ROUTING_REPLAY_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "trainer/model/decoder.h"
+#include "trainer/model/model_config.h"
+#include "trainer/rl/rollout_data.h"
+
+namespace rl {
+
+// One micro-batch's expert ids: per MoE layer (model order), [rows * positions, k] on the model's
+// device (int64, or int16 as recorded by RoutingReplayScope), tokens in [rows, positions]
+// row-major order (a Decoder's flattening).
+using LayerRouting = std::vector<at::Tensor>;
+
+// The model's MoE layers, by index, in order.
+std::vector<int64_t> MoeLayers(const model::ModelConfig& config);
+
+// The routing records of samples `indices` packed for a forward over `positions` fed positions
+// (the micro-batch's longest sample less one). Throws rl::Error when a sample has no record or
+// one that does not fit the model (layers, k, an id >= n_routed_experts).
+LayerRouting PackRolloutRouting(const rl_algo::RolloutBatch& batch,
+                                const std::vector<int64_t>& indices, int64_t positions,
+                                const model::ModelConfig& config, c10::Device device);
+
+// A record of the engine's routing ([moe layers, positions, k] int16, Generation::routed_experts)
+// in a sample's compact form.
+rl_algo::RoutingRecord MakeRoutingRecord(const std::vector<int16_t>& ids, int64_t layers,
+                                         int64_t k, int64_t num_experts);
+
+// For its lifetime, `decoder` replays `replay` (when not null) and records each MoE layer's
+// chosen ids into `record` (when not null); counts the tokens whose used ids differ from the
+// replayed ones. Restores no hooks on exit: it clears them.
+class RoutingReplayScope {
+ public:
+  RoutingReplayScope(model::Decoder& decoder, const std::vector<int64_t>& moe_layers,
+                     const LayerRouting* replay, LayerRouting* record);
+  ~RoutingReplayScope();
+  RoutingReplayScope(const RoutingReplayScope&) = delete;
+  RoutingReplayScope& operator=(const RoutingReplayScope&) = delete;
+
+  // [1] int64 on the device: tokens x layers where the forward used other ids than replayed.
+  const at::Tensor& differing_tokens() const { return differing_; }
+
+ private:
+  model::Decoder& decoder_;
+  std::vector<int64_t> ordinal_;  // model layer -> MoE ordinal, or -1
+  at::Tensor differing_;
+};
+
+}  // namespace rl
+
+#endif  // RL_TRAINER_ROUTING_REPLAY_H_
