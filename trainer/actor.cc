@@ -56,6 +56,12 @@ struct MicroBatch {
   int64_t max_response = 0;
 };
 
+// Note [Rollout log-probs] (trainer/rollout/sampler.h): the policy trained is the one the engine
+// sampled from, logits / rollout temperature (1 for greedy rollouts, as the engine reports).
+double LogProbTemperature(const config::Config& c) {
+  return c.rollout.rollout_temperature > 0 ? c.rollout.rollout_temperature : 1.0;
+}
+
 MicroBatch Pack(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
                 c10::Device device) {
   MicroBatch mb;
@@ -248,7 +254,7 @@ PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
                                          record != nullptr ? &recorded : nullptr);
         const model::TokenStats stats = decoder_->TokenLogProbs(
             mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
-            /*with_entropy=*/false);
+            /*with_entropy=*/false, LogProbTemperature(resolved_.config));
         out.push_back(ResponseAligned(stats.log_probs, mb).to(at::kFloat));
       }
       if (record != nullptr) record->push_back(std::move(recorded));
@@ -358,7 +364,8 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
             *decoder_, moe_layers_, replay != nullptr ? &replay->at(mb_index) : nullptr, nullptr);
         stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
                                         mb.tokens.narrow(1, 1, len - 1),
-                                        /*with_entropy=*/loss_options_.entropy_coef != 0);
+                                        /*with_entropy=*/loss_options_.entropy_coef != 0,
+                                        LogProbTemperature(resolved_.config));
         if (replay != nullptr) {
           const int64_t pairs = static_cast<int64_t>(indices.size()) * (len - 1) *
                                 static_cast<int64_t>(moe_layers_.size());

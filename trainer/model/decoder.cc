@@ -301,11 +301,14 @@ at::Tensor Decoder::Logits(const at::Tensor& tokens) const {
 }
 
 TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
-                                  bool with_entropy) const {
+                                  bool with_entropy, double temperature) const {
   RL_CHECK(targets.sizes() == tokens.sizes(), Error,
            "TokenLogProbs: targets [{}] must have the shape of tokens [{}]",
            fmt::join(targets.sizes(), ", "), fmt::join(tokens.sizes(), ", "));
-  const at::Tensor logits = Logits(tokens);  // [B, S, V]
+  RL_CHECK(temperature > 0, Error, "TokenLogProbs: the temperature must be > 0; got {}",
+           temperature);
+  at::Tensor logits = Logits(tokens);  // [B, S, V]
+  if (temperature != 1.0) logits = logits / temperature;
   const at::Tensor ids = targets.to(device_).to(at::kLong);
   TokenStats out;
   if (kernels::Supported(logits)) {  // Note [Inference kernels]: on CUDA, always

@@ -96,11 +96,12 @@ class Decoder {
   at::Tensor Logits(const at::Tensor& tokens) const;
 
   // Per-position log-prob of `targets` [batch, seq] (typically the tokens shifted by one) under
-  // the logits of `tokens`, and, when `with_entropy`, the entropy of each position's
+  // the logits of `tokens` divided by `temperature` (the rollout's: Note [Rollout log-probs] in
+  // trainer/rollout/sampler.h), and, when `with_entropy`, the entropy of each position's
   // distribution (three more passes over the [batch, seq, vocab] fp32 log-probs; left undefined
   // otherwise).
   TokenStats TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
-                           bool with_entropy = true) const;
+                           bool with_entropy = true, double temperature = 1.0) const;
 
   // Appends tokens [batch, new] at positions [start_position, start_position + new) of rows
   // [0, batch) of `cache` and returns their logits [batch, new, vocab]. Positions before
