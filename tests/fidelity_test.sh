@@ -7,8 +7,12 @@
 #      pair used exactly the recorded experts.
 #   3. Forcing other experts on a few tokens of that file changes the old log-probs (so the
 #      mismatch metric) with rollout routing replay, and changes nothing without it.
+#   4. The same for the DSA indexer (--use-rollout-indexer-replay, GLM-5 CI recipe): its
+#      selections travel through the file, a forced selection changes the log-probs with replay
+#      only, and replaying the engine's own selections leaves the first iteration's mismatch no
+#      larger than recomputing them.
 set -euo pipefail
-trainer="$1" recipe="$2"
+trainer="$1" recipe="$2" dsa_recipe="$3"
 here="$(dirname "$0")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failed=0
@@ -16,7 +20,7 @@ fail() { echo "FAIL: $*"; failed=1; }
 run() {  # run NAME FLAGS...: 2 ranks, the log in $tmp/NAME.log, the metrics in $tmp/NAME.jsonl
   local name="$1"
   shift
-  "$here/mpi_run.sh" 2 "$trainer" --config "$recipe" --rollout-max-response-len 8 \
+  "$here/mpi_run.sh" 2 "$trainer" --config "${config:-$recipe}" --rollout-max-response-len 8 \
     --metrics-out "$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 ||
     { echo "FAIL: $name exited non-zero"; tail -n 20 "$tmp/$name.log"; exit 1; }
 }
@@ -59,7 +63,38 @@ forced=$(metric replay_forced train_rollout_logprob_abs_diff)
 [[ "$orig" != "$forced" ]] || fail "3: forced experts did not change the replayed log-probs ($orig)"
 [[ "$(metric plain_orig train_rollout_logprob_abs_diff)" == "$(metric plain_forced train_rollout_logprob_abs_diff)" ]] ||
   fail "3: without replay, the recorded routing changed the log-probs"
-echo "mismatch with replay: recorded routing $orig, forced $forced;" \
+echo "experts: mismatch with replay: recorded routing $orig, forced $forced;" \
   "without replay: $(metric plain_orig train_rollout_logprob_abs_diff) both"
+
+config="$dsa_recipe"
+run dsa_record --num-rollout 1 --use-rollout-indexer-replay --save-debug-rollout-data "$tmp/dsa.jsonl"
+grep -q '"indexer_topk":{"layers":' "$tmp/dsa.jsonl" || fail "4: no indexer record in the file"
+# The first sample's selection at its first recorded position, layer 0: key 0 swapped for another.
+python3 - "$tmp/dsa.jsonl" "$tmp/dsa_forced.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+r = lines[0]["indexer_topk"]
+keys = r["ids"][:r["k"]]
+visible = range(r["first"] + 1)  # the first recorded position sees keys 0..first
+r["ids"][0] = next(key for key in visible if key not in keys) if len(keys) < len(visible) else keys[0]
+with open(sys.argv[2], "w") as f:
+    f.writelines(json.dumps(l) + "\n" for l in lines)
+PY
+for mode in replay plain; do
+  flags=(--num-rollout 1 --debug-train-only --no-check-weight-update-equal)
+  [[ $mode == replay ]] && flags+=(--use-rollout-indexer-replay)
+  run "dsa_${mode}_orig" "${flags[@]}" --load-debug-rollout-data "$tmp/dsa.jsonl"
+  run "dsa_${mode}_forced" "${flags[@]}" --load-debug-rollout-data "$tmp/dsa_forced.jsonl"
+done
+orig=$(metric dsa_replay_orig train_rollout_logprob_abs_diff)
+forced=$(metric dsa_replay_forced train_rollout_logprob_abs_diff)
+plain=$(metric dsa_plain_orig train_rollout_logprob_abs_diff)
+[[ "$orig" != "$forced" ]] || fail "4: a forced key selection did not change the replayed log-probs"
+[[ "$plain" == "$(metric dsa_plain_forced train_rollout_logprob_abs_diff)" ]] ||
+  fail "4: without replay, the recorded selections changed the log-probs"
+awk -v a="$orig" -v b="$plain" 'BEGIN { exit !(a <= b) }' ||
+  fail "4: replaying the engine's selections raised the mismatch ($orig > $plain)"
+echo "indexer: mismatch with replay: recorded selections $orig, forced $forced;" \
+  "without replay: $plain"
 [[ $failed -eq 0 ]] && echo "PASS"
 exit $failed

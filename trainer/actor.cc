@@ -187,8 +187,7 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
       split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
-  moe_layers_ = MoeLayers(model_);
-  RL_CHECK(!resolved_.config.rl.use_routing_replay || !moe_layers_.empty(), ConfigError,
+  RL_CHECK(!resolved_.config.rl.use_routing_replay || !MoeLayers(model_).empty(), ConfigError,
            "--use-routing-replay / --use-rollout-routing-replay need a model with MoE layers");
 }
 
@@ -238,7 +237,7 @@ std::vector<TrainingPlan> Actor::PlansForAllRanks(const rl_algo::RolloutBatch& b
 }
 
 PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
-                                     const TrainingPlan& plan, const PlanRouting* replay,
+                                     const TrainingPlan& plan, const PlanReplay* replay,
                                      PlanRouting* record) const {
   c10::NoGradGuard no_grad;
   PerMicroBatch out;
@@ -249,9 +248,9 @@ PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
       const int64_t len = mb.tokens.size(1);
       LayerRouting recorded;
       {
-        const RoutingReplayScope routing(*decoder_, moe_layers_,
-                                         replay != nullptr ? &replay->at(out.size()) : nullptr,
-                                         record != nullptr ? &recorded : nullptr);
+        const RoutingReplayScope routing(
+            *decoder_, model_, replay != nullptr ? replay->For(out.size()) : ReplayInputs(),
+            record != nullptr ? &recorded : nullptr);
         const model::TokenStats stats = decoder_->TokenLogProbs(
             mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
             /*with_entropy=*/false, LogProbTemperature(resolved_.config));
@@ -263,24 +262,29 @@ PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
   return out;
 }
 
-PlanRouting Actor::RolloutRouting(const rl_algo::RolloutBatch& batch,
-                                  const TrainingPlan& plan) const {
-  PlanRouting routing;
+PlanReplay Actor::RolloutReplay(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
+                                bool experts, bool indexer) const {
+  PlanReplay replay;
   for (const auto& step : plan.steps) {
     for (const std::vector<int64_t>& indices : step) {
       int64_t longest = 0;
       for (int64_t i : indices) {
         longest = std::max<int64_t>(longest, batch.samples.at(i).tokens.size());
       }
-      routing.push_back(PackRolloutRouting(batch, indices, longest - 1, model_, device_));
+      if (experts) {
+        replay.experts.push_back(PackRolloutRouting(batch, indices, longest - 1, model_, device_));
+      }
+      if (indexer) {
+        replay.indexer.push_back(PackRolloutIndexer(batch, indices, longest - 1, model_, device_));
+      }
     }
   }
-  return routing;
+  return replay;
 }
 
 TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
                          const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs,
-                         const PlanRouting* replay) {
+                         const PlanReplay* replay) {
   const config::Config& c = resolved_.config;
   // Rewards: group-normalised over the whole rollout (every rank holds it).
   std::vector<double> raw;
@@ -361,14 +365,15 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
       model::TokenStats stats;
       {
         const RoutingReplayScope routing(
-            *decoder_, moe_layers_, replay != nullptr ? &replay->at(mb_index) : nullptr, nullptr);
+            *decoder_, model_, replay != nullptr ? replay->For(mb_index) : ReplayInputs(), nullptr);
+        const bool replays_experts = replay != nullptr && !replay->experts.empty();
         stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
                                         mb.tokens.narrow(1, 1, len - 1),
                                         /*with_entropy=*/loss_options_.entropy_coef != 0,
                                         LogProbTemperature(resolved_.config));
-        if (replay != nullptr) {
+        if (replays_experts) {
           const int64_t pairs = static_cast<int64_t>(indices.size()) * (len - 1) *
-                                static_cast<int64_t>(moe_layers_.size());
+                                static_cast<int64_t>(replay->experts.at(mb_index).size());
           const at::Tensor differing =
               routing.differing_tokens().defined()
                   ? routing.differing_tokens().to(at::kLong)
@@ -409,7 +414,7 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
     result.lr = step_stats.lr;
     ++result.steps;
   }
-  if (replay != nullptr) {  // Note [Routing replay modes]: the CI check's counts
+  if (routing_counts.defined()) {  // Note [Routing replay modes]: the CI check's counts
     comm_.AllReduce(routing_counts, ReduceOp::kSum);
     const at::Tensor counts = routing_counts.cpu();
     result.routing_replayed = counts[0].item<int64_t>();

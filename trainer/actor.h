@@ -44,8 +44,17 @@ namespace rl {
 
 // Per micro-batch [mb, max_response_len] response-aligned tensors, in plan order.
 using PerMicroBatch = std::vector<at::Tensor>;
-// Per micro-batch, in plan order, the expert ids of each MoE layer (Note [Routing replay modes]).
+// Per micro-batch, in plan order, the choices of each layer (Note [Routing replay modes]).
 using PlanRouting = std::vector<LayerRouting>;
+// What the forwards of a plan replay: expert ids and DSA indexer selections (empty: none).
+struct PlanReplay {
+  PlanRouting experts;
+  PlanRouting indexer;
+  ReplayInputs For(size_t micro_batch) const {
+    return {experts.empty() ? nullptr : &experts.at(micro_batch),
+            indexer.empty() ? nullptr : &indexer.at(micro_batch)};
+  }
+};
 
 struct TrainResult {
   rl_algo::LossMetrics metrics;             // of the last step
@@ -102,10 +111,12 @@ class Actor {
   // Log-probs [mb, T] of the plan's samples under the current weights, no autograd. MoE routing
   // replays `replay` when given and is recorded into `record` when given.
   PerMicroBatch ComputeLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
-                                const PlanRouting* replay = nullptr,
+                                const PlanReplay* replay = nullptr,
                                 PlanRouting* record = nullptr) const;
-  // The rollout engine's routing records of the plan's samples, packed per micro-batch (R3).
-  PlanRouting RolloutRouting(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan) const;
+  // The rollout engine's records of the plan's samples, packed per micro-batch: expert ids (R3)
+  // and indexer selections, each when asked for.
+  PlanReplay RolloutReplay(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
+                           bool experts, bool indexer) const;
   // Every DP rank's plan for `batch` (Note [Training plan]), from the config's batch options,
   // indexed by rank: the same on every rank, with no communication, so that the caller can report
   // each rank's share, e.g. PlanTokens(plans[r], SampleTokens(batch)). This rank's is [dp_rank].
@@ -117,7 +128,7 @@ class Actor {
   // modes]).
   TrainResult Train(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
                     const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs,
-                    const PlanRouting* replay = nullptr);
+                    const PlanReplay* replay = nullptr);
 
   // Writes the actor as a Hugging Face checkpoint (rank 0 writes; every rank holds the full
   // params after the all-gather). Collective (a barrier at the end).
@@ -134,7 +145,6 @@ class Actor {
   model::TensorMap extras_;
   model::TensorMap frozen_;
   std::unique_ptr<model::Decoder> decoder_;
-  std::vector<int64_t> moe_layers_;  // the model's MoE layers (routing replay)
   rl_algo::LossOptions loss_options_;
 };
 

@@ -151,13 +151,14 @@ class ColocatedCycle {
     // old-logprob pass records.
     const bool r2 = c_.rl.use_routing_replay;
     const bool r3 = c_.rl.use_rollout_routing_replay;
-    PlanRouting routing;
-    if (r3) routing = actor_.RolloutRouting(batch, plan);
+    const bool indexer = c_.rl.use_rollout_indexer_replay;
+    // The engine's records replayed by every forward (R3, indexer); R2's recorded below.
+    PlanReplay replay = actor_.RolloutReplay(batch, plan, r3, indexer);
     PerMicroBatch ref_log_probs;
     if (resolved_.with_ref) {
       ref_log_probs = Phase("ref_logprobs", [&] {
         backuper_->Restore(backup::kRefTag);
-        return actor_.ComputeLogProbs(batch, plan, r3 ? &routing : nullptr);
+        return actor_.ComputeLogProbs(batch, plan, &replay);
       });
     }
     Phase("restore_actor", [&] { backuper_->Restore(backup::kActorTag); });
@@ -167,12 +168,15 @@ class ColocatedCycle {
         skip_old_logprobs()
             ? PerMicroBatch()
             : Phase("old_logprobs", [&] {
-                return actor_.ComputeLogProbs(batch, plan, r3 ? &routing : nullptr,
-                                              r2 && !r3 ? &routing : nullptr);
+                PlanRouting recorded;  // R2: the experts this pass chose
+                PerMicroBatch log_probs =
+                    actor_.ComputeLogProbs(batch, plan, &replay, r2 && !r3 ? &recorded : nullptr);
+                if (r2 && !r3) replay.experts = std::move(recorded);
+                return log_probs;
               });
     MaybeInjectFault(FaultPoint::kTrain, comm_.rank(), iteration + 1);
     const TrainResult result = Phase("train", [&] {
-      return actor_.Train(batch, plan, old_log_probs, ref_log_probs, r2 ? &routing : nullptr);
+      return actor_.Train(batch, plan, old_log_probs, ref_log_probs, &replay);
     });
     CheckFirstStepKl(result);
     if (r2) CheckRoutingReplay(result);

@@ -83,9 +83,11 @@ class EngineRollout final : public Rollout {
         c.model.params_dtype == config::ParamsDtype::kFp32 ? at::kFloat : at::kBFloat16;
     engine_ = std::make_unique<rollout::RolloutEngine>(
         model, dtype, device, max_batch, max_length, allocate,
-        /*record_routing=*/c.rl.use_rollout_routing_replay);
+        rollout::Records{c.rl.use_rollout_routing_replay, c.rl.use_rollout_indexer_replay});
     RL_CHECK(!c.rl.use_rollout_routing_replay || engine_->records_routing(), ConfigError,
              "--use-rollout-routing-replay needs a model with MoE layers");
+    RL_CHECK(!c.rl.use_rollout_indexer_replay || !model.indexer_types.empty(), ConfigError,
+             "--use-rollout-indexer-replay needs a model with a DSA indexer (GLM-5, GLM-5.2)");
     engine_->set_cuda_graphs(c.rollout.rollout_cuda_graphs);
     engine_->SetMemoryHooks(
         [this] {
@@ -147,7 +149,16 @@ class EngineRollout final : public Rollout {
       if (engine_->records_routing()) {  // Note [Routing record]
         s.routed_experts = MakeRoutingRecord(
             g.routed_experts, static_cast<int64_t>(engine_->moe_layers().size()),
-            engine_->config().num_experts_per_tok, engine_->config().n_routed_experts);
+            static_cast<int64_t>(s.tokens.size()) - 1, 0, engine_->config().num_experts_per_tok,
+            engine_->config().n_routed_experts);
+      }
+      if (c.rl.use_rollout_indexer_replay) {
+        const model::ModelConfig& m = engine_->config();
+        int64_t layers = 0;
+        for (model::IndexerType t : m.indexer_types) layers += t == model::IndexerType::kFull;
+        s.indexer_topk = MakeRoutingRecord(g.indexer_topk, layers,
+                                           static_cast<int64_t>(s.tokens.size()) - 1,
+                                           m.index_topk, m.index_topk, engine_->max_length());
       }
       local.push_back(std::move(s));
     }

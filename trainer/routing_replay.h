@@ -36,6 +36,8 @@ using LayerRouting = std::vector<at::Tensor>;
 
 // The model's MoE layers, by index, in order.
 std::vector<int64_t> MoeLayers(const model::ModelConfig& config);
+// The model's layers with their own DSA indexer, by index, in order.
+std::vector<int64_t> IndexerLayers(const model::ModelConfig& config);
 
 // The routing records of samples `indices` packed for a forward over `positions` fed positions
 // (the micro-batch's longest sample less one). Throws rl::Error when a sample has no record or
@@ -44,18 +46,45 @@ LayerRouting PackRolloutRouting(const rl_algo::RolloutBatch& batch,
                                 const std::vector<int64_t>& indices, int64_t positions,
                                 const model::ModelConfig& config, c10::Device device);
 
-// A record of the engine's routing ([moe layers, positions, k] int16, Generation::routed_experts)
-// in a sample's compact form.
-rl_algo::RoutingRecord MakeRoutingRecord(const std::vector<int16_t>& ids, int64_t layers,
-                                         int64_t k, int64_t num_experts);
+// The indexer records of samples `indices` for a forward over `positions` fed positions (Note
+// [Indexer replay] in trainer/model/decoder.cc): per indexer layer [rows * positions, index_topk]
+// key positions, int64 on `device`, or an empty vector when positions <= index_topk (every key
+// is selected, nothing to replay). Positions before index_topk and padding replay keys
+// 0..index_topk-1, which select every visible key. Throws rl::Error like PackRolloutRouting.
+LayerRouting PackRolloutIndexer(const rl_algo::RolloutBatch& batch,
+                                const std::vector<int64_t>& indices, int64_t positions,
+                                const model::ModelConfig& config, c10::Device device);
 
-// For its lifetime, `decoder` replays `replay` (when not null) and records each MoE layer's
-// chosen ids into `record` (when not null); counts the tokens whose used ids differ from the
-// replayed ones. Restores no hooks on exit: it clears them.
+// A record of the engine's choices ([layers, positions - first, k], Generation::routed_experts
+// or indexer_topk) in a sample's compact form (ids below `limit`: experts, or positions).
+template <class T>
+rl_algo::RoutingRecord MakeRoutingRecord(const std::vector<T>& ids, int64_t layers,
+                                         int64_t positions, int64_t first, int64_t k,
+                                         int64_t limit) {
+  rl_algo::RoutingRecord r;
+  r.layers = layers;
+  r.positions = positions;
+  r.first = first;
+  r.k = k;
+  r.id_bytes = rl_algo::RoutingRecord::IdBytesFor(limit);
+  r.ids.resize(ids.size() * static_cast<size_t>(r.id_bytes));
+  for (size_t i = 0; i < ids.size(); ++i) r.set_id(static_cast<int64_t>(i), ids[i]);
+  return r;
+}
+
+// What a forward replays: expert ids and indexer selections of one micro-batch (null: none).
+struct ReplayInputs {
+  const LayerRouting* experts = nullptr;
+  const LayerRouting* indexer = nullptr;
+};
+
+// For its lifetime, `decoder` replays `replay` and records each MoE layer's chosen ids into
+// `record` (when not null); counts the tokens whose used expert ids differ from the replayed
+// ones. Clears the decoder's hooks on exit.
 class RoutingReplayScope {
  public:
-  RoutingReplayScope(model::Decoder& decoder, const std::vector<int64_t>& moe_layers,
-                     const LayerRouting* replay, LayerRouting* record);
+  RoutingReplayScope(model::Decoder& decoder, const model::ModelConfig& config,
+                     ReplayInputs replay, LayerRouting* record);
   ~RoutingReplayScope();
   RoutingReplayScope(const RoutingReplayScope&) = delete;
   RoutingReplayScope& operator=(const RoutingReplayScope&) = delete;
@@ -65,7 +94,8 @@ class RoutingReplayScope {
 
  private:
   model::Decoder& decoder_;
-  std::vector<int64_t> ordinal_;  // model layer -> MoE ordinal, or -1
+  std::vector<int64_t> ordinal_;          // model layer -> MoE ordinal, or -1
+  std::vector<int64_t> indexer_ordinal_;  // model layer -> indexer ordinal, or -1
   at::Tensor differing_;
 };
 

@@ -159,6 +159,7 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(bool, use_tis, false, "Truncated importance sampling against the rollout log-probs.")          \
   X(bool, use_routing_replay, false, "MoE (R2): training forwards replay the experts the old-logprob forward chose.") \
   X(bool, use_rollout_routing_replay, false, "MoE (R3): the rollout engine records its experts; reference, old-logprob and training forwards replay them (implies --use-routing-replay).") \
+  X(bool, use_rollout_indexer_replay, false, "DSA (GLM-5): the rollout engine records each indexer's key selection; reference, old-logprob and training forwards replay it.") \
   X(double, tis_clip, 2.0, "TIS upper clip.")                                                      \
   X(double, tis_clip_low, 0.0, "TIS lower clip.")                                                  \
   X(bool, normalize_advantages, false, "Whiten advantages over the DP group.")                    \

@@ -80,6 +80,15 @@ MlpWeights GetMlp(const TensorMap& params, const std::string& prefix) {
           Get(params, prefix + "down_proj.weight")};
 }
 
+// Note [Indexer replay]
+// The DSA attention of a layer attends to the keys its lightning indexer selects (IndexerTopk in
+// layers.h: the index_topk best of the visible keys, or every key while there are at most
+// index_topk). Training can replay the rollout engine's selection instead of computing its own:
+// the selection is handed to MlaAttention as a sharing layer's would be (IndexerType::kShared
+// reads `topk`), so the attention is computed exactly over the replayed keys, and layers sharing
+// the indexer see the replayed selection too. The indexer's own weights are not trained by the
+// policy loss either way (its top-k has no gradient).
+//
 // Note [Decode steps without cuDNN attention]
 // SDPA does not pick its cuDNN backend while a CUDA graph is being captured, but may pick it for
 // the same call run eagerly (seen for MLA's head dim 256 at GLM-4.7-Flash widths: graph replays
@@ -278,7 +287,21 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) c
     if (config_.attention_kind() == AttentionKind::kGqa) {
       h = GqaAttention(layer.gqa, h, ctx);
     } else {
-      h = MlaAttention(layer.mla, layer.indexer_type, h, ctx, topk);
+      IndexerType indexer = layer.indexer_type;
+      if (indexer == IndexerType::kFull && indexer_source_) {  // Note [Indexer replay]
+        std::optional<at::Tensor> replay = indexer_source_(static_cast<int64_t>(l));
+        if (replay.has_value()) {
+          RL_CHECK(cache == nullptr, Error,
+                   "indexer replay: layer {} would skip writing its indexer keys to the KV cache",
+                   l);
+          topk = *replay;
+          indexer = IndexerType::kShared;  // reads `topk` instead of computing it
+        }
+      }
+      h = MlaAttention(layer.mla, indexer, h, ctx, topk);
+      if (layer.indexer_type == IndexerType::kFull && indexer_observer_) {
+        indexer_observer_(static_cast<int64_t>(l), topk);
+      }
     }
     x = x + h;
     h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,16 @@ class Decoder {
   using RoutingSource = std::function<at::Tensor(int64_t layer)>;
   void set_routing_source(RoutingSource source) { routing_source_ = std::move(source); }
 
+  // DSA indexer replay (Note [Indexer replay] in decoder.cc), the same way: the observer gets
+  // each layer with its own indexer and its key selection ([batch, seq, k] int64 key positions,
+  // or undefined when every key is selected); a source that returns a value (a selection, or an
+  // undefined tensor for "every key") replaces that layer's indexer, nullopt leaves it. Replay is
+  // for forwards without a KV cache (training); with one it throws.
+  using IndexerObserver = std::function<void(int64_t layer, const at::Tensor& topk)>;
+  using IndexerSource = std::function<std::optional<at::Tensor>(int64_t layer)>;
+  void set_indexer_observer(IndexerObserver observer) { indexer_observer_ = std::move(observer); }
+  void set_indexer_source(IndexerSource source) { indexer_source_ = std::move(source); }
+
   // How many q/k/v and gate/up groups this Decoder computes as one GEMM (Note [Inference
   // kernels]; 0 unless built with Kernels::kFused on back-to-back weights).
   int64_t fused_projections() const { return fused_projections_; }
@@ -170,6 +181,8 @@ class Decoder {
   std::vector<Layer> layers_;
   RoutingObserver routing_observer_;
   RoutingSource routing_source_;
+  IndexerObserver indexer_observer_;
+  IndexerSource indexer_source_;
 };
 
 }  // namespace rl::model

@@ -16,9 +16,10 @@
 namespace rl::rl_algo {
 namespace {
 
-constexpr const char* kKnownKeys[] = {"tokens",          "response_length", "loss_mask", "reward",
-                                      "rollout_log_probs", "group",         "routed_experts"};
-constexpr const char* kRoutingKeys[] = {"layers", "positions", "k", "id_bytes", "ids"};
+constexpr const char* kKnownKeys[] = {"tokens",         "response_length",   "loss_mask",
+                                      "reward",         "rollout_log_probs", "group",
+                                      "routed_experts", "indexer_topk"};
+constexpr const char* kRoutingKeys[] = {"layers", "positions", "first", "k", "id_bytes", "ids"};
 
 // A short description of a JSON value for messages: `-1.5`, `"abc"`, `an array`.
 std::string Describe(const json::Value& v) {
@@ -60,16 +61,16 @@ const json::Value::Array& ArrayOf(const json::Value& v, std::string_view field) 
 
 std::string EntryText(size_t i) { return fmt::format("entry {} ", i); }
 
-// Note [Routing record]: {"layers": L, "positions": P, "k": K, "id_bytes": B, "ids": [...]}.
-RoutingRecord ParseRouting(const json::Value& v) {
-  constexpr std::string_view kField = "routed_experts";
+// Note [Routing record]: {"layers": L, "positions": P, "first": F, "k": K, "id_bytes": B,
+// "ids": [...]} in field `kField`.
+RoutingRecord ParseRouting(const json::Value& v, std::string_view kField) {
   if (!v.is_object()) throw FieldError(kField, fmt::format("is {}, not an object", Describe(v)));
   for (const auto& [key, unused] : v.AsObject()) {
     bool known = false;
     for (const char* k : kRoutingKeys) known = known || key == k;
     if (!known) {
-      throw FieldError(kField, fmt::format("unknown key \"{}\" (expected layers, positions, k, "
-                                           "id_bytes, ids)",
+      throw FieldError(kField, fmt::format("unknown key \"{}\" (expected layers, positions, "
+                                           "first, k, id_bytes, ids)",
                                            key));
     }
   }
@@ -81,16 +82,17 @@ RoutingRecord ParseRouting(const json::Value& v) {
   RoutingRecord r;
   r.layers = integer("layers");
   r.positions = integer("positions");
+  r.first = integer("first");
   r.k = integer("k");
   const int64_t id_bytes = integer("id_bytes");
-  if (id_bytes != 1 && id_bytes != 2) {
-    throw FieldError(kField, fmt::format("\"id_bytes\" is {}; it is 1 or 2", id_bytes));
+  if (id_bytes != 1 && id_bytes != 2 && id_bytes != 4) {
+    throw FieldError(kField, fmt::format("\"id_bytes\" is {}; it is 1, 2 or 4", id_bytes));
   }
   r.id_bytes = static_cast<int>(id_bytes);
   const json::Value* ids = v.Find("ids");
   if (ids == nullptr) throw FieldError(kField, "\"ids\" is missing");
   const json::Value::Array& values = ArrayOf(*ids, kField);
-  const int64_t limit = int64_t{1} << (8 * r.id_bytes);
+  const int64_t limit = int64_t{1} << (8 * r.id_bytes);  // at most 2^32
   r.ids.resize(values.size() * static_cast<size_t>(r.id_bytes));
   for (size_t i = 0; i < values.size(); ++i) {
     const int64_t id = IntegerOf(values[i], kField, "\"ids\" " + EntryText(i));
@@ -114,7 +116,8 @@ Sample ParseSample(const json::Value& line) {
     if (!known) {
       throw FieldError(key,
                        "unknown field (expected tokens, response_length, loss_mask, "
-                       "reward, and optionally rollout_log_probs, group, routed_experts)");
+                       "reward, and optionally rollout_log_probs, group, routed_experts, "
+                       "indexer_topk)");
     }
   }
   const auto required = [&](const char* key) -> const json::Value& {
@@ -167,8 +170,28 @@ Sample ParseSample(const json::Value& line) {
   const json::Value* group = line.Find("group");
   if (group != nullptr && !group->is_null()) sample.group_index = IntegerOf(*group, "group", "");
   const json::Value* routed = line.Find("routed_experts");
-  if (routed != nullptr && !routed->is_null()) sample.routed_experts = ParseRouting(*routed);
+  if (routed != nullptr && !routed->is_null()) {
+    sample.routed_experts = ParseRouting(*routed, "routed_experts");
+  }
+  const json::Value* indexer = line.Find("indexer_topk");
+  if (indexer != nullptr && !indexer->is_null()) {
+    sample.indexer_topk = ParseRouting(*indexer, "indexer_topk");
+  }
   return sample;
+}
+
+json::Value RoutingToJson(const RoutingRecord& r) {
+  json::Value::Array ids;
+  ids.reserve(static_cast<size_t>(r.num_ids()));
+  for (int64_t i = 0; i < r.num_ids(); ++i) ids.push_back(json::Value::Int(r.id(i)));
+  json::Value::Object routed;
+  routed.emplace_back("layers", json::Value::Int(r.layers));
+  routed.emplace_back("positions", json::Value::Int(r.positions));
+  routed.emplace_back("first", json::Value::Int(r.first));
+  routed.emplace_back("k", json::Value::Int(r.k));
+  routed.emplace_back("id_bytes", json::Value::Int(r.id_bytes));
+  routed.emplace_back("ids", json::Value::MakeArray(std::move(ids)));
+  return json::Value::MakeObject(std::move(routed));
 }
 
 json::Value SampleToJson(const Sample& sample) {
@@ -196,17 +219,10 @@ json::Value SampleToJson(const Sample& sample) {
     object.emplace_back("group", json::Value::Int(*sample.group_index));
   }
   if (sample.routed_experts.has_value()) {
-    const RoutingRecord& r = *sample.routed_experts;
-    json::Value::Array ids;
-    ids.reserve(static_cast<size_t>(r.num_ids()));
-    for (int64_t i = 0; i < r.num_ids(); ++i) ids.push_back(json::Value::Int(r.id(i)));
-    json::Value::Object routed;
-    routed.emplace_back("layers", json::Value::Int(r.layers));
-    routed.emplace_back("positions", json::Value::Int(r.positions));
-    routed.emplace_back("k", json::Value::Int(r.k));
-    routed.emplace_back("id_bytes", json::Value::Int(r.id_bytes));
-    routed.emplace_back("ids", json::Value::MakeArray(std::move(ids)));
-    object.emplace_back("routed_experts", json::Value::MakeObject(std::move(routed)));
+    object.emplace_back("routed_experts", RoutingToJson(*sample.routed_experts));
+  }
+  if (sample.indexer_topk.has_value()) {
+    object.emplace_back("indexer_topk", RoutingToJson(*sample.indexer_topk));
   }
   return json::Value::MakeObject(std::move(object));
 }
@@ -217,8 +233,36 @@ bool operator==(const Sample& a, const Sample& b) {
   return a.tokens == b.tokens && a.response_length == b.response_length &&
          a.loss_mask == b.loss_mask && a.reward == b.reward &&
          a.rollout_log_probs == b.rollout_log_probs && a.group_index == b.group_index &&
-         a.routed_experts == b.routed_experts;
+         a.routed_experts == b.routed_experts && a.indexer_topk == b.indexer_topk;
 }
+
+namespace {
+
+// Why `r` does not fit a sample of `num_tokens` tokens, or "".
+std::string RoutingProblem(const RoutingRecord& r, int64_t num_tokens) {
+  if (r.layers < 1 || r.k < 1 || r.first < 0 ||
+      (r.id_bytes != 1 && r.id_bytes != 2 && r.id_bytes != 4)) {
+    return fmt::format("{} layers, k {}, first {}, {} id bytes; layers and k must be >= 1, first "
+                       ">= 0 and id bytes 1, 2 or 4",
+                       r.layers, r.k, r.first, r.id_bytes);
+  }
+  if (r.positions != num_tokens - 1) {
+    return fmt::format("has {} positions, but the sample feeds {} tokens (all but the last)",
+                       r.positions, num_tokens - 1);
+  }
+  int64_t count = 0, bytes = 0;  // a corrupt file may hold sizes whose product overflows
+  if (__builtin_mul_overflow(r.layers, r.recorded_positions(), &count) ||
+      __builtin_mul_overflow(count, r.k, &count) ||
+      __builtin_mul_overflow(count, static_cast<int64_t>(r.id_bytes), &bytes) ||
+      static_cast<int64_t>(r.ids.size()) != bytes) {
+    return fmt::format("holds {} ids, but {} layers x {} recorded positions x k {} need {}",
+                       static_cast<int64_t>(r.ids.size()) / r.id_bytes, r.layers,
+                       r.recorded_positions(), r.k, count);
+  }
+  return "";
+}
+
+}  // namespace
 
 std::string SampleProblem(const Sample& sample) {
   const int64_t num_tokens = static_cast<int64_t>(sample.tokens.size());
@@ -267,27 +311,11 @@ std::string SampleProblem(const Sample& sample) {
   if (sample.group_index.has_value() && *sample.group_index < 0) {
     return fmt::format("field \"group\": is {}; group ids must be >= 0", *sample.group_index);
   }
-  if (sample.routed_experts.has_value()) {
-    const RoutingRecord& r = *sample.routed_experts;
-    if (r.layers < 1 || r.k < 1 || (r.id_bytes != 1 && r.id_bytes != 2)) {
-      return fmt::format("field \"routed_experts\": {} layers, k {}, {} id bytes; layers and k "
-                         "must be >= 1 and id bytes 1 or 2",
-                         r.layers, r.k, r.id_bytes);
-    }
-    if (r.positions != num_tokens - 1) {
-      return fmt::format("field \"routed_experts\": has {} positions, but the sample feeds {} "
-                         "tokens (all but the last)",
-                         r.positions, num_tokens - 1);
-    }
-    int64_t count = 0, bytes = 0;  // a corrupt file may hold sizes whose product overflows
-    if (__builtin_mul_overflow(r.layers, r.positions, &count) ||
-        __builtin_mul_overflow(count, r.k, &count) ||
-        __builtin_mul_overflow(count, static_cast<int64_t>(r.id_bytes), &bytes) ||
-        static_cast<int64_t>(r.ids.size()) != bytes) {
-      return fmt::format("field \"routed_experts\": holds {} ids, but {} layers x {} positions "
-                         "x k {} need {}",
-                         static_cast<int64_t>(r.ids.size()) / r.id_bytes, r.layers, r.positions,
-                         r.k, count);
+  for (const auto& [field, record] : {std::make_pair("routed_experts", &sample.routed_experts),
+                                      std::make_pair("indexer_topk", &sample.indexer_topk)}) {
+    if (record->has_value()) {
+      const std::string problem = RoutingProblem(**record, num_tokens);
+      if (!problem.empty()) return fmt::format("field \"{}\": {}", field, problem);
     }
   }
   return "";
@@ -429,11 +457,13 @@ std::string EncodeSamples(const std::vector<Sample>& samples) {
     if (s.rollout_log_probs) w.PutArray<float>(*s.rollout_log_probs);
     w.Put<uint8_t>(s.group_index.has_value() ? 1 : 0);
     if (s.group_index) w.Put<int64_t>(*s.group_index);
-    w.Put<uint8_t>(s.routed_experts.has_value() ? 1 : 0);
-    if (s.routed_experts) {
-      const RoutingRecord& r = *s.routed_experts;
+    for (const std::optional<RoutingRecord>* record : {&s.routed_experts, &s.indexer_topk}) {
+      w.Put<uint8_t>(record->has_value() ? 1 : 0);
+      if (!record->has_value()) continue;
+      const RoutingRecord& r = **record;
       w.Put<int64_t>(r.layers);
       w.Put<int64_t>(r.positions);
+      w.Put<int64_t>(r.first);
       w.Put<int64_t>(r.k);
       w.Put<int64_t>(r.id_bytes);
       w.PutArray<uint8_t>(r.ids);
@@ -456,14 +486,16 @@ std::vector<Sample> DecodeSamples(std::string_view bytes, const std::string& sou
       s.rollout_log_probs = r.GetArray<float>("rollout_log_probs");
     }
     if (r.Get<uint8_t>("group") != 0) s.group_index = r.Get<int64_t>("group");
-    if (r.Get<uint8_t>("routed_experts") != 0) {
+    for (std::optional<RoutingRecord>* record : {&s.routed_experts, &s.indexer_topk}) {
+      if (r.Get<uint8_t>("a routing record") == 0) continue;
       RoutingRecord routing;
-      routing.layers = r.Get<int64_t>("routed_experts");
-      routing.positions = r.Get<int64_t>("routed_experts");
-      routing.k = r.Get<int64_t>("routed_experts");
-      routing.id_bytes = static_cast<int>(r.Get<int64_t>("routed_experts"));
-      routing.ids = r.GetArray<uint8_t>("routed_experts");
-      s.routed_experts = std::move(routing);
+      routing.layers = r.Get<int64_t>("a routing record");
+      routing.positions = r.Get<int64_t>("a routing record");
+      routing.first = r.Get<int64_t>("a routing record");
+      routing.k = r.Get<int64_t>("a routing record");
+      routing.id_bytes = static_cast<int>(r.Get<int64_t>("a routing record"));
+      routing.ids = r.GetArray<uint8_t>("a routing record");
+      *record = std::move(routing);
     }
     const std::string problem = SampleProblem(s);
     RL_CHECK(problem.empty(), Error, "{}: sample {}: {}", source, i, problem);

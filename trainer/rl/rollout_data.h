@@ -13,9 +13,9 @@
 // File format: UTF-8 text, one JSON object per line, one line per sample, in batch order:
 //   {"tokens": [151644, 872, ...], "response_length": 3, "loss_mask": [1, 1, 0],
 //    "reward": 0.5, "rollout_log_probs": [-0.25, -1.5, -0.125], "group": 0}
-// `rollout_log_probs`, `group` and `routed_experts` are optional (absent = no engine log-probs /
-// grouping by position, consecutive --n-samples-per-prompt samples per prompt / no routing
-// record, Note [Routing record]). Other keys are rejected, so
+// `rollout_log_probs`, `group`, `routed_experts` and `indexer_topk` are optional (absent = no
+// engine log-probs / grouping by position, consecutive --n-samples-per-prompt samples per prompt /
+// no routing records, Note [Routing record]). Other keys are rejected, so
 // a misspelt key ("rewards") is an error rather than silently ignored. Blank lines are skipped.
 // Numbers are written in the shortest form that reads back to the same double (float log-probs
 // are widened to double, which is exact), so Write then Read gives back the same batch, bit for
@@ -41,36 +41,42 @@
 namespace rl::rl_algo {
 
 // Note [Routing record]
-// The experts the rollout engine chose for one sample (--use-rollout-routing-replay): for every
-// MoE layer, in model order, and every position the model was fed (all the sample's tokens but
-// the last, which was sampled and never fed), the k expert ids in the engine's order, laid out
-// [layers, positions, k]. Each id takes `id_bytes` bytes, little-endian: 1 for models of at most
-// 256 routed experts, 2 for more (Kimi-K2.5 has 384). In a rollout-data file it is the object
-// {"layers": L, "positions": P, "k": K, "id_bytes": B, "ids": [L * P * K integers]}.
+// What the rollout engine chose for one sample, for training to replay:
+// - routed_experts (--use-rollout-routing-replay): for every MoE layer, in model order, and every
+//   position the model was fed (all the sample's tokens but the last, which was sampled and never
+//   fed), the k expert ids in the engine's order;
+// - indexer_topk (--use-rollout-indexer-replay, DSA models): for every layer with its own
+//   indexer, in model order, and every fed position p >= k (k = index_topk; a position before k
+//   sees at most k keys and selects them all), the k key positions the indexer selected.
+// Both are a RoutingRecord: ids laid out [layers, recorded positions, k], where the recorded
+// positions are [first, positions) (first = 0 for experts, k for the indexer). Each id takes
+// `id_bytes` bytes, little-endian: the fewest of 1, 2 and 4 that hold every possible id (experts:
+// 1 for at most 256, 2 for more, as Kimi-K2.5's 384; key positions: 2 up to 65,536 positions).
+// In a rollout-data file it is the object {"layers": L, "positions": P, "first": F, "k": K,
+// "id_bytes": B, "ids": [L * (P - F) * K integers]}.
 struct RoutingRecord {
   int64_t layers = 0;
-  int64_t positions = 0;
+  int64_t positions = 0;  // fed positions of the sample: tokens.size() - 1
+  int64_t first = 0;      // the first recorded position
   int64_t k = 0;
   int id_bytes = 1;
-  std::vector<uint8_t> ids;  // [layers * positions * k * id_bytes]
+  std::vector<uint8_t> ids;  // [layers * recorded_positions() * k * id_bytes]
 
-  // The bytes per id that hold ids below `num_experts`.
-  static int IdBytesFor(int64_t num_experts) { return num_experts <= 256 ? 1 : 2; }
-  int64_t num_ids() const { return layers * positions * k; }
+  // The bytes per id that hold ids below `limit`.
+  static int IdBytesFor(int64_t limit) { return limit <= 256 ? 1 : limit <= 65536 ? 2 : 4; }
+  int64_t recorded_positions() const { return positions > first ? positions - first : 0; }
+  int64_t num_ids() const { return layers * recorded_positions() * k; }
   int64_t id(int64_t i) const {
-    return id_bytes == 1 ? ids[i] : ids[2 * i] | (static_cast<int64_t>(ids[2 * i + 1]) << 8);
+    int64_t value = 0;
+    for (int b = 0; b < id_bytes; ++b) value |= static_cast<int64_t>(ids[i * id_bytes + b]) << (8 * b);
+    return value;
   }
   void set_id(int64_t i, int64_t value) {
-    if (id_bytes == 1) {
-      ids[i] = static_cast<uint8_t>(value);
-    } else {
-      ids[2 * i] = static_cast<uint8_t>(value & 0xff);
-      ids[2 * i + 1] = static_cast<uint8_t>(value >> 8);
-    }
+    for (int b = 0; b < id_bytes; ++b) ids[i * id_bytes + b] = static_cast<uint8_t>(value >> (8 * b));
   }
   friend bool operator==(const RoutingRecord& a, const RoutingRecord& b) {
-    return a.layers == b.layers && a.positions == b.positions && a.k == b.k &&
-           a.id_bytes == b.id_bytes && a.ids == b.ids;
+    return a.layers == b.layers && a.positions == b.positions && a.first == b.first &&
+           a.k == b.k && a.id_bytes == b.id_bytes && a.ids == b.ids;
   }
 };
 
@@ -83,6 +89,7 @@ struct Sample {
   std::optional<std::vector<float>> rollout_log_probs;  // [response_length], from the engine
   std::optional<int64_t> group_index;  // prompt index, >= 0; nullopt = grouped by position
   std::optional<RoutingRecord> routed_experts;  // Note [Routing record]
+  std::optional<RoutingRecord> indexer_topk;    // Note [Routing record]
 
   friend bool operator==(const Sample& a, const Sample& b);
   friend bool operator!=(const Sample& a, const Sample& b) { return !(a == b); }
@@ -109,8 +116,9 @@ void WriteRolloutData(const std::string& path, const RolloutBatch& batch);
 // Samples travel between data-parallel ranks (the rollout exchange) as bytes: a uint64 count, then
 // per sample the tokens (int64 count + int64 ids), response_length (int64), the loss mask (int64
 // count + int32 each), the reward (float64), the rollout log-probs (uint8 present flag, then
-// int64 count + float32 each), the group index (uint8 present flag, then int64) and the routing
-// record (uint8 present flag, then layers, positions, k, id_bytes as int64 and the id bytes), in the host's
+// int64 count + float32 each), the group index (uint8 present flag, then int64) and the two routing
+// records (each a uint8 present flag, then layers, positions, first, k, id_bytes as int64 and the
+// id bytes), in the host's
 // byte order (every rank of a job runs on the same kind of host). DecodeSamples gives back the
 // encoded samples exactly (==), and throws rl::Error naming `source` when the bytes are cut short,
 // have bytes left over or hold a sample that breaks Note [Rollout sample layout].

@@ -262,6 +262,13 @@ TEST_CASE("routing records round-trip through the file and the exchange, 1- and 
   CHECK(a.routed_experts->id_bytes == 1);
   CHECK(b.routed_experts->id_bytes == 2);
   CHECK(b.routed_experts->id(7) == 7 * 37 % 384);
+  // An indexer record: key positions from `first` on, 2 bytes each.
+  b.indexer_topk = MakeRouting(b, 1, 2, 70000);
+  b.indexer_topk->first = 2;
+  b.indexer_topk->ids.resize(static_cast<size_t>(b.indexer_topk->num_ids() * 4));
+  CHECK(b.indexer_topk->id_bytes == 4);
+  for (int64_t i = 0; i < b.indexer_topk->num_ids(); ++i) b.indexer_topk->set_id(i, 65536 + i);
+  CHECK(b.indexer_topk->id(1) == 65537);
   const std::string path = MakeTempDir() + "/routing.jsonl";
   WriteRolloutData(path, RolloutBatch{{a, b}});
   const RolloutBatch back = ReadRolloutData(path);
@@ -278,16 +285,16 @@ TEST_CASE("a routing record that does not fit its sample is refused, naming the 
           "[rollout_data][routing]") {
   const std::string base = R"({"tokens": [5, 6, 7], "response_length": 1, "loss_mask": [1], )"
                            R"("reward": 1.0, "routed_experts": )";
-  CHECK(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3]}})" "\n") == "");
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 3, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3, 4, 5]}})" "\n"),
+  CHECK(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3]}})" "\n") == "");
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 3, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3, 4, 5]}})" "\n"),
              Catch::Contains("has 3 positions, but the sample feeds 2 tokens"));
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 1, "ids": [0, 1, 2]}})" "\n"),
-             Catch::Contains("holds 3 ids, but 1 layers x 2 positions x k 2 need 4"));
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 256]}})" "\n"),
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2]}})" "\n"),
+             Catch::Contains("holds 3 ids, but 1 layers x 2 recorded positions x k 2 need 4"));
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 256]}})" "\n"),
              Catch::Contains("entry 3 is 256, outside [0, 256)"));
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "k": 2, "id_bytes": 3, "ids": []}})" "\n"),
-             Catch::Contains("\"id_bytes\" is 3"));
-  CHECK_THAT(ReadError(base + R"({"layers": 4611686018427387904, "positions": 2, "k": 4, "id_bytes": 1, "ids": []}})" "\n"),
+  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 3, "ids": []}})" "\n"),
+             Catch::Contains("\"id_bytes\" is 3; it is 1, 2 or 4"));
+  CHECK_THAT(ReadError(base + R"({"layers": 4611686018427387904, "positions": 2, "first": 0, "k": 4, "id_bytes": 1, "ids": []}})" "\n"),
              Catch::Contains("routed_experts"));
   CHECK_THAT(ReadError(base + R"({"layer": 1}})" "\n"), Catch::Contains("unknown key \"layer\""));
 }

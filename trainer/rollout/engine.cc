@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 
@@ -70,22 +71,53 @@ StorageAllocator PlainAllocator(at::Device device) {
   };
 }
 
+namespace {
+
+// The layers a record of `records` keeps for `config`, with its k (0: nothing to record).
+struct RecordShape {
+  std::vector<int64_t> layers;
+  int64_t k = 0;
+};
+RecordShape ExpertsShape(const model::ModelConfig& c, Records records) {
+  RecordShape shape;
+  if (!records.experts) return shape;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.mlp_layer_types[l] == model::MlpType::kSparse) shape.layers.push_back(l);
+  }
+  shape.k = shape.layers.empty() ? 0 : c.num_experts_per_tok;
+  return shape;
+}
+RecordShape IndexerShape(const model::ModelConfig& c, Records records, int64_t max_length) {
+  RecordShape shape;
+  if (!records.indexer || c.indexer_types.empty() || max_length <= c.index_topk) return shape;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.indexer_types[l] == model::IndexerType::kFull) shape.layers.push_back(l);
+  }
+  shape.k = shape.layers.empty() ? 0 : c.index_topk;
+  return shape;
+}
+int64_t RecordBytes(const RecordShape& shape, int64_t max_batch, int64_t max_length,
+                    int64_t element_size) {
+  return static_cast<int64_t>(shape.layers.size()) * max_batch * max_length * shape.k *
+         element_size;
+}
+int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
 int64_t RolloutEngine::KvStorageBytes(const model::ModelConfig& config,
                                       at::ScalarType param_dtype, int64_t max_batch,
-                                      int64_t max_length, bool record_routing) {
+                                      int64_t max_length, Records records) {
   const int64_t kv = model::KvCache::NumElements(config, max_batch, max_length) *
                      static_cast<int64_t>(c10::elementSize(param_dtype));
-  if (!record_routing) return kv;
-  int64_t moe = 0;
-  for (model::MlpType t : config.mlp_layer_types) moe += t == model::MlpType::kSparse ? 1 : 0;
-  const int64_t aligned = (kv + 255) / 256 * 256;
-  return aligned + moe * max_batch * max_length * config.num_experts_per_tok *
-                       static_cast<int64_t>(sizeof(int16_t));
+  return Aligned(kv) +
+         Aligned(RecordBytes(ExpertsShape(config, records), max_batch, max_length, 2)) +
+         RecordBytes(IndexerShape(config, records, max_length), max_batch, max_length, 4);
 }
 
 RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype,
                              at::Device device, int64_t max_batch, int64_t max_length,
-                             const StorageAllocator& allocator, bool record_routing)
+                             const StorageAllocator& allocator, Records records)
     : config_(std::move(config)),
       dtype_(param_dtype),
       device_(device),
@@ -111,26 +143,42 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
 
   const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
   const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const bool moe = config_.mlp_layer_types[l] == model::MlpType::kSparse;
-    moe_ordinal_.push_back(moe ? static_cast<int64_t>(moe_layers_.size()) : -1);
-    if (moe) moe_layers_.push_back(l);
-  }
-  record_routing = record_routing && !moe_layers_.empty();
   const int64_t storage_bytes =
-      KvStorageBytes(config_, dtype_, max_batch_, max_length_, record_routing);
+      KvStorageBytes(config_, dtype_, max_batch_, max_length_, records);
   const at::Tensor storage =
       AllocateChecked(allocator, RegionTag::kKvCache, storage_bytes, device_);
   kv_storage_ = storage.narrow(0, 0, kv_bytes).view(dtype_);
-  if (record_routing) {  // Note [Engine routing record]
-    const int64_t k = config_.num_experts_per_tok;
-    const int64_t routing_bytes = static_cast<int64_t>(moe_layers_.size()) * max_batch_ *
-                                  max_length_ * k * static_cast<int64_t>(sizeof(int16_t));
-    routing_ = storage.narrow(0, storage_bytes - routing_bytes, routing_bytes)
-                   .view(at::kShort)
-                   .view({static_cast<int64_t>(moe_layers_.size()), max_batch_, max_length_, k});
+  // Note [Engine routing record]: the records follow the KV cache in the same storage.
+  int64_t offset = Aligned(kv_bytes);
+  const auto carve = [&](ChoiceRecord& record, const RecordShape& shape, at::ScalarType dtype,
+                         int64_t first) {
+    if (shape.k == 0) return;
+    const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t bytes = RecordBytes(shape, max_batch_, max_length_, element);
+    record.data = storage.narrow(0, offset, bytes)
+                      .view(dtype)
+                      .view({static_cast<int64_t>(shape.layers.size()), max_batch_, max_length_,
+                             shape.k});
+    record.layers = shape.layers;
+    record.ordinal.assign(static_cast<size_t>(config_.num_hidden_layers), -1);
+    for (size_t i = 0; i < shape.layers.size(); ++i) {
+      record.ordinal[static_cast<size_t>(shape.layers[i])] = static_cast<int64_t>(i);
+    }
+    record.first = first;
+    offset += Aligned(bytes);
+  };
+  carve(experts_, ExpertsShape(config_, records), at::kShort, 0);
+  carve(indexer_, IndexerShape(config_, records, max_length_), at::kInt, config_.index_topk);
+  if (experts_.data.defined()) {
     decoder_->set_routing_observer(
-        [this](int64_t layer, const at::Tensor& ids) { RecordRouting(layer, ids); });
+        [this](int64_t layer, const at::Tensor& ids) { Record(experts_, layer, ids); });
+  }
+  if (indexer_.data.defined()) {
+    decoder_->set_indexer_observer([this](int64_t layer, const at::Tensor& topk) {
+      // Undefined: every key selected, which happens only before position index_topk (not
+      // recorded).
+      if (topk.defined()) Record(indexer_, layer, topk);
+    });
   }
   cache_ = std::make_unique<model::KvCache>(config_, kv_storage_, max_batch_, max_length_);
   rope_ = model::MakeRopeTable(config_, 0, max_length_, dtype_, device_);
@@ -152,18 +200,18 @@ int64_t RolloutEngine::KeyLength(int64_t position) const {
   return std::min(max_length_, (position + kKeyBlock) / kKeyBlock * kKeyBlock);
 }
 
-void RolloutEngine::RecordRouting(int64_t layer, const at::Tensor& expert_ids) {
-  const int64_t k = config_.num_experts_per_tok;
-  const at::Tensor record = routing_[moe_ordinal_.at(static_cast<size_t>(layer))];
-  const at::Tensor ids = expert_ids.to(at::kShort);
+void RolloutEngine::Record(ChoiceRecord& record, int64_t layer, const at::Tensor& ids) {
+  const int64_t k = record.data.size(3);
+  const at::Tensor into = record.data[record.ordinal.at(static_cast<size_t>(layer))];
+  const at::Tensor values = ids.to(record.data.scalar_type());
   if (prefill_length_ > 0) {  // rows [0, batch), positions [0, prefill_length_)
-    const int64_t batch = ids.size(0) / prefill_length_;
-    record.narrow(0, 0, batch)
+    const int64_t batch = values.numel() / (prefill_length_ * k);
+    into.narrow(0, 0, batch)
         .narrow(1, 0, prefill_length_)
-        .copy_(ids.view({batch, prefill_length_, k}));
+        .copy_(values.reshape({batch, prefill_length_, k}));
   } else {  // a decode step: rows [0, n) at the device-side position
-    const int64_t n = ids.size(0);
-    record.narrow(0, 0, n).index_copy_(1, position_, ids.view({n, 1, k}));
+    const int64_t n = values.numel() / k;
+    into.narrow(0, 0, n).index_copy_(1, position_, values.reshape({n, 1, k}));
   }
 }
 
@@ -327,18 +375,26 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
         finished.push_back(static_cast<int64_t>(r));
       }
     }
-    if (routing_.defined() && !finished.empty()) {  // Note [Engine routing record]
+    if (!finished.empty() && (experts_.data.defined() || indexer_.data.defined())) {
+      // Note [Engine routing record]: the fed positions [first, position) of each finished row.
       const at::Tensor finished_rows =
           at::tensor(finished, at::TensorOptions().dtype(at::kLong)).to(device_);
-      // [moe layers, finished, position, k]: the fed positions [0, position) of each.
-      const at::Tensor ids =
-          routing_.narrow(2, 0, position).index_select(1, finished_rows).cpu().contiguous();
-      for (size_t f = 0; f < finished.size(); ++f) {
-        const at::Tensor row = ids.select(1, static_cast<int64_t>(f)).contiguous();
-        const int16_t* data = row.data_ptr<int16_t>();
-        out[rows[static_cast<size_t>(live[static_cast<size_t>(finished[f])])]]
-            .routed_experts.assign(data, data + row.numel());
-      }
+      const auto extract = [&](const ChoiceRecord& record, auto& (*field)(Generation&)) {
+        if (!record.data.defined() || position <= record.first) return;
+        using T = typename std::remove_reference_t<decltype(field(out[0]))>::value_type;
+        const at::Tensor ids = record.data.narrow(2, record.first, position - record.first)
+                                   .index_select(1, finished_rows)
+                                   .cpu()
+                                   .contiguous();  // [layers, finished, positions, k]
+        for (size_t f = 0; f < finished.size(); ++f) {
+          const at::Tensor row = ids.select(1, static_cast<int64_t>(f)).contiguous();
+          const T* data = row.data_ptr<T>();
+          field(out[rows[static_cast<size_t>(live[static_cast<size_t>(finished[f])])]])
+              .assign(data, data + row.numel());
+        }
+      };
+      extract(experts_, +[](Generation& g) -> std::vector<int16_t>& { return g.routed_experts; });
+      extract(indexer_, +[](Generation& g) -> std::vector<int32_t>& { return g.indexer_topk; });
     }
     if (next_live.empty()) break;
     // The next step's tokens are the sampled ones of the rows that go on, still on the device.
@@ -348,11 +404,12 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
           at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(device_);
       CompactCache(*cache_, config_.num_hidden_layers, keep_rows,
                    static_cast<int64_t>(live.size()), position);
-      if (routing_.defined()) {
+      for (ChoiceRecord* record : {&experts_, &indexer_}) {
+        if (!record->data.defined()) continue;
         const at::Tensor used =
-            routing_.narrow(1, 0, static_cast<int64_t>(live.size())).narrow(2, 0, position);
+            record->data.narrow(1, 0, static_cast<int64_t>(live.size())).narrow(2, 0, position);
         const at::Tensor moved = used.index_select(1, keep_rows);
-        routing_.narrow(1, 0, keep_rows.size(0)).narrow(2, 0, position).copy_(moved);
+        record->data.narrow(1, 0, keep_rows.size(0)).narrow(2, 0, position).copy_(moved);
       }
       step_tokens = step_tokens.index_select(0, keep_rows);
     }

@@ -46,13 +46,19 @@
 // calls (e.g. by the number of prompts) to get fresh samples.
 //
 // Note [Engine routing record]
-// With record_routing, the engine keeps beside its KV cache a record [moe layers, max_batch,
-// max_length, k] int16 of the experts each MoE layer chose, row for row with the cache. A routing
-// observer on the Decoder writes it: the prefill's ids for positions [0, prompt length) of rows
-// [0, batch), and each decode step's for its device-side position (an index_copy_ at position_,
-// so the write is captured in decode graphs like the cache writes). Cache compaction moves its
-// rows too. When a row finishes, the ids of its fed positions (all but the last token) are copied
-// to its Generation, in one device-to-host copy per step for all the rows that finish in it.
+// With Records::experts, the engine keeps beside its KV cache a record [moe layers, max_batch,
+// max_length, k] int16 of the experts each MoE layer chose, row for row with the cache; with
+// Records::indexer, one [indexer layers, max_batch, max_length, index_topk] int32 of the keys each
+// layer with its own DSA indexer selected. Observers on the Decoder write them: the prefill's
+// choices for positions [0, prompt length) of rows [0, batch), and each decode step's for its
+// device-side position (an index_copy_ at position_, so the write is captured in decode graphs
+// like the cache writes). Cache compaction moves their rows too. When a row finishes, the choices
+// of its fed positions (all but the last token; for the indexer, from index_topk on: before, a
+// position sees at most index_topk keys and selects them all) are copied to its Generation, in
+// one device-to-host copy per record and step for all the rows that finish in it. Memory: 2 bytes
+// per MoE layer x k per cache position, and 4 bytes x index_topk per indexer layer (GLM-5:
+// 2048 x 4 B = 8 KiB per layer and position, so indexer replay is for short sequences or
+// small batches).
 //
 // Response rules: a response ends at the first stop token (included, with its log-prob, as the
 // reference does) or after min(max_new_tokens, max_length - prompt length) tokens; `truncated` is
@@ -98,10 +104,19 @@ struct Generation {
   std::vector<int64_t> response;  // includes the stop token when one ended it
   std::vector<float> log_probs;   // one per response token; Note [Rollout log-probs] (sampler.h)
   bool truncated = false;         // ended by the length limit, not by a stop token
-  // Note [Engine routing record]: with record_routing, the expert ids every MoE layer chose for
+  // Note [Engine routing record]: with Records::experts, the expert ids every MoE layer chose for
   // every position fed to the model (prompt + response but the last token), [moe layers,
-  // positions, k] flattened; empty otherwise.
+  // positions, k] flattened; with Records::indexer, the key positions every layer with its own
+  // DSA indexer selected for every fed position from index_topk on, [indexer layers, positions -
+  // index_topk, index_topk] flattened. Empty otherwise.
   std::vector<int16_t> routed_experts;
+  std::vector<int32_t> indexer_topk;
+};
+
+// What the engine records of its forwards (Note [Engine routing record]).
+struct Records {
+  bool experts = false;  // MoE models
+  bool indexer = false;  // DSA models
 };
 
 // Returns 1-D uint8 storage of at least `num_bytes` bytes on the engine's device for `tag`
@@ -113,11 +128,12 @@ StorageAllocator PlainAllocator(at::Device device);
 
 class RolloutEngine {
  public:
-  // `record_routing` (MoE models): every Generation carries its routing record (Note [Engine
-  // routing record]); the "kv_cache" storage then also holds the record of every cache row.
+  // `records`: what every Generation carries (Note [Engine routing record]); the "kv_cache"
+  // storage then also holds the records of every cache row. A record the model has nothing for
+  // (experts of a dense model, the indexer of a model without one) is not kept.
   RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype, at::Device device,
                 int64_t max_batch, int64_t max_length, const StorageAllocator& allocator,
-                bool record_routing = false);
+                Records records = {});
 
   RolloutEngine(const RolloutEngine&) = delete;
   RolloutEngine& operator=(const RolloutEngine&) = delete;
@@ -145,12 +161,15 @@ class RolloutEngine {
   static constexpr int64_t kKeyBlock = 64;
   int64_t KeyLength(int64_t position) const;
 
-  // The MoE layers' indices in the model, in order (what a routing record's layers are).
-  const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
-  bool records_routing() const { return routing_.defined(); }
-  // The bytes of the "kv_cache" storage: the KV cache and, when recording, the routing record.
+  // The model layers each record holds, in order (a routing record's layers).
+  const std::vector<int64_t>& moe_layers() const { return experts_.layers; }
+  const std::vector<int64_t>& indexer_layers() const { return indexer_.layers; }
+  bool records_routing() const { return experts_.data.defined(); }
+  // Indexer records exist once sequences can be longer than index_topk (max_length > index_topk).
+  bool records_indexer() const { return indexer_.data.defined(); }
+  // The bytes of the "kv_cache" storage: the KV cache and the records.
   static int64_t KvStorageBytes(const model::ModelConfig& config, at::ScalarType param_dtype,
-                                int64_t max_batch, int64_t max_length, bool record_routing);
+                                int64_t max_batch, int64_t max_length, Records records);
 
   int64_t weight_version() const { return weight_version_; }
   void set_weight_version(int64_t version) { weight_version_ = version; }
@@ -174,8 +193,15 @@ class RolloutEngine {
   // One decode step of rows [0, live) at position_ (tokens [live, 1] on the device): their
   // logits [live, vocab].
   at::Tensor DecodeLogits(const at::Tensor& tokens, int64_t key_length);
-  // The routing observer of record_routing: writes a forward's expert ids into routing_.
-  void RecordRouting(int64_t layer, const at::Tensor& expert_ids);
+  // One record kept row for row with the KV cache (Note [Engine routing record]).
+  struct ChoiceRecord {
+    at::Tensor data;              // [layers, max_batch, max_length, k], or undefined
+    std::vector<int64_t> layers;  // the model layers recorded
+    std::vector<int64_t> ordinal; // model layer -> record layer, or -1
+    int64_t first = 0;            // the first position a Generation receives
+  };
+  // Writes a forward's choice of model layer `layer` ([rows * len, k] or [rows, len, k]).
+  void Record(ChoiceRecord& record, int64_t layer, const at::Tensor& ids);
 
   model::ModelConfig config_;
   at::ScalarType dtype_;
@@ -190,9 +216,8 @@ class RolloutEngine {
   std::unique_ptr<model::KvCache> cache_;  // max_batch rows; groups use rows [0, group size)
   model::RopeTable rope_;                  // every cache position [0, max_length)
   at::Tensor position_;                    // [1] int64 on the device: the decode step's position
-  std::vector<int64_t> moe_layers_;        // model layer index of each MoE layer
-  std::vector<int64_t> moe_ordinal_;       // model layer index -> its MoE ordinal (or -1)
-  at::Tensor routing_;  // [moe layers, max_batch, max_length, k] int16, or undefined
+  ChoiceRecord experts_;  // int16 expert ids of the MoE layers
+  ChoiceRecord indexer_;  // int32 key positions of the layers with their own DSA indexer
   int64_t prefill_length_ = 0;  // > 0 while a prefill of that many positions runs
   std::unique_ptr<DecodeGraphs> graphs_;   // null: eager decode steps
   int64_t weight_version_ = 0;

@@ -3,7 +3,9 @@
 // Properties: greedy generation reproduces transformers' greedy `generated` tokens; sampled
 // rollout log-probs equal a fresh full forward's log_softmax(logits / T) at the response tokens;
 // a batch of prompts of different lengths gives what each prompt gives alone (Note [Rollout
-// seeds]); a stop token ends a sequence and is included; Generate while asleep throws.
+// seeds]); a stop token ends a sequence and is included; Generate while asleep throws; the
+// engine's routing and indexer records equal what a full forward chooses, and replaying them
+// reproduces that forward bit for bit.
 //
 // Tolerance for log-probs, 1e-5 absolute: the rollout's logits come from KV-cache steps and the
 // reference's from one full forward, in fp32; they differ by rounding only (the fixtures' manifest
@@ -18,6 +20,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -320,7 +323,7 @@ TEST_CASE("The engine's routing record equals the routing of a full forward, and
     // different steps and compacted with the cache.
     auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3,
                                                   24, PlainAllocator(at::Device(at::kCPU)),
-                                                  /*record_routing=*/true);
+                                                  Records{/*experts=*/true, /*indexer=*/false});
     engine->LoadWeights(f.params);
     REQUIRE(engine->records_routing());
     SamplingParams params;
@@ -367,6 +370,65 @@ TEST_CASE("The engine's routing record equals the routing of a full forward, and
                name, out.size(), stopped, layers);
     CHECK(stopped >= 1);
     CHECK(compared == static_cast<int64_t>(out.size()) * layers);
+  }
+}
+
+TEST_CASE("The engine's indexer record equals a full forward's DSA selection, and replays it") {
+  for (const std::string name : {"glm_moe_dsa", "glm_moe_dsa_shared"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    const int64_t k = f.config.index_topk;
+    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3,
+                                                  24, PlainAllocator(at::Device(at::kCPU)),
+                                                  Records{/*experts=*/false, /*indexer=*/true});
+    engine->LoadWeights(f.params);
+    REQUIRE(engine->records_indexer());
+    SamplingParams params;
+    params.max_new_tokens = 12;
+    params.seed = 9;
+    for (int64_t t = 0; t < 128; t += 11) params.stop_token_ids.push_back(t);
+    const std::vector<Generation> out = engine->Generate(MixedPrompts(name), params);
+    model::Decoder decoder(f.config, f.params);
+    const int64_t layers = static_cast<int64_t>(engine->indexer_layers().size());
+    int64_t compared = 0;
+    for (const Generation& g : out) {
+      std::vector<int64_t> fed = g.prompt;
+      fed.insert(fed.end(), g.response.begin(), g.response.end() - 1);
+      const int64_t n = static_cast<int64_t>(fed.size());
+      const int64_t recorded = std::max<int64_t>(0, n - k);
+      REQUIRE(static_cast<int64_t>(g.indexer_topk.size()) == layers * recorded * k);
+      if (recorded == 0) continue;
+      const at::Tensor record = at::tensor(g.indexer_topk, at::TensorOptions().dtype(at::kInt))
+                                    .to(at::kLong)
+                                    .view({layers, recorded, k});
+      std::vector<at::Tensor> selected(static_cast<size_t>(f.config.num_hidden_layers));
+      decoder.set_indexer_observer(
+          [&](int64_t l, const at::Tensor& topk) { selected[static_cast<size_t>(l)] = topk; });
+      decoder.set_indexer_source({});
+      const at::Tensor tokens = at::tensor(fed, at::TensorOptions().dtype(at::kLong)).view({1, n});
+      const at::Tensor natural = decoder.Logits(tokens);
+      // The same key sets (the order within a selection is free) from position k on.
+      for (int64_t i = 0; i < layers; ++i) {
+        INFO("indexer layer " << i);
+        const at::Tensor full =
+            selected[static_cast<size_t>(engine->indexer_layers()[i])][0].narrow(0, k, recorded);
+        CHECK(at::equal(std::get<0>(full.sort(-1)), std::get<0>(record[i].sort(-1))));
+        ++compared;
+      }
+      // Replaying the record (keys 0..k-1 before position k) reproduces the forward bit for bit.
+      decoder.set_indexer_source([&](int64_t l) -> std::optional<at::Tensor> {
+        const auto& ls = engine->indexer_layers();
+        const int64_t i = std::find(ls.begin(), ls.end(), l) - ls.begin();
+        at::Tensor replay = at::arange(k, at::kLong).repeat({1, n, 1});
+        replay[0].narrow(0, k, recorded).copy_(record[i]);
+        return replay;
+      });
+      CHECK(at::equal(decoder.Logits(tokens), natural));
+      decoder.set_indexer_source({});
+    }
+    fmt::print("{:18s} indexer record vs full forward: {} layer selections compared\n", name,
+               compared);
+    CHECK(compared > 0);
   }
 }
 
