@@ -72,7 +72,7 @@ LayerRouting PackRolloutIndexer(const rl_algo::RolloutBatch& batch,
     }
   }
   LayerRouting selection;
-  const at::Tensor on_device = packed.to(device);
+  const at::Tensor on_device = packed.to(at::kInt).to(device);  // compact until used
   for (int64_t l = 0; l < layers; ++l) selection.push_back(on_device[l]);  // [rows, positions, k]
   return selection;
 }
@@ -112,7 +112,7 @@ LayerRouting PackRolloutRouting(const rl_algo::RolloutBatch& batch,
     }
   }
   LayerRouting routing;
-  const at::Tensor on_device = packed.to(device);
+  const at::Tensor on_device = packed.to(at::kShort).to(device);  // compact until used
   for (int64_t l = 0; l < layers; ++l) routing.push_back(on_device[l].reshape({-1, k}));
   return routing;
 }
@@ -145,7 +145,7 @@ RoutingReplayScope::RoutingReplayScope(model::Decoder& decoder,
   if (replay.indexer != nullptr && !replay.indexer->empty()) {
     const LayerRouting* indexer = replay.indexer;
     decoder_.set_indexer_source([this, indexer](int64_t layer) -> std::optional<at::Tensor> {
-      return indexer->at(static_cast<size_t>(indexer_ordinal_.at(layer)));
+      return indexer->at(static_cast<size_t>(indexer_ordinal_.at(layer))).to(at::kLong);
     });
   }
 }

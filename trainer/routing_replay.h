@@ -29,9 +29,10 @@
 
 namespace rl {
 
-// One micro-batch's expert ids: per MoE layer (model order), [rows * positions, k] on the model's
-// device (int64, or int16 as recorded by RoutingReplayScope), tokens in [rows, positions]
-// row-major order (a Decoder's flattening).
+// One micro-batch's choices per layer (model order): expert ids [rows * positions, k] int16, or
+// indexer key positions [rows, positions, index_topk] int32, on the model's device (widened to
+// int64 when a forward uses them); tokens in [rows, positions] row-major order (a Decoder's
+// flattening).
 using LayerRouting = std::vector<at::Tensor>;
 
 // The model's MoE layers, by index, in order.
@@ -40,17 +41,17 @@ std::vector<int64_t> MoeLayers(const model::ModelConfig& config);
 std::vector<int64_t> IndexerLayers(const model::ModelConfig& config);
 
 // The routing records of samples `indices` packed for a forward over `positions` fed positions
-// (the micro-batch's longest sample less one). Throws rl::Error when a sample has no record or
-// one that does not fit the model (layers, k, an id >= n_routed_experts).
+// (the micro-batch's longest sample less one), as expert ids. Throws rl::Error when a sample has
+// no record or one that does not fit the model (layers, k, an id >= n_routed_experts).
 LayerRouting PackRolloutRouting(const rl_algo::RolloutBatch& batch,
                                 const std::vector<int64_t>& indices, int64_t positions,
                                 const model::ModelConfig& config, c10::Device device);
 
 // The indexer records of samples `indices` for a forward over `positions` fed positions (Note
-// [Indexer replay] in trainer/model/decoder.cc): per indexer layer [rows * positions, index_topk]
-// key positions, int64 on `device`, or an empty vector when positions <= index_topk (every key
-// is selected, nothing to replay). Positions before index_topk and padding replay keys
-// 0..index_topk-1, which select every visible key. Throws rl::Error like PackRolloutRouting.
+// [Indexer replay] in trainer/model/decoder.cc): per indexer layer [rows, positions, index_topk]
+// key positions, or an empty vector when positions <= index_topk (every key is selected, nothing
+// to replay). Positions before index_topk and padding replay keys 0..index_topk-1, which select
+// every visible key. Throws rl::Error like PackRolloutRouting.
 LayerRouting PackRolloutIndexer(const rl_algo::RolloutBatch& batch,
                                 const std::vector<int64_t>& indices, int64_t positions,
                                 const model::ModelConfig& config, c10::Device device);
