@@ -11,8 +11,12 @@
 #      selections travel through the file, a forced selection changes the log-probs with replay
 #      only, and replaying the engine's own selections leaves the first iteration's mismatch no
 #      larger than recomputing them.
+#   5. The embedded default (dense, fp32) with 24-token responses: the rollout's log-probs equal
+#      the recomputed ones bit for bit in every iteration (mismatch exactly 0, Note [Batch-invariant
+#      CPU kernels]), so --use-rollout-logprobs changes nothing: the same metrics and
+#      SHA256-identical final weights.
 set -euo pipefail
-trainer="$1" recipe="$2" dsa_recipe="$3"
+trainer="$1" recipe="$2" dsa_recipe="$3" default="$4"
 here="$(dirname "$0")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failed=0
@@ -20,7 +24,8 @@ fail() { echo "FAIL: $*"; failed=1; }
 run() {  # run NAME FLAGS...: 2 ranks, the log in $tmp/NAME.log, the metrics in $tmp/NAME.jsonl
   local name="$1"
   shift
-  "$here/mpi_run.sh" 2 "$trainer" --config "${config:-$recipe}" --rollout-max-response-len 8 \
+  "$here/mpi_run.sh" 2 "$trainer" --config "${config:-$recipe}" \
+    --rollout-max-response-len "${response_len:-8}" \
     --metrics-out "$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 ||
     { echo "FAIL: $name exited non-zero"; tail -n 20 "$tmp/$name.log"; exit 1; }
 }
@@ -96,5 +101,21 @@ awk -v a="$orig" -v b="$plain" 'BEGIN { exit !(a <= b) }' ||
   fail "4: replaying the engine's selections raised the mismatch ($orig > $plain)"
 echo "indexer: mismatch with replay: recorded selections $orig, forced $forced;" \
   "without replay: $plain"
+config="$default" response_len=24
+for mode in recompute rollout; do
+  flags=(--num-rollout 3 --save-hf "$tmp/hf_$mode")
+  [[ $mode == rollout ]] && flags+=(--use-rollout-logprobs)
+  run "dense_$mode" "${flags[@]}"
+done
+[[ "$(metric dense_recompute train_rollout_logprob_abs_diff_max | sort -u)" == "0.0" ]] ||
+  fail "5: the dense fp32 mismatch is not 0: $(metric dense_recompute train_rollout_logprob_abs_diff_max | tr '\n' ' ')"
+for key in reward_mean loss pg_loss kl grad_norm; do
+  [[ "$(metric dense_recompute $key)" == "$(metric dense_rollout $key)" ]] ||
+    fail "5: --use-rollout-logprobs changed $key"
+done
+cmp -s "$tmp/hf_recompute/model.safetensors" "$tmp/hf_rollout/model.safetensors" ||
+  fail "5: --use-rollout-logprobs changed the final weights"
+echo "dense fp32: mismatch max per iteration $(metric dense_recompute train_rollout_logprob_abs_diff_max | tr '\n' ' ')"
+
 [[ $failed -eq 0 ]] && echo "PASS"
 exit $failed

@@ -320,7 +320,7 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) c
 }
 
 at::Tensor Decoder::Logits(const at::Tensor& tokens) const {
-  return at::linear(Hidden(tokens, nullptr, 0), lm_head_);
+  return Linear(Hidden(tokens, nullptr, 0), lm_head_);
 }
 
 TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
@@ -349,7 +349,7 @@ TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& ta
 at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
                                 int64_t start_position) const {
   at::NoGradGuard no_grad;
-  return at::linear(Hidden(tokens, &cache, start_position), lm_head_);
+  return Linear(Hidden(tokens, &cache, start_position), lm_head_);
 }
 
 at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& position,
@@ -378,7 +378,7 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
   ctx.position = index;
   ctx.key_mask =
       (at::arange(key_length, index.options()) <= index).view({1, key_length});  // [1, T]
-  return at::linear(Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, &cache), lm_head_)
+  return Linear(Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, &cache), lm_head_)
       .select(1, 0);
 }
 

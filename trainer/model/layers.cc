@@ -11,6 +11,40 @@
 #include "trainer/kernels/fused_ops.h"
 
 namespace rl::model {
+
+// Note [Batch-invariant CPU kernels]
+// On the CPU a row's result must not depend on how many rows it is computed with, so that the
+// rollout engine (a prefill, then decode steps of a few rows over a KV cache) and training (whole
+// right-padded sequences) compute the same bits, and the train/rollout log-prob mismatch of a
+// dense fp32 model is exactly 0 (Note [Log-prob mismatch] in trainer/rl/losses.h). Two ops were
+// not: a GEMM of fewer than 16 rows takes other kernels than a larger one (its summation order
+// differs), so Linear pads such inputs to 16 rows with zeros; and SDPA's CPU kernels block the
+// keys by the sequence length, so AttentionCore computes attention on the CPU from elementwise
+// products and reductions over the head and key dimensions, with the keys padded to a multiple
+// of 64 (masked), so that the order of every reduction per output element is the same whatever
+// the number of queries or of keys; masked keys add exact zeros. The RoPE table's cos and sin are
+// computed for a multiple of 64 positions (MakeRopeTable).
+// RMSNorm, RoPE, the MLP's elementwise ops and log_softmax are per-row already. Checked by
+// //tests:fidelity_test (mismatch 0, --use-rollout-logprobs changes nothing).
+constexpr int64_t kMinCpuGemmRows = 16;
+// The elementwise attention's [B, H, queries, T, D] product is computed in query chunks of about
+// this many elements.
+constexpr int64_t kCpuAttentionElements = int64_t{1} << 24;
+constexpr int64_t kCpuAttentionKeyBlock = 64;
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const std::optional<at::Tensor> bias = b.defined() ? std::optional<at::Tensor>(b) : std::nullopt;
+  const int64_t k = x.size(-1);
+  const int64_t rows = k == 0 ? 0 : x.numel() / k;
+  if (!x.is_cpu() || rows == 0 || rows >= kMinCpuGemmRows) return at::linear(x, w, bias);
+  // Note [Batch-invariant CPU kernels]: a GEMM of 16 rows, of which the first `rows` are used.
+  const at::Tensor padded =
+      at::constant_pad_nd(x.reshape({rows, k}), {0, 0, 0, kMinCpuGemmRows - rows}, 0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(0);
+  return at::linear(padded, w, bias).narrow(0, 0, rows).reshape(shape);
+}
+
 namespace {
 
 constexpr double kMlaLatentNormEps = 1e-6;  // transformers builds q_a/kv_a norms with the default
@@ -18,9 +52,6 @@ constexpr double kIndexerNormEps = 1e-6;
 // The indexer's [B, chunk, heads, T] fp32 score block is bounded to about this many elements.
 constexpr int64_t kIndexerScoreElements = int64_t{1} << 26;
 
-at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
-  return at::linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
-}
 
 // Keys [0, T) visible to queries at positions [start, start + S): [S, T] bool.
 at::Tensor CausalMask(int64_t start, int64_t s, int64_t t, at::Device device) {
@@ -46,6 +77,48 @@ Visibility Visible(const AttentionContext& ctx, int64_t s, int64_t t, at::Device
 // softmax(q k^T * scale + mask) v with fp32 softmax. q [B, Hq, L, Dq], k [B, Hk, T, Dq],
 // v [B, Hk, T, Dv] with Hk == Hq, or Hq a multiple of Hk when `enable_gqa` (query head h reads key
 // head h / (Hq / Hk)); `selected` ([B, L, T] bool, optional) further restricts the visible keys.
+// Note [Batch-invariant CPU kernels]: softmax(q k^T * scale + mask) v from elementwise products
+// and reductions, in fp32 (fp64 for fp64), chunked over the queries. `mask` is undefined or a
+// bool tensor that broadcasts to [B, H, L, T].
+at::Tensor CpuAttention(const at::Tensor& q, at::Tensor k, at::Tensor v, double scale,
+                        at::Tensor mask) {
+  if (k.size(1) != q.size(1)) {  // GQA: query head h reads key head h / (Hq / Hk)
+    k = k.repeat_interleave(q.size(1) / k.size(1), 1);
+    v = v.repeat_interleave(q.size(1) / v.size(1), 1);
+  }
+  // The keys padded to a multiple of 64 with masked zeros: reductions over 6 or 9 keys may round
+  // differently, over 64 or 128 keys of which the same first ones are visible they do not.
+  const int64_t t = k.size(2);
+  const int64_t padded =
+      (t + kCpuAttentionKeyBlock - 1) / kCpuAttentionKeyBlock * kCpuAttentionKeyBlock;
+  if (padded != t) {
+    k = at::constant_pad_nd(k, {0, 0, 0, padded - t}, 0);
+    v = at::constant_pad_nd(v, {0, 0, 0, padded - t}, 0);
+    if (!mask.defined()) mask = at::ones({1, t}, q.options().dtype(at::kBool));
+    std::vector<int64_t> tail(mask.sizes().begin(), mask.sizes().end());
+    tail.back() = padded - t;
+    mask = at::cat({mask, at::zeros(tail, mask.options())}, -1);
+  }
+  const at::Tensor qf = AtLeastFloat(q);
+  const at::Tensor kf = AtLeastFloat(k).unsqueeze(2);  // [B, H, 1, T, D]
+  const at::Tensor vf = AtLeastFloat(v).unsqueeze(2);  // [B, H, 1, T, Dv]
+  const int64_t queries = q.size(2);
+  const int64_t per_query =
+      std::max<int64_t>(1, q.size(0) * q.size(1) * k.size(2) * std::max(q.size(3), v.size(3)));
+  const int64_t chunk = std::max<int64_t>(1, std::min(queries, kCpuAttentionElements / per_query));
+  std::vector<at::Tensor> parts;
+  for (int64_t q0 = 0; q0 < queries; q0 += chunk) {
+    const int64_t n = std::min(chunk, queries - q0);
+    at::Tensor scores = (qf.narrow(2, q0, n).unsqueeze(3) * kf).sum(-1) * scale;  // [B, H, n, T]
+    if (mask.defined()) {
+      const at::Tensor m = mask.size(-2) == 1 ? mask : mask.narrow(-2, q0, n);
+      scores = scores.masked_fill(m.logical_not(), -std::numeric_limits<double>::infinity());
+    }
+    parts.push_back((at::softmax(scores, -1).unsqueeze(-1) * vf).sum(-2));  // [B, H, n, Dv]
+  }
+  return (parts.size() == 1 ? parts[0] : at::cat(parts, 2)).to(q.scalar_type());
+}
+
 at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          double scale, const Visibility& visible, const at::Tensor& selected,
                          bool enable_gqa = false) {
@@ -55,6 +128,10 @@ at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Ten
     if (causal) mask = CausalMask(0, q.size(2), k.size(2), q.device());
     causal = false;
     mask = (mask.defined() ? at::logical_and(mask.unsqueeze(0), selected) : selected).unsqueeze(1);
+  }
+  if (q.is_cpu()) {
+    if (causal) mask = CausalMask(0, q.size(2), k.size(2), q.device());
+    return CpuAttention(q, k, v, scale, mask);
   }
   return at::scaled_dot_product_attention(
       q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0, causal, scale,
@@ -124,11 +201,16 @@ at::Tensor RopeInvFreq(const ModelConfig& c) {
 RopeTable MakeRopeTable(const ModelConfig& c, int64_t start, int64_t length, at::ScalarType dtype,
                         at::Device device) {
   at::Tensor inv_freq = RopeInvFreq(c).to(device);
+  // Note [Batch-invariant CPU kernels]: cos and sin are computed for a multiple of 64 positions,
+  // so that no entry falls in the scalar tail of the vectorised loop (whose results may differ in
+  // the last bit): a position's entries are then the same in a table of any length.
+  const int64_t padded = (length + 63) / 64 * 64;
   at::Tensor pos =
-      at::arange(start, start + length, at::TensorOptions().dtype(at::kFloat).device(device));
-  at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);  // [length, rope_dim / 2]
+      at::arange(start, start + padded, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);  // [padded, rope_dim / 2]
   const double factor = c.rope_attention_factor();
-  return {(freqs.cos() * factor).to(dtype), (freqs.sin() * factor).to(dtype)};
+  return {(freqs.cos() * factor).to(dtype).narrow(0, 0, length),
+          (freqs.sin() * factor).to(dtype).narrow(0, 0, length)};
 }
 
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -26,6 +26,10 @@ namespace rl::model {
 // `t` in fp32, or unchanged when it is already fp32 or fp64.
 at::Tensor AtLeastFloat(const at::Tensor& t);
 
+// x w^T + b. On the CPU, batch-invariant (Note [Batch-invariant CPU kernels] in layers.cc): a
+// row's result does not depend on how many rows `x` has.
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {});
+
 // How the inference-only paths of a Decoder compute (its constructor says; Note [Inference
 // kernels] in decoder.h): LibTorch ops, or our fused CUDA kernels where the tensors allow.
 enum class Kernels { kLibTorch, kFused };
