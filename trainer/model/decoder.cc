@@ -331,7 +331,9 @@ TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& ta
   RL_CHECK(temperature > 0, Error, "TokenLogProbs: the temperature must be > 0; got {}",
            temperature);
   at::Tensor logits = Logits(tokens);  // [B, S, V]
-  if (temperature != 1.0) logits = logits / temperature;
+  // In place, as the reference does: the [B, S, V] logits are not copied (the lm_head's backward
+  // needs its input and weight, not this output).
+  if (temperature != 1.0) logits.div_(temperature);
   const at::Tensor ids = targets.to(device_).to(at::kLong);
   TokenStats out;
   if (kernels::Supported(logits)) {  // Note [Inference kernels]: on CUDA, always
