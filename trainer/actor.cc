@@ -236,9 +236,8 @@ std::vector<TrainingPlan> Actor::PlansForAllRanks(const rl_algo::RolloutBatch& b
                            comm_.size());
 }
 
-PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch,
-                                     const TrainingPlan& plan, const PlanReplay* replay,
-                                     PlanRouting* record) const {
+PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,
+                                     const PlanReplay* replay, PlanRouting* record) const {
   c10::NoGradGuard no_grad;
   PerMicroBatch out;
   if (record != nullptr) record->clear();
@@ -335,15 +334,16 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
           }, at::kFloat).to(device_);
       std::vector<int64_t> local(indices.begin(), indices.end());
       const at::Tensor mb_rewards = rewards.index({at::tensor(local, at::kLong)}).to(device_);
-      const bool have_rollout =
-          std::all_of(indices.begin(), indices.end(),
-                      [&](int64_t i) { return batch.samples[i].rollout_log_probs.has_value(); });
+      const bool have_rollout = std::all_of(indices.begin(), indices.end(), [&](int64_t i) {
+        return batch.samples[i].rollout_log_probs.has_value();
+      });
       at::Tensor rollout;
       if (have_rollout) {
-        rollout =
-            PackField<float>(batch, indices, width, [](const rl_algo::Sample& s) -> const auto& {
-              return *s.rollout_log_probs;
-            }, at::kFloat).to(device_);
+        rollout = PackField<float>(
+                      batch, indices, width,
+                      [](const rl_algo::Sample& s) -> const auto& { return *s.rollout_log_probs; },
+                      at::kFloat)
+                      .to(device_);
       }
       RL_CHECK(!old_from_rollout || rollout.defined(), Error,
                "--use-rollout-logprobs: the rollout has samples without engine log-probs (replayed "
@@ -367,10 +367,9 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
         const RoutingReplayScope routing(
             *decoder_, model_, replay != nullptr ? replay->For(mb_index) : ReplayInputs(), nullptr);
         const bool replays_experts = replay != nullptr && !replay->experts.empty();
-        stats = decoder_->TokenLogProbs(mb.tokens.narrow(1, 0, len - 1),
-                                        mb.tokens.narrow(1, 1, len - 1),
-                                        /*with_entropy=*/loss_options_.entropy_coef != 0,
-                                        LogProbTemperature(resolved_.config));
+        stats = decoder_->TokenLogProbs(
+            mb.tokens.narrow(1, 0, len - 1), mb.tokens.narrow(1, 1, len - 1),
+            /*with_entropy=*/loss_options_.entropy_coef != 0, LogProbTemperature(resolved_.config));
         if (replays_experts) {
           const int64_t pairs = static_cast<int64_t>(indices.size()) * (len - 1) *
                                 static_cast<int64_t>(replay->experts.at(mb_index).size());
@@ -389,8 +388,8 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
       inputs.rollout_log_probs = rollout;
       if (rollout.defined() && (!old_from_rollout || result.steps == 0)) {
         mismatch = rl_algo::AddMismatchSums(
-            mismatch, rl_algo::MismatchSums(old_from_rollout ? inputs.log_probs : old, rollout,
-                                            loss_mask));
+            mismatch,
+            rl_algo::MismatchSums(old_from_rollout ? inputs.log_probs : old, rollout, loss_mask));
       }
       inputs.advantages = adv.advantages.to(at::kFloat);
       inputs.loss_mask = loss_mask;

@@ -165,19 +165,16 @@ class ColocatedCycle {
     // --use-rollout-logprobs: the engine's log-probs are the old policy; no pass computes them
     // again (TIS still needs the trainer's).
     const PerMicroBatch old_log_probs =
-        skip_old_logprobs()
-            ? PerMicroBatch()
-            : Phase("old_logprobs", [&] {
-                PlanRouting recorded;  // R2: the experts this pass chose
-                PerMicroBatch log_probs =
-                    actor_.ComputeLogProbs(batch, plan, &replay, r2 && !r3 ? &recorded : nullptr);
-                if (r2 && !r3) replay.experts = std::move(recorded);
-                return log_probs;
-              });
+        skip_old_logprobs() ? PerMicroBatch() : Phase("old_logprobs", [&] {
+          PlanRouting recorded;  // R2: the experts this pass chose
+          PerMicroBatch log_probs =
+              actor_.ComputeLogProbs(batch, plan, &replay, r2 && !r3 ? &recorded : nullptr);
+          if (r2 && !r3) replay.experts = std::move(recorded);
+          return log_probs;
+        });
     MaybeInjectFault(FaultPoint::kTrain, comm_.rank(), iteration + 1);
-    const TrainResult result = Phase("train", [&] {
-      return actor_.Train(batch, plan, old_log_probs, ref_log_probs, &replay);
-    });
+    const TrainResult result = Phase(
+        "train", [&] { return actor_.Train(batch, plan, old_log_probs, ref_log_probs, &replay); });
     CheckFirstStepKl(result);
     if (r2) CheckRoutingReplay(result);
     Phase("backup", [&] { backuper_->Backup(backup::kActorTag); });
@@ -263,9 +260,10 @@ class ColocatedCycle {
 
   // Note [Routing replay modes]: every replaying training forward used the experts it was given.
   void CheckRoutingReplay(const TrainResult& result) const {
-    spdlog::info("routing replay check: {} of {} (token, MoE layer) pairs used other experts than "
-                 "replayed",
-                 result.routing_differing, result.routing_replayed);
+    spdlog::info(
+        "routing replay check: {} of {} (token, MoE layer) pairs used other experts than "
+        "replayed",
+        result.routing_differing, result.routing_replayed);
     RL_CHECK(!c_.checks.ci_test || (result.routing_differing == 0 && result.routing_replayed > 0),
              Error,
              "CI check failed: routing replay: {} of {} (token, MoE layer) pairs of the training "

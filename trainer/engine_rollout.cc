@@ -156,9 +156,9 @@ class EngineRollout final : public Rollout {
         const model::ModelConfig& m = engine_->config();
         int64_t layers = 0;
         for (model::IndexerType t : m.indexer_types) layers += t == model::IndexerType::kFull;
-        s.indexer_topk = MakeRoutingRecord(g.indexer_topk, layers,
-                                           static_cast<int64_t>(s.tokens.size()) - 1,
-                                           m.index_topk, m.index_topk, engine_->max_length());
+        s.indexer_topk =
+            MakeRoutingRecord(g.indexer_topk, layers, static_cast<int64_t>(s.tokens.size()) - 1,
+                              m.index_topk, m.index_topk, engine_->max_length());
       }
       local.push_back(std::move(s));
     }
@@ -259,14 +259,15 @@ class EngineRollout final : public Rollout {
              c.data.prompt_data, limit, longest_dropped);
     if (!dropped.empty() && comm_.rank() == 0) {
       const size_t shown = std::min<size_t>(dropped.size(), 10);
-      spdlog::warn("{} of {} prompts in {} are longer than --rollout-max-prompt-len {} tokens and "
-                   "are dropped (lines {}{})",
-                   dropped.size(), all.size(), c.data.prompt_data, limit,
-                   fmt::join(dropped.begin(), dropped.begin() + shown, ", "),
-                   dropped.size() > shown ? ", ..." : "");
+      spdlog::warn(
+          "{} of {} prompts in {} are longer than --rollout-max-prompt-len {} tokens and "
+          "are dropped (lines {}{})",
+          dropped.size(), all.size(), c.data.prompt_data, limit,
+          fmt::join(dropped.begin(), dropped.begin() + shown, ", "),
+          dropped.size() > shown ? ", ..." : "");
     }
-    dataset_ = std::make_unique<data::PromptDataset>(std::move(kept), options.seed,
-                                                     options.shuffle);
+    dataset_ =
+        std::make_unique<data::PromptDataset>(std::move(kept), options.seed, options.shuffle);
     return longest;
   }
 

@@ -72,7 +72,7 @@ LayerRouting PackRolloutIndexer(const rl_algo::RolloutBatch& batch,
     }
   }
   LayerRouting selection;
-  const at::Tensor on_device = packed.to(at::kInt).to(device);  // compact until used
+  const at::Tensor on_device = packed.to(at::kInt).to(device);             // compact until used
   for (int64_t l = 0; l < layers; ++l) selection.push_back(on_device[l]);  // [rows, positions, k]
   return selection;
 }
@@ -117,9 +117,8 @@ LayerRouting PackRolloutRouting(const rl_algo::RolloutBatch& batch,
   return routing;
 }
 
-RoutingReplayScope::RoutingReplayScope(model::Decoder& decoder,
-                                       const model::ModelConfig& config, ReplayInputs replay,
-                                       LayerRouting* record)
+RoutingReplayScope::RoutingReplayScope(model::Decoder& decoder, const model::ModelConfig& config,
+                                       ReplayInputs replay, LayerRouting* record)
     : decoder_(decoder),
       ordinal_(Ordinals(MoeLayers(config), config.num_hidden_layers)),
       indexer_ordinal_(Ordinals(IndexerLayers(config), config.num_hidden_layers)) {

@@ -84,8 +84,8 @@ struct ReplayInputs {
 // ones. Clears the decoder's hooks on exit.
 class RoutingReplayScope {
  public:
-  RoutingReplayScope(model::Decoder& decoder, const model::ModelConfig& config,
-                     ReplayInputs replay, LayerRouting* record);
+  RoutingReplayScope(model::Decoder& decoder, const model::ModelConfig& config, ReplayInputs replay,
+                     LayerRouting* record);
   ~RoutingReplayScope();
   RoutingReplayScope(const RoutingReplayScope&) = delete;
   RoutingReplayScope& operator=(const RoutingReplayScope&) = delete;

@@ -390,8 +390,9 @@ TEST_CASE("rule: stop token ids are not negative") {
   CHECK(OnlyError(c) == "--rollout-stop-token-ids must be token ids >= 0; got -1");
 }
 
-TEST_CASE("rule: rollout routing replay implies routing replay; R2 alone needs the old-logprob "
-          "pass") {
+TEST_CASE(
+    "rule: rollout routing replay implies routing replay; R2 alone needs the old-logprob "
+    "pass") {
   Config c = Remat();
   c.rl.use_rollout_routing_replay = true;
   const ValidationResult r = Validate(c);

@@ -95,8 +95,8 @@ MlpWeights GetMlp(const TensorMap& params, const std::string& prefix) {
 // and eager steps then generated different tokens). A device-position decode step therefore turns
 // the cuDNN backend off for its duration, so that a replayed step and an eager one run the same
 // kernels and compute the same bits (decode_bench --compare-eager checks it); the speed of the
-// step did not change (164.8 vs 164.0 ms per Generate of 64 x 32 tokens on the H200). The switch is process-wide,
-// restored on return; the engine's thread is the only one computing while it decodes.
+// step did not change (164.8 vs 164.0 ms per Generate of 64 x 32 tokens on the H200). The switch is
+// process-wide, restored on return; the engine's thread is the only one computing while it decodes.
 class CudnnAttentionOff {
  public:
   CudnnAttentionOff() : was_on_(at::globalContext().userEnabledCuDNNSDP()) {

@@ -52,7 +52,6 @@ constexpr double kIndexerNormEps = 1e-6;
 // The indexer's [B, chunk, heads, T] fp32 score block is bounded to about this many elements.
 constexpr int64_t kIndexerScoreElements = int64_t{1} << 26;
 
-
 // Keys [0, T) visible to queries at positions [start, start + S): [S, T] bool.
 at::Tensor CausalMask(int64_t start, int64_t s, int64_t t, at::Device device) {
   at::Tensor q = at::arange(start, start + s, at::TensorOptions().dtype(at::kLong).device(device));

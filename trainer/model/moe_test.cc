@@ -178,8 +178,9 @@ TEST_CASE("Replaying the block's own routing reproduces it bit for bit, gradient
   }
 }
 
-TEST_CASE("A replayed routing that differs on some tokens changes exactly their outputs, and the "
-          "router keeps its gradient") {
+TEST_CASE(
+    "A replayed routing that differs on some tokens changes exactly their outputs, and the "
+    "router keeps its gradient") {
   for (RouterKind router : {RouterKind::kSoftmax, RouterKind::kSigmoidNoauxTc}) {
     INFO((router == RouterKind::kSoftmax ? "softmax" : "sigmoid noaux_tc"));
     const ModelConfig c = MoeConfig(router, 8, 2);
@@ -191,9 +192,10 @@ TEST_CASE("A replayed routing that differs on some tokens changes exactly their 
     // Tokens 3 and 10 get an expert the router did not choose in their first slot.
     at::Tensor forced = recorded.clone();
     for (int64_t t : {3, 10}) {
-      const int64_t other = (recorded[t][0].item<int64_t>() + 1) % 8 == recorded[t][1].item<int64_t>()
-                                ? (recorded[t][0].item<int64_t>() + 2) % 8
-                                : (recorded[t][0].item<int64_t>() + 1) % 8;
+      const int64_t other =
+          (recorded[t][0].item<int64_t>() + 1) % 8 == recorded[t][1].item<int64_t>()
+              ? (recorded[t][0].item<int64_t>() + 2) % 8
+              : (recorded[t][0].item<int64_t>() + 1) % 8;
       forced[t][0] = other;
     }
     const Grads replayed = RunReplay(w, c, x, seed_grad, forced, nullptr);

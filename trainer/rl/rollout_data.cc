@@ -242,9 +242,10 @@ namespace {
 std::string RoutingProblem(const RoutingRecord& r, int64_t num_tokens) {
   if (r.layers < 1 || r.k < 1 || r.first < 0 ||
       (r.id_bytes != 1 && r.id_bytes != 2 && r.id_bytes != 4)) {
-    return fmt::format("{} layers, k {}, first {}, {} id bytes; layers and k must be >= 1, first "
-                       ">= 0 and id bytes 1, 2 or 4",
-                       r.layers, r.k, r.first, r.id_bytes);
+    return fmt::format(
+        "{} layers, k {}, first {}, {} id bytes; layers and k must be >= 1, first "
+        ">= 0 and id bytes 1, 2 or 4",
+        r.layers, r.k, r.first, r.id_bytes);
   }
   if (r.positions != num_tokens - 1) {
     return fmt::format("has {} positions, but the sample feeds {} tokens (all but the last)",

@@ -68,15 +68,17 @@ struct RoutingRecord {
   int64_t num_ids() const { return layers * recorded_positions() * k; }
   int64_t id(int64_t i) const {
     int64_t value = 0;
-    for (int b = 0; b < id_bytes; ++b) value |= static_cast<int64_t>(ids[i * id_bytes + b]) << (8 * b);
+    for (int b = 0; b < id_bytes; ++b)
+      value |= static_cast<int64_t>(ids[i * id_bytes + b]) << (8 * b);
     return value;
   }
   void set_id(int64_t i, int64_t value) {
-    for (int b = 0; b < id_bytes; ++b) ids[i * id_bytes + b] = static_cast<uint8_t>(value >> (8 * b));
+    for (int b = 0; b < id_bytes; ++b)
+      ids[i * id_bytes + b] = static_cast<uint8_t>(value >> (8 * b));
   }
   friend bool operator==(const RoutingRecord& a, const RoutingRecord& b) {
-    return a.layers == b.layers && a.positions == b.positions && a.first == b.first &&
-           a.k == b.k && a.id_bytes == b.id_bytes && a.ids == b.ids;
+    return a.layers == b.layers && a.positions == b.positions && a.first == b.first && a.k == b.k &&
+           a.id_bytes == b.id_bytes && a.ids == b.ids;
   }
 };
 

@@ -285,18 +285,43 @@ TEST_CASE("a routing record that does not fit its sample is refused, naming the 
           "[rollout_data][routing]") {
   const std::string base = R"({"tokens": [5, 6, 7], "response_length": 1, "loss_mask": [1], )"
                            R"("reward": 1.0, "routed_experts": )";
-  CHECK(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3]}})" "\n") == "");
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 3, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3, 4, 5]}})" "\n"),
-             Catch::Contains("has 3 positions, but the sample feeds 2 tokens"));
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2]}})" "\n"),
-             Catch::Contains("holds 3 ids, but 1 layers x 2 recorded positions x k 2 need 4"));
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 256]}})" "\n"),
-             Catch::Contains("entry 3 is 256, outside [0, 256)"));
-  CHECK_THAT(ReadError(base + R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 3, "ids": []}})" "\n"),
-             Catch::Contains("\"id_bytes\" is 3; it is 1, 2 or 4"));
-  CHECK_THAT(ReadError(base + R"({"layers": 4611686018427387904, "positions": 2, "first": 0, "k": 4, "id_bytes": 1, "ids": []}})" "\n"),
-             Catch::Contains("routed_experts"));
-  CHECK_THAT(ReadError(base + R"({"layer": 1}})" "\n"), Catch::Contains("unknown key \"layer\""));
+  CHECK(
+      ReadError(
+          base +
+          R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3]}})"
+          "\n") == "");
+  CHECK_THAT(
+      ReadError(
+          base +
+          R"({"layers": 1, "positions": 3, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 3, 4, 5]}})"
+          "\n"),
+      Catch::Contains("has 3 positions, but the sample feeds 2 tokens"));
+  CHECK_THAT(
+      ReadError(
+          base +
+          R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2]}})"
+          "\n"),
+      Catch::Contains("holds 3 ids, but 1 layers x 2 recorded positions x k 2 need 4"));
+  CHECK_THAT(
+      ReadError(
+          base +
+          R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 1, "ids": [0, 1, 2, 256]}})"
+          "\n"),
+      Catch::Contains("entry 3 is 256, outside [0, 256)"));
+  CHECK_THAT(
+      ReadError(base +
+                R"({"layers": 1, "positions": 2, "first": 0, "k": 2, "id_bytes": 3, "ids": []}})"
+                "\n"),
+      Catch::Contains("\"id_bytes\" is 3; it is 1, 2 or 4"));
+  CHECK_THAT(
+      ReadError(
+          base +
+          R"({"layers": 4611686018427387904, "positions": 2, "first": 0, "k": 4, "id_bytes": 1, "ids": []}})"
+          "\n"),
+      Catch::Contains("routed_experts"));
+  CHECK_THAT(ReadError(base + R"({"layer": 1}})"
+                              "\n"),
+             Catch::Contains("unknown key \"layer\""));
 }
 
 }  // namespace

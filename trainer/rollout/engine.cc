@@ -105,9 +105,8 @@ int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-int64_t RolloutEngine::KvStorageBytes(const model::ModelConfig& config,
-                                      at::ScalarType param_dtype, int64_t max_batch,
-                                      int64_t max_length, Records records) {
+int64_t RolloutEngine::KvStorageBytes(const model::ModelConfig& config, at::ScalarType param_dtype,
+                                      int64_t max_batch, int64_t max_length, Records records) {
   const int64_t kv = model::KvCache::NumElements(config, max_batch, max_length) *
                      static_cast<int64_t>(c10::elementSize(param_dtype));
   return Aligned(kv) +
@@ -143,8 +142,7 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
 
   const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
   const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
-  const int64_t storage_bytes =
-      KvStorageBytes(config_, dtype_, max_batch_, max_length_, records);
+  const int64_t storage_bytes = KvStorageBytes(config_, dtype_, max_batch_, max_length_, records);
   const at::Tensor storage =
       AllocateChecked(allocator, RegionTag::kKvCache, storage_bytes, device_);
   kv_storage_ = storage.narrow(0, 0, kv_bytes).view(dtype_);
@@ -155,10 +153,10 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
     if (shape.k == 0) return;
     const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
     const int64_t bytes = RecordBytes(shape, max_batch_, max_length_, element);
-    record.data = storage.narrow(0, offset, bytes)
-                      .view(dtype)
-                      .view({static_cast<int64_t>(shape.layers.size()), max_batch_, max_length_,
-                             shape.k});
+    record.data =
+        storage.narrow(0, offset, bytes)
+            .view(dtype)
+            .view({static_cast<int64_t>(shape.layers.size()), max_batch_, max_length_, shape.k});
     record.layers = shape.layers;
     record.ordinal.assign(static_cast<size_t>(config_.num_hidden_layers), -1);
     for (size_t i = 0; i < shape.layers.size(); ++i) {
@@ -393,8 +391,10 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
               .assign(data, data + row.numel());
         }
       };
-      extract(experts_, +[](Generation& g) -> std::vector<int16_t>& { return g.routed_experts; });
-      extract(indexer_, +[](Generation& g) -> std::vector<int32_t>& { return g.indexer_topk; });
+      extract(
+          experts_, +[](Generation& g) -> std::vector<int16_t>& { return g.routed_experts; });
+      extract(
+          indexer_, +[](Generation& g) -> std::vector<int32_t>& { return g.indexer_topk; });
     }
     if (next_live.empty()) break;
     // The next step's tokens are the sampled ones of the rows that go on, still on the device.

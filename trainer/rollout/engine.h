@@ -195,10 +195,10 @@ class RolloutEngine {
   at::Tensor DecodeLogits(const at::Tensor& tokens, int64_t key_length);
   // One record kept row for row with the KV cache (Note [Engine routing record]).
   struct ChoiceRecord {
-    at::Tensor data;              // [layers, max_batch, max_length, k], or undefined
-    std::vector<int64_t> layers;  // the model layers recorded
-    std::vector<int64_t> ordinal; // model layer -> record layer, or -1
-    int64_t first = 0;            // the first position a Generation receives
+    at::Tensor data;               // [layers, max_batch, max_length, k], or undefined
+    std::vector<int64_t> layers;   // the model layers recorded
+    std::vector<int64_t> ordinal;  // model layer -> record layer, or -1
+    int64_t first = 0;             // the first position a Generation receives
   };
   // Writes a forward's choice of model layer `layer` ([rows * len, k] or [rows, len, k]).
   void Record(ChoiceRecord& record, int64_t layer, const at::Tensor& ids);
@@ -216,8 +216,8 @@ class RolloutEngine {
   std::unique_ptr<model::KvCache> cache_;  // max_batch rows; groups use rows [0, group size)
   model::RopeTable rope_;                  // every cache position [0, max_length)
   at::Tensor position_;                    // [1] int64 on the device: the decode step's position
-  ChoiceRecord experts_;  // int16 expert ids of the MoE layers
-  ChoiceRecord indexer_;  // int32 key positions of the layers with their own DSA indexer
+  ChoiceRecord experts_;                   // int16 expert ids of the MoE layers
+  ChoiceRecord indexer_;        // int32 key positions of the layers with their own DSA indexer
   int64_t prefill_length_ = 0;  // > 0 while a prefill of that many positions runs
   std::unique_ptr<DecodeGraphs> graphs_;   // null: eager decode steps
   int64_t weight_version_ = 0;

@@ -321,8 +321,8 @@ TEST_CASE("The engine's routing record equals the routing of a full forward, and
     const Fixture f = LoadFixture(name);
     // max_batch 3 splits the groups and stop tokens end rows early: the record is read at
     // different steps and compacted with the cache.
-    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3,
-                                                  24, PlainAllocator(at::Device(at::kCPU)),
+    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3, 24,
+                                                  PlainAllocator(at::Device(at::kCPU)),
                                                   Records{/*experts=*/true, /*indexer=*/false});
     engine->LoadWeights(f.params);
     REQUIRE(engine->records_routing());
@@ -341,10 +341,9 @@ TEST_CASE("The engine's routing record equals the routing of a full forward, and
       fed.insert(fed.end(), g.response.begin(), g.response.end() - 1);
       const int64_t n = static_cast<int64_t>(fed.size());
       REQUIRE(static_cast<int64_t>(g.routed_experts.size()) == layers * n * k);
-      const at::Tensor record =
-          at::tensor(g.routed_experts, at::TensorOptions().dtype(at::kShort))
-              .to(at::kLong)
-              .view({layers, n, k});
+      const at::Tensor record = at::tensor(g.routed_experts, at::TensorOptions().dtype(at::kShort))
+                                    .to(at::kLong)
+                                    .view({layers, n, k});
       // What a full forward over the fed tokens chooses, layer by layer.
       std::vector<at::Tensor> chosen(static_cast<size_t>(f.config.num_hidden_layers));
       decoder.set_routing_observer(
@@ -378,8 +377,8 @@ TEST_CASE("The engine's indexer record equals a full forward's DSA selection, an
     INFO("fixture " << name);
     const Fixture f = LoadFixture(name);
     const int64_t k = f.config.index_topk;
-    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3,
-                                                  24, PlainAllocator(at::Device(at::kCPU)),
+    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3, 24,
+                                                  PlainAllocator(at::Device(at::kCPU)),
                                                   Records{/*experts=*/false, /*indexer=*/true});
     engine->LoadWeights(f.params);
     REQUIRE(engine->records_indexer());
