@@ -24,7 +24,9 @@ namespace rl::model {
 // of 64 (masked), so that the order of every reduction per output element is the same whatever
 // the number of queries or of keys; masked keys add exact zeros. The RoPE table's cos and sin are
 // computed for a multiple of 64 positions (MakeRopeTable).
-// RMSNorm, RoPE, the MLP's elementwise ops and log_softmax are per-row already. Checked by
+// The MoE block's grouped GEMM runs as a loop of such Linears on the CPU, one per expert, and
+// the router's as well. RMSNorm, RoPE, the MLP's elementwise ops and log_softmax are per-row
+// already. Checked by
 // //tests:fidelity_test (mismatch 0, --use-rollout-logprobs changes nothing).
 constexpr int64_t kMinCpuGemmRows = 16;
 // The elementwise attention's [B, H, queries, T, D] product is computed in query chunks of about
@@ -399,7 +401,7 @@ at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x) {
 Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
               const at::Tensor& replay) {
   at::Tensor xf = AtLeastFloat(x);
-  at::Tensor logits = at::linear(xf, w.router.to(xf.scalar_type()));  // [T, E]
+  at::Tensor logits = Linear(xf, w.router.to(xf.scalar_type()));  // [T, E]
   const int64_t k = c.num_experts_per_tok;
   RL_CHECK(!replay.defined() || (replay.dim() == 2 && replay.size(0) == x.size(0) &&
                                  replay.size(1) == k && replay.scalar_type() == at::kLong),
@@ -520,13 +522,14 @@ bool MoeBlockSyncFree(const MoeWeights& w) {
 }
 
 at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ends) {
-  if (GroupedMmTakes(x, w)) return at::_grouped_mm(x, w.transpose(1, 2), ends);
+  // On the CPU our loop of batch-invariant Linears (Note [Batch-invariant CPU kernels]).
+  if (!x.is_cpu() && GroupedMmTakes(x, w)) return at::_grouped_mm(x, w.transpose(1, 2), ends);
   const at::Tensor host_ends = ends.to(at::kCPU).to(at::kLong);
   const int64_t* end = host_ends.data_ptr<int64_t>();
   std::vector<at::Tensor> parts;
   int64_t begin = 0;
   for (int64_t e = 0; e < w.size(0); ++e) {
-    if (end[e] > begin) parts.push_back(at::linear(x.narrow(0, begin, end[e] - begin), w[e]));
+    if (end[e] > begin) parts.push_back(Linear(x.narrow(0, begin, end[e] - begin), w[e]));
     begin = end[e];
   }
   if (parts.empty()) return x.new_zeros({0, w.size(1)});  // no rows

@@ -164,10 +164,11 @@ Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& 
 
 // Rows of `x` [R, K] grouped by expert times each expert's weight: rows [ends[e-1], ends[e]) of
 // the result [R, N] are x[rows] w[e]^T, for `w` [E, N, K] and `ends` [E] int32 (cumulative row
-// counts, on x's device). at::_grouped_mm where it takes the tensors (bf16/fp16/fp32, strides
-// of 16 bytes; bf16 on Hopper is one CUTLASS kernel that never reads `ends` on the host; the CPU
-// and other CUDA dtypes run ATen's exact per-group loop); otherwise (fp64, unaligned widths) a
-// loop over the groups with one host read of `ends`. Differentiable in x and w.
+// counts, on x's device). On CUDA at::_grouped_mm where it takes the tensors (bf16/fp16/fp32,
+// strides of 16 bytes; bf16 on Hopper is one CUTLASS kernel that never reads `ends` on the host,
+// other dtypes run ATen's exact per-group loop); otherwise, and always on the CPU, a loop of
+// Linear over the groups with one host read of `ends` (batch-invariant on the CPU: Note
+// [Batch-invariant CPU kernels] in layers.cc). Differentiable in x and w.
 at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ends);
 
 // Note [MoE block]

@@ -140,8 +140,8 @@ TEST_CASE("GroupedLinear takes groups with no rows and the fp64 loop path") {
   const at::Tensor ends = at::tensor({0, 2, 2, 5}, at::kInt);
   const at::Tensor y = GroupedLinear(x, w, ends);
   REQUIRE(y.sizes() == at::IntArrayRef({5, 6}));
-  CHECK(at::equal(y.narrow(0, 0, 2), at::linear(x.narrow(0, 0, 2), w[1])));
-  CHECK(at::equal(y.narrow(0, 2, 3), at::linear(x.narrow(0, 2, 3), w[3])));
+  CHECK(at::equal(y.narrow(0, 0, 2), Linear(x.narrow(0, 0, 2), w[1])));
+  CHECK(at::equal(y.narrow(0, 2, 3), Linear(x.narrow(0, 2, 3), w[3])));
   const at::Tensor yf = GroupedLinear(x.to(at::kFloat), w.to(at::kFloat), ends);
   CHECK(at::allclose(yf.to(at::kDouble), y, 1e-5, 1e-6));
 }
