@@ -187,7 +187,7 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
       split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
-  RL_CHECK(!resolved_.config.rl.use_routing_replay || !MoeLayers(model_).empty(), ConfigError,
+  RL_CHECK(!resolved_.config.rl.use_routing_replay || !model_.moe_layers().empty(), ConfigError,
            "--use-routing-replay / --use-rollout-routing-replay need a model with MoE layers");
 }
 

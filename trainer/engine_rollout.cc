@@ -154,11 +154,10 @@ class EngineRollout final : public Rollout {
       }
       if (c.rl.use_rollout_indexer_replay) {
         const model::ModelConfig& m = engine_->config();
-        int64_t layers = 0;
-        for (model::IndexerType t : m.indexer_types) layers += t == model::IndexerType::kFull;
-        s.indexer_topk =
-            MakeRoutingRecord(g.indexer_topk, layers, static_cast<int64_t>(s.tokens.size()) - 1,
-                              m.index_topk, m.index_topk, engine_->max_length());
+        s.indexer_topk = MakeRoutingRecord(
+            g.indexer_topk, static_cast<int64_t>(m.indexer_layers().size()),
+            static_cast<int64_t>(s.tokens.size()) - 1, m.index_topk, m.index_topk,
+            engine_->max_length());
       }
       local.push_back(std::move(s));
     }

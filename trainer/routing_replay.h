@@ -35,11 +35,6 @@ namespace rl {
 // flattening).
 using LayerRouting = std::vector<at::Tensor>;
 
-// The model's MoE layers, by index, in order.
-std::vector<int64_t> MoeLayers(const model::ModelConfig& config);
-// The model's layers with their own DSA indexer, by index, in order.
-std::vector<int64_t> IndexerLayers(const model::ModelConfig& config);
-
 // The routing records of samples `indices` packed for a forward over `positions` fed positions
 // (the micro-batch's longest sample less one), as expert ids. Throws rl::Error when a sample has
 // no record or one that does not fit the model (layers, k, an id >= n_routed_experts).

@@ -68,4 +68,26 @@ double ModelConfig::rope_attention_factor() const {
   return YarnGetMscale(rope.factor, 1.0);
 }
 
+std::vector<int64_t> ModelConfig::moe_layers() const {
+  std::vector<int64_t> layers;
+  for (size_t l = 0; l < mlp_layer_types.size(); ++l) {
+    if (mlp_layer_types[l] == MlpType::kSparse) layers.push_back(static_cast<int64_t>(l));
+  }
+  return layers;
+}
+
+std::vector<int64_t> ModelConfig::indexer_layers() const {
+  std::vector<int64_t> layers;
+  for (size_t l = 0; l < indexer_types.size(); ++l) {
+    if (indexer_types[l] == IndexerType::kFull) layers.push_back(static_cast<int64_t>(l));
+  }
+  return layers;
+}
+
+std::vector<int64_t> LayerOrdinals(const std::vector<int64_t>& layers, int64_t num_layers) {
+  std::vector<int64_t> ordinal(static_cast<size_t>(num_layers), -1);
+  for (size_t i = 0; i < layers.size(); ++i) ordinal.at(layers[i]) = static_cast<int64_t>(i);
+  return ordinal;
+}
+
 }  // namespace rl::model

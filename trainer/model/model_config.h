@@ -134,7 +134,13 @@ struct ModelConfig {
   double attention_scale() const;
   // The multiplier transformers applies to cos and sin (1 except YaRN).
   double rope_attention_factor() const;
+  // The indices of the MoE layers, and of the layers with their own DSA indexer, in order.
+  std::vector<int64_t> moe_layers() const;
+  std::vector<int64_t> indexer_layers() const;
 };
+
+// For each of `num_layers` model layers, its position in `layers` (a subset, in order), or -1.
+std::vector<int64_t> LayerOrdinals(const std::vector<int64_t>& layers, int64_t num_layers);
 
 }  // namespace rl::model
 

@@ -81,18 +81,14 @@ struct RecordShape {
 RecordShape ExpertsShape(const model::ModelConfig& c, Records records) {
   RecordShape shape;
   if (!records.experts) return shape;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.mlp_layer_types[l] == model::MlpType::kSparse) shape.layers.push_back(l);
-  }
+  shape.layers = c.moe_layers();
   shape.k = shape.layers.empty() ? 0 : c.num_experts_per_tok;
   return shape;
 }
 RecordShape IndexerShape(const model::ModelConfig& c, Records records, int64_t max_length) {
   RecordShape shape;
-  if (!records.indexer || c.indexer_types.empty() || max_length <= c.index_topk) return shape;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.indexer_types[l] == model::IndexerType::kFull) shape.layers.push_back(l);
-  }
+  if (!records.indexer || max_length <= c.index_topk) return shape;
+  shape.layers = c.indexer_layers();
   shape.k = shape.layers.empty() ? 0 : c.index_topk;
   return shape;
 }
@@ -158,10 +154,7 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
             .view(dtype)
             .view({static_cast<int64_t>(shape.layers.size()), max_batch_, max_length_, shape.k});
     record.layers = shape.layers;
-    record.ordinal.assign(static_cast<size_t>(config_.num_hidden_layers), -1);
-    for (size_t i = 0; i < shape.layers.size(); ++i) {
-      record.ordinal[static_cast<size_t>(shape.layers[i])] = static_cast<int64_t>(i);
-    }
+    record.ordinal = model::LayerOrdinals(shape.layers, config_.num_hidden_layers);
     record.first = first;
     offset += Aligned(bytes);
   };
