@@ -32,6 +32,18 @@ run() {  # run NAME FLAGS...: 2 ranks, the log in $tmp/NAME.log, the metrics in 
 metric() {  # metric NAME KEY: the key's values, one per iteration
   sed -n "s/.*\"$2\":\([-0-9.e+]*\).*/\1/p" "$tmp/$1.jsonl"
 }
+# train_on_records PREFIX FLAG DATA FORCED: one --debug-train-only iteration on the recorded
+# rollout DATA and on FORCED (its records altered), each with the replay FLAG (runs
+# PREFIX_replay_orig, PREFIX_replay_forced) and without it (PREFIX_plain_orig, PREFIX_plain_forced).
+train_on_records() {
+  local prefix="$1" flag="$2" data="$3" forced="$4" mode
+  for mode in replay plain; do
+    local flags=(--num-rollout 1 --debug-train-only --no-check-weight-update-equal)
+    [[ $mode == replay ]] && flags+=("$flag")
+    run "${prefix}_${mode}_orig" "${flags[@]}" --load-debug-rollout-data "$data"
+    run "${prefix}_${mode}_forced" "${flags[@]}" --load-debug-rollout-data "$forced"
+  done
+}
 
 run rollout_lp --num-rollout 2 --use-rollout-logprobs
 grep -q "  old_logprobs " "$tmp/rollout_lp.log" && fail "1: an old_logprobs phase ran"
@@ -41,10 +53,6 @@ grep -q "time_old_logprobs_s" "$tmp/rollout_lp.jsonl" && fail "1: old_logprobs t
 
 run record --num-rollout 1 --use-rollout-routing-replay --save-debug-rollout-data "$tmp/data.jsonl"
 grep -q '"routed_experts":{"layers":' "$tmp/data.jsonl" || fail "2: no routing record in the file"
-run replay --num-rollout 1 --debug-train-only --load-debug-rollout-data "$tmp/data.jsonl" \
-  --use-rollout-routing-replay --no-check-weight-update-equal
-grep -q "routing replay check: 0 of [1-9][0-9]* (token, MoE layer) pairs" "$tmp/replay.log" ||
-  fail "2: $(grep 'routing replay check' "$tmp/replay.log" || echo 'no routing replay check')"
 
 # The first sample's ids of MoE layer 0 at positions 2 and 5, slot 0, moved to another expert.
 python3 - "$tmp/data.jsonl" "$tmp/forced.jsonl" <<'PY'
@@ -57,19 +65,17 @@ for p in (2, 5):
 with open(sys.argv[2], "w") as f:
     f.writelines(json.dumps(l) + "\n" for l in lines)
 PY
-for mode in replay plain; do
-  flags=(--num-rollout 1 --debug-train-only --no-check-weight-update-equal)
-  [[ $mode == replay ]] && flags+=(--use-rollout-routing-replay)
-  run "${mode}_orig" "${flags[@]}" --load-debug-rollout-data "$tmp/data.jsonl"
-  run "${mode}_forced" "${flags[@]}" --load-debug-rollout-data "$tmp/forced.jsonl"
-done
-orig=$(metric replay_orig train_rollout_logprob_abs_diff)
-forced=$(metric replay_forced train_rollout_logprob_abs_diff)
+train_on_records moe --use-rollout-routing-replay "$tmp/data.jsonl" "$tmp/forced.jsonl"
+# Case 2: the run that replays the unaltered file.
+grep -q "routing replay check: 0 of [1-9][0-9]* (token, MoE layer) pairs" "$tmp/moe_replay_orig.log" ||
+  fail "2: $(grep 'routing replay check' "$tmp/moe_replay_orig.log" || echo 'no routing replay check')"
+orig=$(metric moe_replay_orig train_rollout_logprob_abs_diff)
+forced=$(metric moe_replay_forced train_rollout_logprob_abs_diff)
 [[ "$orig" != "$forced" ]] || fail "3: forced experts did not change the replayed log-probs ($orig)"
-[[ "$(metric plain_orig train_rollout_logprob_abs_diff)" == "$(metric plain_forced train_rollout_logprob_abs_diff)" ]] ||
+[[ "$(metric moe_plain_orig train_rollout_logprob_abs_diff)" == "$(metric moe_plain_forced train_rollout_logprob_abs_diff)" ]] ||
   fail "3: without replay, the recorded routing changed the log-probs"
 echo "experts: mismatch with replay: recorded routing $orig, forced $forced;" \
-  "without replay: $(metric plain_orig train_rollout_logprob_abs_diff) both"
+  "without replay: $(metric moe_plain_orig train_rollout_logprob_abs_diff) both"
 
 config="$dsa_recipe"
 run dsa_record --num-rollout 1 --use-rollout-indexer-replay --save-debug-rollout-data "$tmp/dsa.jsonl"
@@ -85,12 +91,7 @@ r["ids"][0] = next(key for key in visible if key not in keys) if len(keys) < len
 with open(sys.argv[2], "w") as f:
     f.writelines(json.dumps(l) + "\n" for l in lines)
 PY
-for mode in replay plain; do
-  flags=(--num-rollout 1 --debug-train-only --no-check-weight-update-equal)
-  [[ $mode == replay ]] && flags+=(--use-rollout-indexer-replay)
-  run "dsa_${mode}_orig" "${flags[@]}" --load-debug-rollout-data "$tmp/dsa.jsonl"
-  run "dsa_${mode}_forced" "${flags[@]}" --load-debug-rollout-data "$tmp/dsa_forced.jsonl"
-done
+train_on_records dsa --use-rollout-indexer-replay "$tmp/dsa.jsonl" "$tmp/dsa_forced.jsonl"
 orig=$(metric dsa_replay_orig train_rollout_logprob_abs_diff)
 forced=$(metric dsa_replay_forced train_rollout_logprob_abs_diff)
 plain=$(metric dsa_plain_orig train_rollout_logprob_abs_diff)
@@ -101,6 +102,7 @@ awk -v a="$orig" -v b="$plain" 'BEGIN { exit !(a <= b) }' ||
   fail "4: replaying the engine's selections raised the mismatch ($orig > $plain)"
 echo "indexer: mismatch with replay: recorded selections $orig, forced $forced;" \
   "without replay: $plain"
+
 config="$default" response_len=24
 for mode in recompute rollout; do
   flags=(--num-rollout 3 --save-hf "$tmp/hf_$mode")
