@@ -49,16 +49,22 @@ std::vector<std::pair<at::Tensor, int64_t>> CacheTensors(model::LayerKv& kv) {
   return out;
 }
 
-// Moves cache rows `keep` ([new_batch] int64 on the cache's device, ascending indices into rows
-// [0, old_batch)) to rows [0, new_batch), positions [0, length) only.
+// Moves rows `keep` of `tensor` ([new_batch] int64 on its device, ascending indices along
+// `row_dim` into rows [0, old_batch)) to rows [0, new_batch), positions [0, length) of
+// `position_dim` only.
+void MoveRows(const at::Tensor& tensor, int64_t row_dim, int64_t position_dim,
+              const at::Tensor& keep, int64_t old_batch, int64_t length) {
+  const at::Tensor used = tensor.narrow(row_dim, 0, old_batch).narrow(position_dim, 0, length);
+  const at::Tensor moved = used.index_select(row_dim, keep);  // a copy: safe to write back
+  tensor.narrow(row_dim, 0, keep.size(0)).narrow(position_dim, 0, length).copy_(moved);
+}
+
+// MoveRows for every tensor of the cache.
 void CompactCache(model::KvCache& cache, int64_t num_layers, const at::Tensor& keep,
                   int64_t old_batch, int64_t length) {
-  const int64_t new_batch = keep.size(0);
   for (int64_t l = 0; l < num_layers; ++l) {
     for (auto& [tensor, position_dim] : CacheTensors(cache.layer(l))) {
-      const at::Tensor used = tensor.narrow(0, 0, old_batch).narrow(position_dim, 0, length);
-      const at::Tensor moved = used.index_select(0, keep);  // a copy: safe to write back
-      tensor.narrow(0, 0, new_batch).narrow(position_dim, 0, length).copy_(moved);
+      MoveRows(tensor, 0, position_dim, keep, old_batch, length);
     }
   }
 }
@@ -397,12 +403,10 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
           at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(device_);
       CompactCache(*cache_, config_.num_hidden_layers, keep_rows,
                    static_cast<int64_t>(live.size()), position);
-      for (ChoiceRecord* record : {&experts_, &indexer_}) {
-        if (!record->data.defined()) continue;
-        const at::Tensor used =
-            record->data.narrow(1, 0, static_cast<int64_t>(live.size())).narrow(2, 0, position);
-        const at::Tensor moved = used.index_select(1, keep_rows);
-        record->data.narrow(1, 0, keep_rows.size(0)).narrow(2, 0, position).copy_(moved);
+      for (ChoiceRecord* record : {&experts_, &indexer_}) {  // [layers, rows, positions, k]
+        if (record->data.defined()) {
+          MoveRows(record->data, 1, 2, keep_rows, static_cast<int64_t>(live.size()), position);
+        }
       }
       step_tokens = step_tokens.index_select(0, keep_rows);
     }
