@@ -1,6 +1,10 @@
 #include "launch/communicator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <numeric>
 
 #include "launch/check.h"
 #include "launch/mpi_communicator.h"
@@ -65,10 +69,120 @@ FlatShape CheckFlat(std::string_view op, const at::Tensor& shard, const at::Tens
   return shape;
 }
 
-std::string DescribeOp(std::string_view backend, std::string_view op, int64_t bytes_in,
-                       int64_t bytes_out, int rank, int size) {
-  return fmt::format("{} {} (rank {} of {}, {} bytes in, {} bytes out)", backend, op, rank, size,
-                     bytes_in, bytes_out);
+AllToAllLayout CheckAllToAll(std::string_view op, const at::Tensor& send,
+                             const std::vector<int64_t>& send_counts, const at::Tensor& recv,
+                             const std::vector<int64_t>& recv_counts, int size,
+                             c10::Device device) {
+  CheckTensor(op, send, device);
+  CheckTensor(op, recv, device);
+  RL_CHECK(send.scalar_type() == recv.scalar_type(), Error,
+           "{}: send dtype {} differs from recv dtype {}", op, c10::toString(send.scalar_type()),
+           c10::toString(recv.scalar_type()));
+  RL_CHECK(send.dim() >= 1 && recv.dim() >= 1, Error,
+           "{}: send and recv need a row dimension (dim 0), got {} and {} dimensions", op,
+           send.dim(), recv.dim());
+  RL_CHECK(send.sizes().slice(1) == recv.sizes().slice(1), Error,
+           "{}: send rows [{}] and recv rows [{}] differ in shape (Note [All-to-all])", op,
+           fmt::join(send.sizes().slice(1), ", "), fmt::join(recv.sizes().slice(1), ", "));
+  const auto check_counts = [&](const std::vector<int64_t>& counts, std::string_view which,
+                                const at::Tensor& tensor) {
+    RL_CHECK(counts.size() == static_cast<size_t>(size), Error,
+             "{}: {} has {} entries but the group has {} ranks; pass one count per rank", op, which,
+             counts.size(), size);
+    for (int j = 0; j < size; ++j) {
+      RL_CHECK(counts[j] >= 0, Error, "{}: {}[{}] is {}; counts must be non-negative", op, which, j,
+               counts[j]);
+    }
+    const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    RL_CHECK(rows == tensor.size(0), Error,
+             "{}: {} add up to {} rows but the tensor has {} (Note [All-to-all])", op, which, rows,
+             tensor.size(0));
+  };
+  check_counts(send_counts, "send_counts", send);
+  check_counts(recv_counts, "recv_counts", recv);
+  if (send.nbytes() > 0 && recv.nbytes() > 0) {
+    const auto* send_begin = static_cast<const char*>(send.data_ptr());
+    const auto* recv_begin = static_cast<const char*>(recv.data_ptr());
+    RL_CHECK(send_begin >= recv_begin + recv.nbytes() || recv_begin >= send_begin + send.nbytes(),
+             Error, "{}: send and recv overlap; all-to-all is not in place", op);
+  }
+  AllToAllLayout layout;
+  layout.row_bytes = static_cast<int64_t>(send.element_size());
+  for (int64_t extent : send.sizes().slice(1)) layout.row_bytes *= extent;
+  layout.send_offsets.resize(size);
+  layout.recv_offsets.resize(size);
+  int64_t send_offset = 0;
+  int64_t recv_offset = 0;
+  for (int j = 0; j < size; ++j) {
+    layout.send_offsets[j] = send_offset;
+    layout.recv_offsets[j] = recv_offset;
+    send_offset += send_counts[j] * layout.row_bytes;
+    recv_offset += recv_counts[j] * layout.row_bytes;
+  }
+  return layout;
+}
+
+Group WorldGroup(int world_size) {
+  Group group;
+  group.name = "world";
+  group.world_ranks.resize(world_size);
+  std::iota(group.world_ranks.begin(), group.world_ranks.end(), 0);
+  return group;
+}
+
+namespace {
+
+// splitmix64's finaliser: spreads (parent tag, split ordinal, color) over the 64-bit tags.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+SplitPlan PlanSplit(Group& parent, int parent_rank, const std::vector<int64_t>& colors_keys,
+                    std::string_view name) {
+  const int parent_size = static_cast<int>(parent.world_ranks.size());
+  RL_CHECK(colors_keys.size() == static_cast<size_t>(2 * parent_size), Error,
+           "split into '{}': {} (color, key) entries for a group of {}", name,
+           colors_keys.size() / 2, parent_size);
+  const int64_t ordinal = parent.splits++;
+  for (int r = 0; r < parent_size; ++r) {
+    RL_CHECK(colors_keys[2 * r] >= 0, Error,
+             "split of '{}' into '{}': rank {} (world rank {}) passed color {}; colors must be "
+             "non-negative (Note [Sub-groups])",
+             parent.name, name, r, parent.world_ranks[r], colors_keys[2 * r]);
+  }
+  const int64_t color = colors_keys[2 * parent_rank];
+  std::vector<int> members;  // parent ranks, in child rank order
+  for (int r = 0; r < parent_size; ++r) {
+    if (colors_keys[2 * r] == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return colors_keys[2 * a + 1] < colors_keys[2 * b + 1]; });
+  SplitPlan plan;
+  plan.group.name = std::string(name);
+  const uint64_t tag = Mix(Mix(Mix(static_cast<uint64_t>(parent.tag)) + ordinal) + color);
+  plan.group.tag = static_cast<int64_t>(tag == 0 ? 1 : tag);  // 0 is the world's
+  for (size_t i = 0; i < members.size(); ++i) {
+    plan.group.world_ranks.push_back(parent.world_ranks[members[i]]);
+    if (members[i] == parent_rank) plan.rank = static_cast<int>(i);
+  }
+  return plan;
+}
+
+std::string Label(std::string_view backend, std::string_view op, const Group& group) {
+  return fmt::format("{} {} over '{}'", backend, op, group.name);
+}
+
+std::string DescribeOp(std::string_view backend, std::string_view op, const Group& group,
+                       int64_t bytes_in, int64_t bytes_out, int rank) {
+  const std::string world_rank =
+      group.tag == 0 ? "" : fmt::format(", world rank {}", group.world_ranks[rank]);
+  return fmt::format("{} (rank {} of {}{}, {} bytes in, {} bytes out)", Label(backend, op, group),
+                     rank, group.world_ranks.size(), world_rank, bytes_in, bytes_out);
 }
 
 }  // namespace internal

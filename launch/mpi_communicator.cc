@@ -71,8 +71,18 @@ at::Tensor ReductionWorkTensor(const at::Tensor& tensor, ReduceOp op, std::strin
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(const MpiSession& session, CommOptions options)
-    : options_(options), probe_(session.world()) {
+    : options_(options),
+      group_(internal::WorldGroup(session.world_size())),
+      probe_(std::make_shared<PeerProbe>(session.world())) {
   RL_CHECK_MPI(MPI_Comm_dup(session.world(), &comm_));
+  RL_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  RL_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+  RL_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options, internal::Group group,
+                                 std::shared_ptr<PeerProbe> probe)
+    : comm_(comm), options_(options), group_(std::move(group)), probe_(std::move(probe)) {
   RL_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   RL_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   RL_CHECK_MPI(MPI_Comm_size(comm_, &size_));
@@ -103,14 +113,14 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::ThrowIfAborted(std::string_view op) const {
   if (!abort_reason_.empty()) {
-    throw CommError(fmt::format("mpi {} on rank {}: the communicator was aborted earlier ({})", op,
-                                rank_, abort_reason_));
+    throw CommError(fmt::format("{} on rank {}: the communicator was aborted earlier ({})",
+                                Label(op), rank_, abort_reason_));
   }
 }
 
 void MpiCommunicator::Wait(MPI_Request request, const std::string& what,
                            std::vector<at::Tensor> in_flight) {
-  probe_.Enter();
+  probe_->Enter(group_.tag, ++sequence_);
   const auto start = Clock::now();
   int done = 0;
   int polls = 0;
@@ -125,10 +135,10 @@ void MpiCommunicator::Wait(MPI_Request request, const std::string& what,
           "{} did not complete within its timeout of {} ms (waited {} ms): {}; the job must end",
           what, options_.timeout.count(),
           std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count(),
-          probe_.Diagnose(ProbePatience(options_.timeout)));
+          probe_->Diagnose(group_.world_ranks, ProbePatience(options_.timeout)));
       throw CommError(abort_reason_);
     }
-    probe_.Service();
+    probe_->Service();
     // Spin briefly for low latency, then back off so a waiting rank leaves the core to its peer.
     if (++polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -136,11 +146,11 @@ void MpiCommunicator::Wait(MPI_Request request, const std::string& what,
 
 void MpiCommunicator::AllGatherInPlace(const at::Tensor& buffer) {
   ThrowIfAborted("all_gather");
-  internal::CheckTensor("mpi all_gather", buffer, c10::kCPU);
+  internal::CheckTensor(Label("all_gather"), buffer, c10::kCPU);
   RL_CHECK(buffer.numel() % size_ == 0, Error,
-           "mpi all_gather: buffer of {} elements is not a multiple of the group size {} "
+           "{}: buffer of {} elements is not a multiple of the group size {} "
            "(Note [Flat collectives])",
-           buffer.numel(), size_);
+           Label("all_gather"), buffer.numel(), size_);
   const int64_t shard_numel = buffer.numel() / size_;
   AllGather(buffer.narrow(0, rank_ * shard_numel, shard_numel), buffer.view({-1}));
 }
@@ -148,22 +158,20 @@ void MpiCommunicator::AllGatherInPlace(const at::Tensor& buffer) {
 void MpiCommunicator::AllGather(const at::Tensor& shard, const at::Tensor& buffer) {
   ThrowIfAborted("all_gather");
   const internal::FlatShape shape =
-      internal::CheckFlat("mpi all_gather", shard, buffer, rank_, size_, c10::kCPU);
+      internal::CheckFlat(Label("all_gather"), shard, buffer, rank_, size_, c10::kCPU);
   const int count = CountOrThrow(shape.shard_numel, "all_gather");
   const MPI_Datatype type = BitwiseType(buffer);
   MPI_Request request = MPI_REQUEST_NULL;
   RL_CHECK_MPI(MPI_Iallgather(shape.in_place ? MPI_IN_PLACE : shard.data_ptr(), count, type,
                               buffer.data_ptr(), count, type, comm_, &request));
-  Wait(request,
-       internal::DescribeOp("mpi", "all_gather", shard.nbytes(), buffer.nbytes(), rank_, size_),
-       {shard, buffer});
+  Wait(request, Describe("all_gather", shard.nbytes(), buffer.nbytes()), {shard, buffer});
 }
 
 void MpiCommunicator::ReduceScatter(const at::Tensor& buffer, const at::Tensor& shard,
                                     ReduceOp op) {
   ThrowIfAborted("reduce_scatter");
   const internal::FlatShape shape =
-      internal::CheckFlat("mpi reduce_scatter", shard, buffer, rank_, size_, c10::kCPU);
+      internal::CheckFlat(Label("reduce_scatter"), shard, buffer, rank_, size_, c10::kCPU);
   const at::Tensor send = ReductionWorkTensor(buffer, op, "reduce_scatter");
   // MPI forbids aliasing the receive buffer with the send buffer; reduce into a fresh shard when
   // the caller asked for in place or when the dtype needs an fp32 detour.
@@ -174,8 +182,8 @@ void MpiCommunicator::ReduceScatter(const at::Tensor& buffer, const at::Tensor& 
   MPI_Request request = MPI_REQUEST_NULL;
   RL_CHECK_MPI(MPI_Ireduce_scatter_block(send.data_ptr(), receive.data_ptr(), count, type,
                                          ToMpiOp(op), comm_, &request));
-  Wait(request, internal::DescribeOp("mpi", fmt::format("reduce_scatter({})", ToString(op)),
-                                     buffer.nbytes(), shard.nbytes(), rank_, size_),
+  Wait(request,
+       Describe(fmt::format("reduce_scatter({})", ToString(op)), buffer.nbytes(), shard.nbytes()),
        {send, receive});
   if (op == ReduceOp::kMean) receive.div_(size_);
   if (!direct) shard.view({-1}).copy_(receive);
@@ -183,14 +191,14 @@ void MpiCommunicator::ReduceScatter(const at::Tensor& buffer, const at::Tensor& 
 
 void MpiCommunicator::AllReduce(const at::Tensor& tensor, ReduceOp op) {
   ThrowIfAborted("all_reduce");
-  internal::CheckTensor("mpi all_reduce", tensor, c10::kCPU);
+  internal::CheckTensor(Label("all_reduce"), tensor, c10::kCPU);
   const at::Tensor work = ReductionWorkTensor(tensor, op, "all_reduce");
   const int count = CountOrThrow(work.numel(), "all_reduce");
   MPI_Request request = MPI_REQUEST_NULL;
   RL_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, work.data_ptr(), count,
                               ArithmeticType(work.scalar_type()), ToMpiOp(op), comm_, &request));
-  Wait(request, internal::DescribeOp("mpi", fmt::format("all_reduce({})", ToString(op)),
-                                     tensor.nbytes(), tensor.nbytes(), rank_, size_),
+  Wait(request,
+       Describe(fmt::format("all_reduce({})", ToString(op)), tensor.nbytes(), tensor.nbytes()),
        {work});
   if (op == ReduceOp::kMean) work.div_(size_);
   if (!work.is_same(tensor)) tensor.copy_(work);
@@ -198,14 +206,13 @@ void MpiCommunicator::AllReduce(const at::Tensor& tensor, ReduceOp op) {
 
 void MpiCommunicator::Broadcast(const at::Tensor& tensor, int root) {
   ThrowIfAborted("broadcast");
-  internal::CheckTensor("mpi broadcast", tensor, c10::kCPU);
-  RL_CHECK(root >= 0 && root < size_, Error, "mpi broadcast: root {} is outside the group of {}",
-           root, size_);
+  internal::CheckTensor(Label("broadcast"), tensor, c10::kCPU);
+  RL_CHECK(root >= 0 && root < size_, Error, "{}: root {} is outside the group of {}",
+           Label("broadcast"), root, size_);
   MPI_Request request = MPI_REQUEST_NULL;
   RL_CHECK_MPI(MPI_Ibcast(tensor.data_ptr(), CountOrThrow(tensor.numel(), "broadcast"),
                           BitwiseType(tensor), root, comm_, &request));
-  Wait(request, internal::DescribeOp("mpi", fmt::format("broadcast(root {})", root),
-                                     tensor.nbytes(), tensor.nbytes(), rank_, size_),
+  Wait(request, Describe(fmt::format("broadcast(root {})", root), tensor.nbytes(), tensor.nbytes()),
        {tensor});
 }
 
@@ -213,7 +220,70 @@ void MpiCommunicator::Barrier() {
   ThrowIfAborted("barrier");
   MPI_Request request = MPI_REQUEST_NULL;
   RL_CHECK_MPI(MPI_Ibarrier(comm_, &request));
-  Wait(request, internal::DescribeOp("mpi", "barrier", 0, 0, rank_, size_), {});
+  Wait(request, Describe("barrier", 0, 0), {});
+}
+
+void MpiCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                               const at::Tensor& recv, const std::vector<int64_t>& recv_counts) {
+  ThrowIfAborted("all_to_all");
+  const internal::AllToAllLayout layout = internal::CheckAllToAll(
+      Label("all_to_all"), send, send_counts, recv, recv_counts, size_, c10::kCPU);
+  // MPI counts and displacements are int: bytes of one peer's rows and their offsets must fit.
+  const auto bytes_or_throw = [&](int64_t bytes, std::string_view what, int peer) {
+    RL_CHECK(bytes <= std::numeric_limits<int>::max(), Error,
+             "{}: {} for rank {} is {} bytes, beyond MPI's int count ({}); exchange the rows in "
+             "several smaller calls",
+             Label("all_to_all"), what, peer, bytes, std::numeric_limits<int>::max());
+    return static_cast<int>(bytes);
+  };
+  std::vector<int> send_bytes(size_), send_displs(size_), recv_bytes(size_), recv_displs(size_);
+  for (int j = 0; j < size_; ++j) {
+    send_bytes[j] = bytes_or_throw(send_counts[j] * layout.row_bytes, "the send count", j);
+    send_displs[j] = bytes_or_throw(layout.send_offsets[j], "the send displacement", j);
+    recv_bytes[j] = bytes_or_throw(recv_counts[j] * layout.row_bytes, "the receive count", j);
+    recv_displs[j] = bytes_or_throw(layout.recv_offsets[j], "the receive displacement", j);
+  }
+  // An empty tensor may have no storage; MPI wants a valid address even when it moves nothing.
+  char no_rows = 0;
+  void* send_data = send.nbytes() > 0 ? send.data_ptr() : &no_rows;
+  void* recv_data = recv.nbytes() > 0 ? recv.data_ptr() : &no_rows;
+  MPI_Request request = MPI_REQUEST_NULL;
+  RL_CHECK_MPI(MPI_Ialltoallv(send_data, send_bytes.data(), send_displs.data(), MPI_BYTE, recv_data,
+                              recv_bytes.data(), recv_displs.data(), MPI_BYTE, comm_, &request));
+  Wait(request, Describe("all_to_all", send.nbytes(), recv.nbytes()), {send, recv});
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key, std::string_view name) {
+  const std::string op = fmt::format("split(color {}, key {}) into '{}'", color, key, name);
+  ThrowIfAborted(op);
+  RL_CHECK(!name.empty(), Error, "{}: the new group needs a name for its messages", Label(op));
+  // Note [Sub-groups]: exchange (color, key) under the timeout first; MPI_Comm_split cannot be
+  // polled, and after the exchange every rank is known to be in this Split.
+  const at::Tensor mine = at::tensor({int64_t{color}, int64_t{key}}, at::kLong);  // [2]
+  const at::Tensor all = at::empty({2 * size_}, at::kLong);                       // [size * 2]
+  MPI_Request request = MPI_REQUEST_NULL;
+  RL_CHECK_MPI(MPI_Iallgather(mine.data_ptr(), 2, MPI_INT64_T, all.data_ptr(), 2, MPI_INT64_T,
+                              comm_, &request));
+  Wait(request, Describe(op, mine.nbytes(), all.nbytes()), {mine, all});
+  const int64_t* exchanged = all.data_ptr<int64_t>();
+  internal::SplitPlan plan = internal::PlanSplit(
+      group_, rank_, std::vector<int64_t>(exchanged, exchanged + all.numel()), name);
+  // The planned rank as the key: MPI orders by it, so MPI and the plan agree by construction.
+  MPI_Comm child = MPI_COMM_NULL;
+  const int status = MPI_Comm_split(comm_, color, plan.rank, &child);
+  if (status != MPI_SUCCESS) {
+    abort_reason_ = fmt::format("{}: MPI_Comm_split failed (MPI error {}); the job must end",
+                                Describe(op, 0, 0), status);
+    throw CommError(abort_reason_);
+  }
+  auto communicator = std::unique_ptr<MpiCommunicator>(
+      new MpiCommunicator(child, options_, std::move(plan.group), probe_));
+  RL_CHECK(communicator->rank() == plan.rank &&
+               communicator->size() == static_cast<int>(communicator->group_.world_ranks.size()),
+           CommError, "{}: MPI made rank {} of {}, the plan rank {} of {}", Label(op),
+           communicator->rank(), communicator->size(), plan.rank,
+           communicator->group_.world_ranks.size());
+  return communicator;
 }
 
 }  // namespace rl

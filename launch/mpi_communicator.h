@@ -5,13 +5,16 @@
 // started collective: on timeout the request is kept, the communicator is marked aborted, and
 // the destructor gives the request a short grace period to complete before leaking it.
 //
-// Reductions of bf16/fp16 go through an fp32 copy (MPI has no 16-bit float types); gathers and
-// broadcasts move the bytes as they are.
+// Reductions of bf16/fp16 go through an fp32 copy (MPI has no 16-bit float types); gathers,
+// broadcasts and all-to-all move the bytes as they are. Split exchanges (color, key) with a polled
+// all-gather, so every member is known to have arrived before the blocking MPI_Comm_split, which
+// has no non-blocking form to poll (Note [Sub-groups]).
 #ifndef RL_LAUNCH_MPI_COMMUNICATOR_H_
 #define RL_LAUNCH_MPI_COMMUNICATOR_H_
 
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "mpi"; }
+  std::string_view name() const override { return group_.name; }
 
   void AllGatherInPlace(const at::Tensor& buffer) override;
   void AllGather(const at::Tensor& shard, const at::Tensor& buffer) override;
@@ -38,12 +42,24 @@ class MpiCommunicator final : public Communicator {
   void AllReduce(const at::Tensor& tensor, ReduceOp op) override;
   void Broadcast(const at::Tensor& tensor, int root) override;
   void Barrier() override;
+  void AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                const at::Tensor& recv, const std::vector<int64_t>& recv_counts) override;
+  std::unique_ptr<Communicator> Split(int color, int key, std::string_view name) override;
 
-  // The duplicated communicator the collectives run on (tests use it to play a late peer).
+  // The communicator the collectives run on, a duplicate of the world's or a split of it (tests
+  // use it to play a late peer).
   MPI_Comm mpi_comm() const { return comm_; }
 
  private:
+  // A child of Split: takes ownership of `comm`.
+  MpiCommunicator(MPI_Comm comm, CommOptions options, internal::Group group,
+                  std::shared_ptr<PeerProbe> probe);
+
   void ThrowIfAborted(std::string_view op) const;
+  std::string Label(std::string_view op) const { return internal::Label("mpi", op, group_); }
+  std::string Describe(std::string_view op, int64_t bytes_in, int64_t bytes_out) const {
+    return internal::DescribeOp("mpi", op, group_, bytes_in, bytes_out, rank_);
+  }
   // Polls `request` until done or timeout. On timeout marks the communicator aborted, keeps the
   // tensors MPI may still write into alive (`in_flight`), and throws.
   void Wait(MPI_Request request, const std::string& what, std::vector<at::Tensor> in_flight);
@@ -55,7 +71,9 @@ class MpiCommunicator final : public Communicator {
   MPI_Request pending_ = MPI_REQUEST_NULL;  // a timed-out collective, still owned by MPI
   std::vector<at::Tensor> pending_buffers_;  // its buffers: MPI may write them until it completes
   std::string abort_reason_;
-  PeerProbe probe_;  // Note [Peer probe]
+  internal::Group group_;             // Note [Sub-groups]
+  int64_t sequence_ = 0;              // collectives entered, for the probe
+  std::shared_ptr<PeerProbe> probe_;  // Note [Peer probe]: shared with the parent and children
 };
 
 }  // namespace rl

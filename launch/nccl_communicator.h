@@ -7,14 +7,19 @@
 // id travels from rank 0 over MPI.
 //
 // Collectives run on the current CUDA stream of the device and the call returns when they have
-// finished, so the caller can read the result with any stream.
+// finished, so the caller can read the result with any stream. AllToAll is one NCCL group of
+// ncclSend/ncclRecv of bytes, one pair per peer with rows to move. Split exchanges (color, key)
+// with an ncclAllGather, then calls ncclCommSplit (NCCL >= 2.18) with the same non-blocking
+// config and polls the new communicator like the initialisation (Note [Sub-groups]).
 #ifndef RL_LAUNCH_NCCL_COMMUNICATOR_H_
 #define RL_LAUNCH_NCCL_COMMUNICATOR_H_
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "launch/communicator.h"
 #include "launch/peer_probe.h"
@@ -31,6 +36,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "nccl"; }
+  std::string_view name() const override { return group_.name; }
 
   void AllGatherInPlace(const at::Tensor& buffer) override;
   void AllGather(const at::Tensor& shard, const at::Tensor& buffer) override;
@@ -38,9 +44,26 @@ class NcclCommunicator final : public Communicator {
   void AllReduce(const at::Tensor& tensor, ReduceOp op) override;
   void Broadcast(const at::Tensor& tensor, int root) override;
   void Barrier() override;
+  void AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                const at::Tensor& recv, const std::vector<int64_t>& recv_counts) override;
+  std::unique_ptr<Communicator> Split(int color, int key, std::string_view name) override;
 
  private:
+  // A child of Split: takes ownership of `comm`, a split of the parent that has finished
+  // initialising.
+  NcclCommunicator(ncclComm_t comm, c10::Device device, CommOptions options, internal::Group group,
+                   int rank, std::shared_ptr<PeerProbe> probe);
+  // What both constructors do once `comm_` is ready.
+  void FinishInit();
+  // Polls the initialisation of `comm` (ncclCommInitRankConfig, ncclCommSplit) until it is done
+  // or the timeout passes; on failure aborts `comm` and this communicator and throws.
+  void WaitInitialized(ncclComm_t comm, const std::string& what);
+
   void ThrowIfAborted(std::string_view op) const;
+  std::string Label(std::string_view op) const { return internal::Label("nccl", op, group_); }
+  std::string Describe(std::string_view op, int64_t bytes_in, int64_t bytes_out) const {
+    return internal::DescribeOp("nccl", op, group_, bytes_in, bytes_out, rank_);
+  }
   cudaStream_t CurrentStream() const;
   // Waits for the enqueue of a non-blocking call to finish (ncclInProgress), then for the kernel.
   void Complete(ncclResult_t enqueue_result, cudaStream_t stream, const std::string& what);
@@ -54,7 +77,9 @@ class NcclCommunicator final : public Communicator {
   CommOptions options_;
   at::Tensor barrier_scratch_;  // [1] fp32 on the device
   std::string abort_reason_;
-  PeerProbe probe_;  // Note [Peer probe]
+  internal::Group group_;             // Note [Sub-groups]
+  int64_t sequence_ = 0;              // collectives entered, for the probe
+  std::shared_ptr<PeerProbe> probe_;  // Note [Peer probe]: shared with the parent and children
 };
 
 }  // namespace rl

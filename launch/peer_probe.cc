@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <string_view>
 #include <thread>
 
 #include "launch/check.h"
@@ -21,8 +22,9 @@ void CheckMpi(int status, const char* what) {
   RL_CHECK(status == MPI_SUCCESS, CommError, "peer probe: {} failed (MPI error {})", what, status);
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+// "rank 1", "world ranks 1, 3".
+std::string RankList(std::string_view rank_word, const std::vector<int>& ranks) {
+  return fmt::format("{}{} {}", rank_word, ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "));
 }
 
 }  // namespace
@@ -50,7 +52,7 @@ PeerProbe::~PeerProbe() {
   }
   if (!all_sent) {
     // MPI may still read them: leak rather than free memory a pending send uses.
-    new std::vector<std::unique_ptr<int64_t>>(std::move(send_buffers_));
+    new std::vector<std::unique_ptr<Position>>(std::move(send_buffers_));
   }
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
@@ -61,29 +63,30 @@ void PeerProbe::Service() {
     MPI_Status status;
     CheckMpi(MPI_Iprobe(MPI_ANY_SOURCE, kAskTag, comm_, &arrived, &status), "MPI_Iprobe");
     if (!arrived) return;
-    int64_t ignored = 0;
-    CheckMpi(MPI_Recv(&ignored, 1, MPI_INT64_T, status.MPI_SOURCE, kAskTag, comm_,
+    Position ignored{};
+    CheckMpi(MPI_Recv(ignored.data(), 2, MPI_INT64_T, status.MPI_SOURCE, kAskTag, comm_,
                       MPI_STATUS_IGNORE),
              "MPI_Recv");
-    send_buffers_.push_back(std::make_unique<int64_t>(sequence_));
+    send_buffers_.push_back(std::make_unique<Position>(position_));
     sends_.emplace_back(MPI_REQUEST_NULL);
-    CheckMpi(MPI_Isend(send_buffers_.back().get(), 1, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag,
+    CheckMpi(MPI_Isend(send_buffers_.back()->data(), 2, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag,
                        comm_, &sends_.back()),
              "MPI_Isend");
   }
 }
 
-std::string PeerProbe::Diagnose(std::chrono::milliseconds patience) {
-  std::vector<int64_t> answers(static_cast<size_t>(size_), kNoAnswer);
-  std::vector<MPI_Request> receives(static_cast<size_t>(size_), MPI_REQUEST_NULL);
-  for (int peer = 0; peer < size_; ++peer) {
+std::string PeerProbe::Diagnose(const std::vector<int>& members,
+                                std::chrono::milliseconds patience) {
+  std::vector<Position> answers(members.size(), Position{kNoAnswer, kNoAnswer});
+  std::vector<MPI_Request> receives(members.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int peer = members[i];
     if (peer == rank_) continue;
-    CheckMpi(MPI_Irecv(&answers[static_cast<size_t>(peer)], 1, MPI_INT64_T, peer, kAnswerTag,
-                       comm_, &receives[static_cast<size_t>(peer)]),
+    CheckMpi(MPI_Irecv(answers[i].data(), 2, MPI_INT64_T, peer, kAnswerTag, comm_, &receives[i]),
              "MPI_Irecv");
-    send_buffers_.push_back(std::make_unique<int64_t>(sequence_));
+    send_buffers_.push_back(std::make_unique<Position>(position_));
     sends_.emplace_back(MPI_REQUEST_NULL);
-    CheckMpi(MPI_Isend(send_buffers_.back().get(), 1, MPI_INT64_T, peer, kAskTag, comm_,
+    CheckMpi(MPI_Isend(send_buffers_.back()->data(), 2, MPI_INT64_T, peer, kAskTag, comm_,
                        &sends_.back()),
              "MPI_Isend");
   }
@@ -92,41 +95,51 @@ std::string PeerProbe::Diagnose(std::chrono::milliseconds patience) {
   while (!all_answered && Clock::now() < deadline) {
     Service();  // a peer that timed out too asks this rank at the same time
     int done = 0;
-    CheckMpi(MPI_Testall(size_, receives.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    CheckMpi(
+        MPI_Testall(static_cast<int>(receives.size()), receives.data(), &done, MPI_STATUSES_IGNORE),
+        "MPI_Testall");
     all_answered = done != 0;
     if (!all_answered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // In the world's own group a rank is a world rank; elsewhere say which numbering it is.
+  const bool whole_world =
+      static_cast<int>(members.size()) == size_ && std::is_sorted(members.begin(), members.end());
+  const char* rank_word = whole_world ? "rank" : "world rank";
   std::vector<int> silent;
   std::vector<std::string> elsewhere;
-  for (int peer = 0; peer < size_; ++peer) {
-    MPI_Request& request = receives[static_cast<size_t>(peer)];
-    if (request != MPI_REQUEST_NULL) {
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (receives[i] != MPI_REQUEST_NULL) {
       // Not answered: cancel the receive so MPI forgets the buffer.
-      MPI_Cancel(&request);
-      MPI_Wait(&request, MPI_STATUS_IGNORE);
+      MPI_Cancel(&receives[i]);
+      MPI_Wait(&receives[i], MPI_STATUS_IGNORE);
     }
-    const int64_t answer = answers[static_cast<size_t>(peer)];
+    const int peer = members[i];
+    const Position& answer = answers[i];
     if (peer == rank_) continue;
-    if (answer == kNoAnswer) {
+    if (answer[0] == kNoAnswer) {
       silent.push_back(peer);
-    } else if (answer != sequence_) {
-      elsewhere.push_back(fmt::format("rank {} is in collective #{}", peer, answer));
+    } else if (answer[0] != position_[0]) {
+      elsewhere.push_back(
+          fmt::format("{} {} is in collective #{} of another group", rank_word, peer, answer[1]));
+    } else if (answer[1] != position_[1]) {
+      elsewhere.push_back(fmt::format("{} {} is in collective #{}", rank_word, peer, answer[1]));
     }
   }
   std::vector<std::string> parts;
   if (!silent.empty()) {
-    parts.push_back(fmt::format(
-        "waiting for {} (no answer to a probe within {} ms: hung, dead or outside the "
-        "collectives)",
-        RankList(silent), patience.count()));
+    parts.push_back(
+        fmt::format("waiting for {} (no answer to a probe within {} ms: hung, dead or outside the "
+                    "collectives)",
+                    RankList(rank_word, silent), patience.count()));
   }
   if (!elsewhere.empty()) {
-    parts.push_back(fmt::format("{}, this rank in #{}", fmt::join(elsewhere, "; "), sequence_));
+    parts.push_back(fmt::format("{}, this rank in #{}", fmt::join(elsewhere, "; "), position_[1]));
   }
   if (parts.empty()) {
-    parts.push_back(fmt::format("every peer answered from this collective (#{}): it is stuck in "
-                                "the transport, not waiting for a rank",
-                                sequence_));
+    parts.push_back(
+        fmt::format("every peer answered from this collective (#{}): it is stuck in "
+                    "the transport, not waiting for a rank",
+                    position_[1]));
   }
   return fmt::format("{}", fmt::join(parts, "; "));
 }
