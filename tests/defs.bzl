@@ -2,7 +2,7 @@
 
 load("@rules_cc//cc:defs.bzl", "cc_binary")
 
-def mpi_test(name, srcs, deps = [], np = 2, args = [], data = [], size = "small", **kwargs):
+def mpi_test(name, srcs, deps = [], np = 2, args = [], data = [], size = "small", tags = [], **kwargs):
     cc_binary(
         name = name + "_bin",
         srcs = srcs,
@@ -15,6 +15,6 @@ def mpi_test(name, srcs, deps = [], np = 2, args = [], data = [], size = "small"
         args = [str(np), "$(location :%s_bin)" % name] + args,
         data = [":%s_bin" % name] + data,
         size = size,
-        tags = ["mpi"],
+        tags = ["mpi"] + tags,
         **kwargs
     )
