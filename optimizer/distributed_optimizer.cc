@@ -60,13 +60,16 @@ Allocator PlainAllocator(c10::Device device) {
 }
 
 std::map<RegionTag, int64_t> DistributedOptimizer::StorageBytes(
-    const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype) {
+    const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype,
+    int expert_dp_size) {
   const int64_t param_bytes = c10::elementSize(param_dtype);
   const int64_t grad_bytes = param_dtype == at::kDouble ? 8 : 4;
   std::map<RegionTag, int64_t> bytes;
   int64_t state_numel = 0;
   for (BufferKind kind : kBufferKinds) {
-    const BufferLayout layout = LayoutOf(kind, params_in_use_order, dp_size);
+    const BufferLayout layout =
+        LayoutOf(kind, params_in_use_order,
+                 kind == BufferKind::kExpert && expert_dp_size > 0 ? expert_dp_size : dp_size);
     bytes[RegionTag::kParamBuffer] += AlignedAllocationBytes(layout.numel * param_bytes);
     bytes[RegionTag::kGradBuffer] += AlignedAllocationBytes(layout.numel * grad_bytes);
     state_numel += kStateParts * layout.shard_numel();
@@ -78,14 +81,15 @@ std::map<RegionTag, int64_t> DistributedOptimizer::StorageBytes(
 DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_in_use_order,
                                            Communicator& comm, at::ScalarType param_dtype,
                                            c10::Device device, AdamOptions options,
-                                           const Allocator& allocate)
+                                           const Allocator& allocate, Communicator* expert_comm)
     : comm_(comm), device_(device), options_(options), allocate_(allocate) {
   const at::ScalarType grad_dtype = param_dtype == at::kDouble ? at::kDouble : at::kFloat;
   int64_t state_numel = 0;
   for (BufferKind kind : kBufferKinds) {
     Buffer& buffer = buffers_[Index(kind)];
-    buffer.layout = LayoutOf(kind, params_in_use_order, comm_.size());
-    buffer.segments = buffer.layout.Segments(comm_.rank());
+    buffer.comm = kind == BufferKind::kExpert && expert_comm != nullptr ? expert_comm : &comm_;
+    buffer.layout = LayoutOf(kind, params_in_use_order, buffer.comm->size());
+    buffer.segments = buffer.layout.Segments(buffer.comm->rank());
     buffer.params = allocate_(RegionTag::kParamBuffer, buffer.layout.numel, param_dtype);
     buffer.grads = allocate_(RegionTag::kGradBuffer, buffer.layout.numel, grad_dtype);
     state_numel += kStateParts * buffer.layout.shard_numel();
@@ -103,7 +107,8 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_
 }
 
 at::Tensor DistributedOptimizer::Shard(const at::Tensor& flat, const Buffer& buffer) const {
-  return flat.narrow(0, buffer.layout.shard_offset(comm_.rank()), buffer.layout.shard_numel());
+  return flat.narrow(0, buffer.layout.shard_offset(buffer.comm->rank()),
+                     buffer.layout.shard_numel());
 }
 
 at::Tensor DistributedOptimizer::StateOf(BufferKind kind) const {
@@ -165,10 +170,13 @@ StepStats DistributedOptimizer::Step() {
     grads_zero_ = false;
   }
   // Mean over DP, left in place in the owned shard of each grad buffer (with one rank the mean is
-  // the buffer itself, and the shard is the whole buffer: nothing to move).
-  if (comm_.size() > 1) {
-    for (Buffer& buffer : buffers_) {
-      comm_.ReduceScatter(buffer.grads, Shard(buffer.grads, buffer), ReduceOp::kMean);
+  // the buffer itself, and the shard is the whole buffer: nothing to move). Note [Expert
+  // gradients]: an expert buffer reduced over a smaller group is scaled to the same mean.
+  for (Buffer& buffer : buffers_) {
+    const at::Tensor shard = Shard(buffer.grads, buffer);
+    if (buffer.comm->size() > 1) buffer.comm->ReduceScatter(buffer.grads, shard, ReduceOp::kMean);
+    if (buffer.comm->size() != comm_.size()) {
+      shard.mul_(static_cast<double>(buffer.comm->size()) / comm_.size());
     }
   }
   // Note [Fused AdamW]: the reference sums the squares in fp64 (a converted copy of the shard);
@@ -279,8 +287,10 @@ void DistributedOptimizer::CastMainToParams() {
 }
 
 void DistributedOptimizer::AllGatherParams() {
-  if (comm_.size() == 1) return;  // the one shard is the whole buffer
-  for (Buffer& buffer : buffers_) comm_.AllGatherInPlace(buffer.params);
+  for (Buffer& buffer : buffers_) {
+    // With one rank the one shard is the whole buffer.
+    if (buffer.comm->size() > 1) buffer.comm->AllGatherInPlace(buffer.params);
+  }
 }
 
 int64_t DistributedOptimizer::state_bytes() const {

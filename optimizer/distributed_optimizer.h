@@ -10,6 +10,15 @@
 // model computes from those tensors, and every in-place write to the buffer (step, rebuild,
 // restore) is seen by the model without telling it.
 //
+// Note [Expert gradients]
+// Under expert parallelism the routed-expert buffer holds only this rank's experts and is sharded
+// over the expert data-parallel group (EDP: the ranks that hold the same experts) instead of DP.
+// An expert's gradient on its rank already sums the contributions of every token its EP group
+// sent to it (the exchange's backward brings them), so the sum over EDP covers every DP rank's
+// tokens; the mean over EDP is scaled by EDP / DP to give the mean over DP, the dense buffer's
+// scaling, so a run at EP > 1 trains as the same run at EP = 1. The grad norm adds both buffers'
+// squares over the world: every element of both is owned by exactly one rank.
+//
 // One step (Step()): reduce-scatter the grad buffers (mean over DP) into the owned shard; global
 // grad norm (all-reduce of the sum of squares) and clipping; AdamW on the owned shard (torch's
 // AdamW arithmetic: decoupled weight decay, bias-corrected moments; no weight decay for biases
@@ -87,17 +96,22 @@ class DistributedOptimizer {
   // `params_in_use_order`: the trained params in order of first use in the forward pass; their
   // role picks the buffer (kRoutedExpert: kExpert, kDense: kDense; kFp32Extra is refused with
   // rl::Error). `param_dtype`: dtype of the param buffers (the model's compute dtype).
+  // `comm`: the data-parallel group (every rank of the job while TP = PP = CP = 1).
+  // `expert_comm`: the expert data-parallel group of the routed-expert buffer (Note [Expert
+  // gradients]); null: `comm`.
   DistributedOptimizer(const std::vector<ParamSpec>& params_in_use_order, Communicator& comm,
                        at::ScalarType param_dtype, c10::Device device, AdamOptions options,
-                       const Allocator& allocate);
+                       const Allocator& allocate, Communicator* expert_comm = nullptr);
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
   // Bytes the allocator will be asked for, per region tag (kParamBuffer, kGradBuffer,
   // kOptimizer), each allocation rounded up to kAllocationAlignmentBytes: lets the caller size
   // its memory regions before constructing the optimizer.
+  // `expert_dp_size`: the expert buffer's group size (0: dp_size).
   static std::map<RegionTag, int64_t> StorageBytes(
-      const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype);
+      const std::vector<ParamSpec>& params_in_use_order, int dp_size, at::ScalarType param_dtype,
+      int expert_dp_size = 0);
 
   // name -> tensor aliasing the param buffer (shaped; requires grad).
   const std::unordered_map<std::string, at::Tensor>& params() const { return params_; }
@@ -146,6 +160,7 @@ class DistributedOptimizer {
 
  private:
   struct Buffer {
+    Communicator* comm = nullptr;  // the group it is sharded over
     BufferLayout layout;
     std::vector<ShardSegment> segments;  // of this rank's shard
     at::Tensor params;                   // [numel] param dtype

@@ -141,12 +141,13 @@ ParamSplit SplitParams(const std::vector<ParamSpec>& specs,
 }
 
 std::map<RegionTag, int64_t> Actor::StorageBytes(const config::ResolvedConfig& resolved,
-                                                 const model::ModelConfig& model, int dp_size) {
+                                                 const model::ModelConfig& model, int dp_size,
+                                                 int expert_dp_size) {
   const at::ScalarType dtype = ParamsDtype(resolved.config.model.params_dtype);
   const ParamSplit split =
       SplitParams(model::ListParams(model), resolved.config.model.freeze_params);
   std::map<RegionTag, int64_t> bytes =
-      optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype);
+      optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype, expert_dp_size);
   int64_t extras = 0;
   for (const ParamSpec& spec : split.extras) {
     extras += AlignedAllocationBytes(
@@ -157,10 +158,12 @@ std::map<RegionTag, int64_t> Actor::StorageBytes(const config::ResolvedConfig& r
 }
 
 Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
-             Communicator& comm, c10::Device device, const optimizer::Allocator& allocate)
+             const ParallelGroups& groups, c10::Device device,
+             const optimizer::Allocator& allocate)
     : resolved_(resolved),
       model_(std::move(model)),
-      comm_(comm),
+      groups_(groups),
+      comm_(groups.dp()),
       device_(device),
       dtype_(ParamsDtype(resolved.config.model.params_dtype)),
       specs_(model::ListParams(model_)),
@@ -185,8 +188,9 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
                trained_numel, split.trained.size(), split.extras.size(), split.frozen.size(),
                config::NameOf(c.model.params_dtype));
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
-      split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate);
-  decoder_ = std::make_unique<model::Decoder>(model_, AllTensors());
+      split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate, &groups.expert_dp());
+  decoder_ = std::make_unique<model::Decoder>(model_, AllTensors(), model::Kernels::kLibTorch,
+                                              groups.ep());
   RL_CHECK(!resolved_.config.rl.use_routing_replay || !model_.moe_layers().empty(), ConfigError,
            "--use-routing-replay / --use-rollout-routing-replay need a model with MoE layers");
 }
@@ -224,7 +228,8 @@ void Actor::LoadInitialWeights() {
   const config::ModelOptions& m = resolved_.config.model;
   model::TensorMap all = AllTensors();
   if (m.init == config::InitMode::kRandom) {
-    model::InitParamsRandom(specs_, all, static_cast<uint64_t>(resolved_.config.run.seed));
+    model::InitParamsRandom(specs_, all, static_cast<uint64_t>(resolved_.config.run.seed),
+                            model_.expert_shard);
   } else {
     model::LoadParams(model::CheckpointReader::Open(m.hf_checkpoint), model_, all);
   }
@@ -433,9 +438,33 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
   return result;
 }
 
+model::TensorMap Actor::WholeModelTensors() const {
+  model::TensorMap all = AllTensors();
+  Communicator* group = groups_.ep();
+  if (group == nullptr) return all;
+  // Note [Expert shard]: the EP ranks' experts, in rank order, are the whole model's.
+  for (const ParamSpec& spec : specs_) {
+    if (spec.role != ParamRole::kRoutedExpert) continue;
+    const at::Tensor local = all.at(spec.name).detach().contiguous();
+    std::vector<int64_t> shape = spec.shape;
+    shape[0] *= group->size();
+    at::Tensor whole = at::empty(shape, local.options());
+    group->AllGather(local.view({-1}), whole.view({-1}));
+    all[spec.name] = whole;
+  }
+  return all;
+}
+
+model::ModelConfig Actor::WholeModelConfig() const {
+  model::ModelConfig whole = model_;
+  whole.expert_shard = {};
+  return whole;
+}
+
 void Actor::SaveHf(const std::string& dir) const {
+  const model::TensorMap tensors = WholeModelTensors();
   if (comm_.rank() == 0) {
-    model::SaveHfCheckpoint(dir, model_, AllTensors());
+    model::SaveHfCheckpoint(dir, WholeModelConfig(), tensors);
     spdlog::info("saved the actor as a Hugging Face checkpoint in {}", dir);
   }
   comm_.Barrier();

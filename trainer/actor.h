@@ -35,6 +35,7 @@
 #include "trainer/model/decoder.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
+#include "trainer/parallel_groups.h"
 #include "trainer/rl/losses.h"
 #include "trainer/rl/rollout_data.h"
 #include "trainer/routing_replay.h"
@@ -87,11 +88,15 @@ class Actor {
  public:
   // Bytes the actor asks its allocator for, per region tag (param_buffer, grad_buffer,
   // optimizer, extras), so that the caller can size its memory regions first.
+  // `expert_dp_size`: the expert data-parallel group's size (0: dp_size).
   static std::map<RegionTag, int64_t> StorageBytes(const config::ResolvedConfig& resolved,
-                                                     const model::ModelConfig& model, int dp_size);
+                                                     const model::ModelConfig& model, int dp_size,
+                                                     int expert_dp_size = 0);
 
-  Actor(const config::ResolvedConfig& resolved, model::ModelConfig model, Communicator& comm,
-        c10::Device device, const optimizer::Allocator& allocate);
+  // `model` holds this rank's experts (model.expert_shard, Note [Expert shard]) and `groups` has
+  // the matching expert groups; forwards are collectives over the EP group.
+  Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
+        const ParallelGroups& groups, c10::Device device, const optimizer::Allocator& allocate);
 
   // Fills the params from --hf-checkpoint or randomly (--init random, --seed), then the masters.
   void LoadInitialWeights();
@@ -105,8 +110,12 @@ class Actor {
   NamedTensors Extras() const;
   // Identities of the tensors that live in the optimizer's param buffers.
   std::unordered_set<const void*> ParamBufferIds() const;
-  // Every model tensor by name (for saving).
+  // Every model tensor by name, this rank's experts only (the backuper's, the engine's).
   model::TensorMap AllTensors() const;
+  // AllTensors with every expert: the EP group's experts gathered (Note [Expert shard]), and
+  // the config of the whole model, for saving. Collective over the EP group.
+  model::TensorMap WholeModelTensors() const;
+  model::ModelConfig WholeModelConfig() const;
 
   // Log-probs [mb, T] of the plan's samples under the current weights, no autograd. MoE routing
   // replays `replay` when given and is recorded into `record` when given.
@@ -137,7 +146,8 @@ class Actor {
  private:
   const config::ResolvedConfig& resolved_;
   model::ModelConfig model_;
-  Communicator& comm_;
+  const ParallelGroups& groups_;
+  Communicator& comm_;  // groups_.dp()
   c10::Device device_;
   at::ScalarType dtype_;
   std::vector<ParamSpec> specs_;

@@ -255,9 +255,11 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
   const std::vector<std::string> shard_digests =
       GatherDigests(FileSha256(shard_path), comm, actor.device());
 
-  // Rank 0: the shared files, the manifest, the rename, `latest`.
+  // Rank 0: the shared files, the manifest, the rename, `latest`. The weights with every expert
+  // (gathered over the EP group, a collective), so that the checkpoint does not depend on EP.
+  const model::TensorMap weights = actor.WholeModelTensors();
   if (comm.rank() == 0) {
-    model::SaveHfCheckpoint(partial, actor.model_config(), actor.AllTensors());
+    model::SaveHfCheckpoint(partial, actor.WholeModelConfig(), weights);
     if (config.model.init == config::InitMode::kCheckpoint &&
         !config.model.hf_checkpoint.empty()) {
       CopyTokenizerFiles(config.model.hf_checkpoint, partial);

@@ -37,9 +37,10 @@ constexpr std::array<RegionTag, 4> kActorRegions = {RegionTag::kParamBuffer, Reg
 // Creates the actor's regions in `regions`, sized for it, and returns the allocator that carves
 // its storage out of them, zero-filled (Note [Param buffer layout] needs nothing more).
 optimizer::Allocator ActorRegions(const config::ResolvedConfig& resolved,
-                                  const model::ModelConfig& model, int dp_size,
+                                  const model::ModelConfig& model, const ParallelGroups& groups,
                                   memory::RegionManager& regions) {
-  const std::map<RegionTag, int64_t> bytes = Actor::StorageBytes(resolved, model, dp_size);
+  const std::map<RegionTag, int64_t> bytes =
+      Actor::StorageBytes(resolved, model, groups.dp().size(), groups.expert_dp().size());
   for (RegionTag tag : kActorRegions) {
     // The param and grad buffers keep no host copy (the backuper or the rebuild restores the
     // params; grads are zeroed), the optimizer state is saved to the host on pause, the extras
@@ -94,15 +95,15 @@ double Imbalance(const std::vector<int64_t>& per_rank) {
 class ColocatedCycle {
  public:
   ColocatedCycle(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                 Communicator& comm, c10::Device device, memory::RegionManager& regions,
-                 std::unique_ptr<Rollout> rollout)
+                 const ParallelGroups& groups, c10::Device device,
+                 memory::RegionManager& regions, std::unique_ptr<Rollout> rollout)
       : resolved_(resolved),
         c_(resolved.config),
-        comm_(comm),
+        comm_(groups.dp()),
         regions_(regions),
         rollout_(std::move(rollout)),
         train_only_data_(rollout_ ? nullptr : MakeReplayRollout(resolved)),
-        actor_(resolved, model, comm, device, ActorRegions(resolved, model, comm.size(), regions)),
+        actor_(resolved, model, groups, device, ActorRegions(resolved, model, groups, regions)),
         backuper_(MakeBackuper(c_, actor_)) {
     actor_.LoadInitialWeights();
   }
@@ -408,10 +409,10 @@ class ColocatedCycle {
 }  // namespace
 
 void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                  Communicator& comm, c10::Device device, memory::RegionManager& regions,
-                  std::unique_ptr<Rollout> rollout) {
-  SeedDefaultGenerator(resolved.config.run.seed, comm.rank());
-  ColocatedCycle cycle(resolved, model, comm, device, regions, std::move(rollout));
+                  const ParallelGroups& groups, c10::Device device,
+                  memory::RegionManager& regions, std::unique_ptr<Rollout> rollout) {
+  SeedDefaultGenerator(resolved.config.run.seed, groups.dp().rank());
+  ColocatedCycle cycle(resolved, model, groups, device, regions, std::move(rollout));
   for (int64_t iteration = cycle.Init(); iteration < resolved.config.run.num_rollout; ++iteration) {
     cycle.RunIteration(iteration);
   }

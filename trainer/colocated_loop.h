@@ -25,15 +25,17 @@
 #include "trainer/config/validate.h"
 #include "trainer/memory/region_manager.h"
 #include "trainer/model/model_config.h"
+#include "trainer/parallel_groups.h"
 #include "trainer/rollout.h"
 
 namespace rl {
 
 // Runs the job: init (or --load), the iterations up to --num-rollout with --save checkpoints,
 // optional --save-hf. Returns normally on success.
+// `model` holds this rank's experts (Note [Expert shard]), as `groups` lay them out.
 void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                  Communicator& comm, c10::Device device, memory::RegionManager& regions,
-                  std::unique_ptr<Rollout> rollout);
+                  const ParallelGroups& groups, c10::Device device,
+                  memory::RegionManager& regions, std::unique_ptr<Rollout> rollout);
 
 }  // namespace rl
 

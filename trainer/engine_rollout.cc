@@ -28,9 +28,9 @@ using memory::RegionTag;
 class EngineRollout final : public Rollout {
  public:
   EngineRollout(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                Communicator& comm, c10::Device device, memory::RegionManager& regions)
+                const ParallelGroups& groups, c10::Device device, memory::RegionManager& regions)
       : resolved_(resolved),
-        comm_(comm),
+        comm_(groups.dp()),
         device_(device),
         tokenizer_(model.hf_config.is_null() || resolved.config.model.hf_checkpoint.empty()
                        ? std::unique_ptr<data::Tokenizer>(new data::ByteTokenizer())
@@ -51,7 +51,7 @@ class EngineRollout final : public Rollout {
     const int64_t longest_prompt = LoadPrompts(c, model);
     // This rank's rows: its share of the prompts (the first rank's is the largest), n samples each.
     const int64_t max_batch =
-        std::max<int64_t>(1, PromptShare(c.rollout.rollout_batch_size, 0, comm.size()).size() *
+        std::max<int64_t>(1, PromptShare(c.rollout.rollout_batch_size, 0, comm_.size()).size() *
                                  c.rollout.n_samples_per_prompt);
     const int64_t max_length = longest_prompt + c.rollout.rollout_max_response_len;
     stop_ids_ = tokenizer_->stop_ids();
@@ -83,7 +83,8 @@ class EngineRollout final : public Rollout {
         c.model.params_dtype == config::ParamsDtype::kFp32 ? at::kFloat : at::kBFloat16;
     engine_ = std::make_unique<rollout::RolloutEngine>(
         model, dtype, device, max_batch, max_length, allocate,
-        rollout::Records{c.rl.use_rollout_routing_replay, c.rl.use_rollout_indexer_replay});
+        rollout::Records{c.rl.use_rollout_routing_replay, c.rl.use_rollout_indexer_replay},
+        groups.ep());
     RL_CHECK(!c.rl.use_rollout_routing_replay || engine_->records_routing(), ConfigError,
              "--use-rollout-routing-replay needs a model with MoE layers");
     RL_CHECK(!c.rl.use_rollout_indexer_replay || !model.indexer_types.empty(), ConfigError,
@@ -299,9 +300,10 @@ class EngineRollout final : public Rollout {
 }  // namespace
 
 std::unique_ptr<Rollout> MakeEngineRollout(const config::ResolvedConfig& resolved,
-                                           const model::ModelConfig& model, Communicator& comm,
-                                           c10::Device device, memory::RegionManager& regions) {
-  return std::make_unique<EngineRollout>(resolved, model, comm, device, regions);
+                                           const model::ModelConfig& model,
+                                           const ParallelGroups& groups, c10::Device device,
+                                           memory::RegionManager& regions) {
+  return std::make_unique<EngineRollout>(resolved, model, groups, device, regions);
 }
 
 }  // namespace rl

@@ -7,7 +7,9 @@
 //
 // With DP > 1 each rank generates its share of the prompts and the samples are exchanged, so
 // that Generate returns the whole rollout on every rank (Note [Data-parallel rollout] in
-// rollout_split.h); Generate is then collective over `comm`.
+// rollout_split.h); Generate is then collective over the DP group. Under expert parallelism the
+// engine holds this rank's experts, as the actor does, and the engines of an EP group decode in
+// lockstep (Note [Expert-parallel decode] in trainer/rollout/engine.h).
 #ifndef RL_TRAINER_ENGINE_ROLLOUT_H_
 #define RL_TRAINER_ENGINE_ROLLOUT_H_
 
@@ -19,13 +21,15 @@
 #include "trainer/config/validate.h"
 #include "trainer/memory/region_manager.h"
 #include "trainer/model/model_config.h"
+#include "trainer/parallel_groups.h"
 #include "trainer/rollout.h"
 
 namespace rl {
 
 std::unique_ptr<Rollout> MakeEngineRollout(const config::ResolvedConfig& resolved,
-                                           const model::ModelConfig& model, Communicator& comm,
-                                           c10::Device device, memory::RegionManager& regions);
+                                           const model::ModelConfig& model,
+                                           const ParallelGroups& groups, c10::Device device,
+                                           memory::RegionManager& regions);
 
 }  // namespace rl
 

@@ -28,6 +28,7 @@
 #include "trainer/model/hf_config.h"
 #include "trainer/memory/region_manager.h"
 #include "trainer/model/model_config.h"
+#include "trainer/parallel_groups.h"
 #include "trainer/plan.h"
 #include "trainer/rank_layout.h"
 #include "trainer/rollout.h"
@@ -140,18 +141,30 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
   const std::vector<RankInfo> layout = GatherRankLayout(session, device);
   spdlog::info("rank layout ({} ranks, backend {}):\n{}", session.world_size(), comm->backend(),
                FormatRankLayout(layout));
-  const model::ModelConfig model = LoadArchitecture(cfg.model);
+  // Note [Rank grid]: the expert groups, and this rank's experts.
+  const ParallelGroups groups(*comm, static_cast<int>(cfg.parallel.expert_model_parallel_size));
+  model::ModelConfig model = LoadArchitecture(cfg.model);
+  if (groups.ep_size() > 1) {
+    RL_CHECK(model.is_moe() && model.n_routed_experts % groups.ep_size() == 0, ConfigError,
+             "--expert-model-parallel-size {} needs an MoE model whose expert count it divides; "
+             "{} has {} routed experts",
+             groups.ep_size(), model.source_name, model.n_routed_experts);
+    model.expert_shard = groups.expert_shard();
+    spdlog::info("parallel layout: {}; this rank holds experts [{}, {}) of every MoE layer",
+                 groups.Describe(), model.first_local_expert(),
+                 model.first_local_expert() + model.local_experts());
+  }
   // The process's regions, actor's and engine's; CI runs poison fresh pages.
   memory::RegionManager regions(
       device, cfg.checks.ci_test ? memory::FreshPages::kPoison : memory::FreshPages::kAsMapped);
   std::unique_ptr<Rollout> rollout;
   if (!cfg.colocate.debug_train_only) {
     rollout = cfg.data.load_debug_rollout_data.empty()
-                  ? MakeEngineRollout(resolved, model, *comm, device, regions)
+                  ? MakeEngineRollout(resolved, model, groups, device, regions)
                   : MakeReplayRollout(resolved);
   }
   try {
-    RunColocated(resolved, model, *comm, device, regions, std::move(rollout));
+    RunColocated(resolved, model, groups, device, regions, std::move(rollout));
     comm->Barrier();
   } catch (const CommError& e) {
     // End the job now, while the communicator (and its pending collective) still exists: a peer

@@ -83,7 +83,7 @@ TEST_CASE("MoE model, DP 2 x EP 2: experts split over EP, masters over DP and ex
   CHECK(plan.gpu.moments == 8 * (176 / 2 + 48));
   // Not colocated: nothing is saved to the host while asleep.
   CHECK(plan.host_backup.optimizer_state == 0);
-  CHECK_FALSE(plan.runnable_today);
+  CHECK(plan.runnable_today);  // expert parallelism runs
 }
 
 TEST_CASE("a reference model adds a pinned copy on both paths; CPU optimizer moves state") {

@@ -74,7 +74,7 @@ const char* NameOf(Enum value) {
 // run with them (NotRunnable in trainer/config/config.h).
 inline constexpr const char* kNotRunnableYet[] = {
     "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-    "expert_model_parallel_size", "expert_tensor_parallel_size", "lora_rank",
+    "expert_tensor_parallel_size", "lora_rank",
     "overlap_param_gather", "use_distributed_optimizer", "use_precision_aware_optimizer",
     "optimizer_cpu_offload", "debug_disable_optimizer", "debug_rollout_only", "keep_old_actor",
     "compute_advantages_and_returns"};

@@ -167,9 +167,14 @@ KvCache KvCache::Allocate(const ModelConfig& config, int64_t max_batch, int64_t 
   return KvCache(config, storage, max_batch, max_length);
 }
 
-Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels)
+Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels,
+                 Communicator* expert_group)
     : config_(std::move(config)), kernels_(kernels), dtype_(at::kFloat), device_(at::kCPU) {
   CheckParams(ListParams(config_), params);
+  const int64_t group_size = expert_group != nullptr ? expert_group->size() : 1;
+  RL_CHECK(group_size == config_.expert_shard.size, Error,
+           "Decoder: the model's experts are sharded over {} ranks, but the expert group has {}",
+           config_.expert_shard.size, group_size);
   if (kernels_ == Kernels::kFused) {
     for (const auto& [name, param] : params) {
       RL_CHECK(!param.requires_grad(), Error,
@@ -246,6 +251,7 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels)
       }
     } else {
       layer.moe = MoeWeightsOf(params, m);
+      layer.moe.expert_group = expert_group;
     }
     layers_.push_back(std::move(layer));
   }
@@ -384,7 +390,15 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
       .select(1, 0);
 }
 
+void Decoder::IdleStep() const {
+  for (const Layer& layer : layers_) {
+    if (layer.mlp_type != MlpType::kDense) ExpertGroupIdle(layer.moe, config_);
+  }
+}
+
 bool Decoder::decode_step_capturable() const {
+  // Under expert parallelism the MoE blocks read the exchange's counts on the host.
+  if (config_.expert_shard.size > 1) return false;
   for (const Layer& layer : layers_) {
     if (layer.mlp_type != MlpType::kDense && !MoeBlockSyncFree(layer.moe)) return false;
   }

@@ -86,8 +86,11 @@ struct TokenStats {
 // its sums differently). Its params must not require grad. Training decoders keep kLibTorch.
 class Decoder {
  public:
-  // Checks `params` against ListParams(config) and keeps handles to them.
-  Decoder(ModelConfig config, const TensorMap& params, Kernels kernels = Kernels::kLibTorch);
+  // Checks `params` against ListParams(config) and keeps handles to them. `expert_group`: the
+  // expert-parallel group of config.expert_shard (Note [Expert-parallel MoE] in layers.h; null
+  // when the model holds every expert). Every forward is then a collective over the group.
+  Decoder(ModelConfig config, const TensorMap& params, Kernels kernels = Kernels::kLibTorch,
+          Communicator* expert_group = nullptr);
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }
@@ -120,8 +123,13 @@ class Decoder {
                         const RopeTable& rope, KvCache& cache) const;
 
   // True when DecodeStep never waits for the device, so it can be captured in a CUDA graph: every
-  // dense model, and MoE models whose blocks are sync-free (MoeBlockSyncFree: bf16 on CUDA).
+  // dense model, and MoE models whose blocks are sync-free (MoeBlockSyncFree: bf16 on CUDA) and
+  // hold every expert.
   bool decode_step_capturable() const;
+
+  // Under expert parallelism: this rank's part of a forward in which it has no tokens, serving
+  // the other ranks' rows to its experts in every MoE layer (ExpertGroupIdle). No-op otherwise.
+  void IdleStep() const;
 
   // Called by every MoE layer of every forward with the layer's index and its routing's expert
   // ids [tokens, k] int64 (on the device; tokens in [batch, seq] row-major order). For tools that

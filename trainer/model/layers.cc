@@ -511,6 +511,101 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
   }
 };
 
+// Rows of x moved between the ranks of an expert group (Note [Expert-parallel MoE]):
+// send_counts[j] rows to rank j, recv_counts[j] rows from rank j; the backward sends the gradient
+// back the reverse way. The group travels as an integer (autograd's saved data holds IValues).
+at::Tensor ExchangeRowsOnce(const at::Tensor& x, Communicator& group,
+                            const std::vector<int64_t>& send_counts,
+                            const std::vector<int64_t>& recv_counts) {
+  int64_t rows = 0;
+  for (int64_t n : recv_counts) rows += n;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, x.options());
+  group.AllToAll(x.contiguous(), send_counts, out, recv_counts);
+  return out;
+}
+
+class ExchangeRows : public torch::autograd::Function<ExchangeRows> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* group,
+                            const std::vector<int64_t>& send_counts,
+                            const std::vector<int64_t>& recv_counts) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["send"] = send_counts;
+    ctx->saved_data["recv"] = recv_counts;
+    return ExchangeRowsOnce(x, *group, send_counts, recv_counts);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto* group = reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt());
+    return {ExchangeRowsOnce(grad[0], *group, ctx->saved_data["recv"].toIntVector(),
+                             ctx->saved_data["send"].toIntVector()),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The local experts over rows grouped by expert (`ends`: cumulative row counts).
+at::Tensor RunExperts(const MoeWeights& w, const at::Tensor& rows, const at::Tensor& ends) {
+  const int64_t inter = w.down.size(2);
+  const at::Tensor gate_up = GroupedLinear(rows, w.gate_up, ends);  // [R, 2I]
+  const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+  return GroupedLinear(act, w.down, ends);
+}
+
+// Note [Expert-parallel MoE]: rows `xs` [R, H] sorted by global expert, `ends` [E] their
+// cumulative counts; returns the experts' outputs in the same order.
+at::Tensor RunExpertsParallel(const MoeWeights& w, const at::Tensor& xs, const at::Tensor& ends) {
+  Communicator& group = *w.expert_group;
+  const int64_t ranks = group.size();
+  const int64_t local = w.gate_up.size(0);
+  const at::TensorOptions longs = ends.options().dtype(at::kLong);
+  // 1. Per-expert counts, sent to the experts' ranks; both tables read on the host at once.
+  const at::Tensor sent = at::diff(ends.to(at::kLong), 1, 0, at::zeros({1}, longs));  // [E]
+  const at::Tensor received = at::empty({ranks, local}, longs);  // [source rank, local expert]
+  const std::vector<int64_t> ones(static_cast<size_t>(ranks), 1);
+  group.AllToAll(sent.view({ranks, local}), ones, received, ones);
+  const at::Tensor host = at::cat({sent, received.view({-1})}).cpu();
+  const int64_t* sent_n = host.data_ptr<int64_t>();
+  const int64_t* recv_n = sent_n + ranks * local;
+  std::vector<int64_t> send_counts(static_cast<size_t>(ranks), 0);
+  std::vector<int64_t> recv_counts(static_cast<size_t>(ranks), 0);
+  for (int64_t j = 0; j < ranks; ++j) {
+    for (int64_t e = 0; e < local; ++e) {
+      send_counts[static_cast<size_t>(j)] += sent_n[j * local + e];
+      recv_counts[static_cast<size_t>(j)] += recv_n[j * local + e];
+    }
+  }
+  // 2. Rows to the experts' ranks; regrouped from (source, expert) to (expert, source) order.
+  const at::Tensor arrived = ExchangeRows::apply(xs, &group, send_counts, recv_counts);
+  std::vector<int64_t> block_start(static_cast<size_t>(ranks * local));
+  int64_t offset = 0;
+  for (int64_t b = 0; b < ranks * local; ++b) {
+    block_start[static_cast<size_t>(b)] = offset;
+    offset += recv_n[b];
+  }
+  std::vector<int64_t> regroup;  // row i of the expert order is arrived row regroup[i]
+  std::vector<int32_t> local_ends;
+  regroup.reserve(static_cast<size_t>(offset));
+  for (int64_t e = 0; e < local; ++e) {
+    for (int64_t j = 0; j < ranks; ++j) {
+      const int64_t start = block_start[static_cast<size_t>(j * local + e)];
+      for (int64_t r = 0; r < recv_n[j * local + e]; ++r) regroup.push_back(start + r);
+    }
+    local_ends.push_back(static_cast<int32_t>(regroup.size()));
+  }
+  std::vector<int64_t> inverse(regroup.size());
+  for (size_t i = 0; i < regroup.size(); ++i) {
+    inverse[static_cast<size_t>(regroup[i])] = static_cast<int64_t>(i);
+  }
+  const at::Tensor to_experts = at::tensor(regroup, at::kLong).to(xs.device());
+  const at::Tensor to_arrival = at::tensor(inverse, at::kLong).to(xs.device());
+  const at::Tensor by_expert = PermuteRows::apply(arrived, to_experts, to_arrival);
+  // 3. The local experts, back to arrival order, back to the tokens' ranks.
+  const at::Tensor out = RunExperts(w, by_expert, at::tensor(local_ends, at::kInt).to(xs.device()));
+  return ExchangeRows::apply(PermuteRows::apply(out, to_arrival, to_experts), &group,
+                             recv_counts, send_counts);
+}
+
 }  // namespace
 
 bool MoeBlockSyncFree(const MoeWeights& w) {
@@ -523,7 +618,9 @@ bool MoeBlockSyncFree(const MoeWeights& w) {
 
 at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ends) {
   // On the CPU our loop of batch-invariant Linears (Note [Batch-invariant CPU kernels]).
-  if (!x.is_cpu() && GroupedMmTakes(x, w)) return at::_grouped_mm(x, w.transpose(1, 2), ends);
+  if (!x.is_cpu() && x.size(0) > 0 && GroupedMmTakes(x, w)) {
+    return at::_grouped_mm(x, w.transpose(1, 2), ends);
+  }
   const at::Tensor host_ends = ends.to(at::kCPU).to(at::kLong);
   const int64_t* end = host_ends.data_ptr<int64_t>();
   std::vector<at::Tensor> parts;
@@ -532,7 +629,9 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
     if (end[e] > begin) parts.push_back(Linear(x.narrow(0, begin, end[e] - begin), w[e]));
     begin = end[e];
   }
-  if (parts.empty()) return x.new_zeros({0, w.size(1)});  // no rows
+  // No rows: an empty product that still depends on x and w, so that the backward reaches
+  // whatever produced x (an expert group's exchange must run its backward on every rank).
+  if (parts.empty()) return at::matmul(x.narrow(0, 0, 0), w[0].t());
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
 }
 
@@ -544,8 +643,11 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
   const Routing r = Route(w, c, x2, replay);
   if (chosen != nullptr) *chosen = r.indices;
   const int64_t k = r.indices.size(1);
-  const int64_t experts = w.gate_up.size(0);
-  const int64_t inter = w.down.size(2);
+  const int64_t experts = c.n_routed_experts;
+  const bool parallel = w.expert_group != nullptr && w.expert_group->size() > 1;
+  RL_CHECK(w.gate_up.size(0) * (parallel ? w.expert_group->size() : 1) == experts, Error,
+           "MoE block: {} local experts on each of {} ranks, but the model has {} experts",
+           w.gate_up.size(0), parallel ? w.expert_group->size() : 1, experts);
 
   // Note [MoE block]: (token, slot) pairs sorted by expert; row i of the sorted order is pair
   // order[i], and pair p goes back from row inverse[p].
@@ -557,13 +659,21 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
   const at::Tensor inverse =
       at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
   const at::Tensor xs = GatherTokens::apply(x2, order, inverse, k);  // [T * k, H]
-  const at::Tensor gate_up = GroupedLinear(xs, w.gate_up, ends);     // [T * k, 2I]
-  const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-  const at::Tensor ys = PermuteRows::apply(GroupedLinear(act, w.down, ends), inverse, order);
+  const at::Tensor ys = PermuteRows::apply(
+      parallel ? RunExpertsParallel(w, xs, ends) : RunExperts(w, xs, ends), inverse, order);
   at::Tensor out =
       (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
   if (w.has_shared) out = out + DenseMlp(w.shared, x2);
   return out.view(x.sizes());
+}
+
+void ExpertGroupIdle(const MoeWeights& w, const ModelConfig& config) {
+  if (w.expert_group == nullptr || w.expert_group->size() == 1) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor no_rows = at::empty({0, config.hidden_size}, w.gate_up.options());
+  const at::Tensor ends = at::zeros({config.n_routed_experts},
+                                    w.gate_up.options().dtype(at::kInt));
+  RunExpertsParallel(w, no_rows, ends);
 }
 
 }  // namespace rl::model

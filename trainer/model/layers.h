@@ -19,6 +19,7 @@
 
 #include <vector>
 
+#include "launch/communicator.h"
 #include "trainer/model/model_config.h"
 
 namespace rl::model {
@@ -105,10 +106,14 @@ struct MlpWeights {
 struct MoeWeights {
   at::Tensor router;       // mlp.gate.weight [experts, hidden]
   at::Tensor router_bias;  // e_score_correction_bias [experts] (sigmoid router only)
-  at::Tensor gate_up;      // [experts, 2 * inter, hidden]: gate rows, then up rows
-  at::Tensor down;         // [experts, hidden, inter]
+  at::Tensor gate_up;      // [local experts, 2 * inter, hidden]: gate rows, then up rows
+  at::Tensor down;         // [local experts, hidden, inter]
   bool has_shared = false;
   MlpWeights shared;
+  // The expert-parallel group (Note [Expert-parallel MoE]): null, or a group of one, when
+  // gate_up and down hold every expert; otherwise EP rank r holds experts
+  // [r * local, (r + 1) * local) (Note [Expert shard] in model_config.h).
+  Communicator* expert_group = nullptr;
 };
 
 // What one attention call needs besides its weights.
@@ -183,8 +188,31 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 // the device.
 // `chosen`, when given, receives the routing's expert ids [T, k] int64; `replay`, when defined,
 // replaces the router's choice (Note [Routing replay]).
+//
+// Note [Expert-parallel MoE]
+// With an expert group of P ranks, each holding E / P experts, the sorted rows go to the ranks
+// of their experts and come back:
+//  1. the rows sorted by (global) expert are already grouped by destination rank; the per-expert
+//     counts [P, E / P] go to their ranks first (one all-to-all of P * E / P integers), and both
+//     count tables are read on the host (one wait for the device, as Megatron's dropless
+//     dispatcher: the row all-to-all needs its split sizes on the host);
+//  2. an all-to-all moves the rows; they arrive grouped by source rank, then by expert, and are
+//     regrouped by local expert (a permutation built on the host from the counts);
+//  3. the local experts run by one grouped GEMM per projection, the rows are put back in arrival
+//     order and the reverse all-to-all returns them to their tokens' ranks.
+// Both all-to-alls are differentiable (the backward sends the gradient the reverse way), and every
+// rank of the group calls them in every forward and backward, also with no rows to send, so the
+// collectives pair up. A row meets the same expert weights and, on the CPU, the same
+// batch-invariant GEMMs as with every expert local, so the forward's values do not depend on P;
+// the expert weights' gradients sum the group's rows in one GEMM instead of per rank.
+// MoeBlock with an expert group is a collective over it: every rank must call it the same number
+// of times (ExpertGroupIdle joins a step with no tokens).
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x,
                     at::Tensor* chosen = nullptr, const at::Tensor& replay = {});
+
+// A MoE block's part of a forward with no tokens on this rank: it serves the rows the other
+// ranks of w.expert_group send to its experts (Note [Expert-parallel MoE]). No autograd.
+void ExpertGroupIdle(const MoeWeights& w, const ModelConfig& config);
 
 // True when MoeBlock on `w` never waits for the device: bf16 CUDA weights whose widths
 // at::_grouped_mm takes (its CUTLASS kernel needs a Hopper or newer GPU).

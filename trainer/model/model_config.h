@@ -103,6 +103,22 @@ struct ModelConfig {
   bool norm_topk_prob = false;
   std::vector<MlpType> mlp_layer_types;  // one per layer
 
+  // Note [Expert shard]
+  // Under expert parallelism (EP) a model instance holds the routed experts of one EP rank only:
+  // of the n_routed_experts of every MoE layer, the `local_experts()` consecutive ones starting at
+  // `first_local_expert()` (rank r of size P holds [r * E / P, (r + 1) * E / P)). ListParams shapes
+  // the stacked expert params [local_experts(), ...]; HfLayout, LoadParams and InitParamsRandom
+  // name and fill them by their global expert ids, so a shard holds exactly the rows of the whole
+  // model's experts it covers. The router always scores all n_routed_experts. Not part of the
+  // checkpoint's config.json: a property of the run's layout. {0, 1}: every expert.
+  struct ExpertShard {
+    int64_t rank = 0;
+    int64_t size = 1;
+  };
+  ExpertShard expert_shard;
+  int64_t local_experts() const { return n_routed_experts / expert_shard.size; }
+  int64_t first_local_expert() const { return expert_shard.rank * local_experts(); }
+
   // DSA indexer.
   int64_t index_n_heads = 0;
   int64_t index_head_dim = 0;

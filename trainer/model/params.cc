@@ -116,13 +116,14 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
       continue;
     }
     const int64_t e = c.n_routed_experts;
+    const int64_t local = c.local_experts();  // Note [Expert shard]
     const int64_t im = c.moe_intermediate_size;
     add(m + "gate.weight", {e, h});
     if (c.router == RouterKind::kSigmoidNoauxTc) {
       add(m + "gate.e_score_correction_bias", {e}, ParamRole::kFp32Extra);
     }
-    add(m + std::string(kGateUpSuffix.substr(1)), {e, 2 * im, h}, ParamRole::kRoutedExpert);
-    add(m + std::string(kDownSuffix.substr(1)), {e, h, im}, ParamRole::kRoutedExpert);
+    add(m + std::string(kGateUpSuffix.substr(1)), {local, 2 * im, h}, ParamRole::kRoutedExpert);
+    add(m + std::string(kDownSuffix.substr(1)), {local, h, im}, ParamRole::kRoutedExpert);
     if (c.router == RouterKind::kSigmoidNoauxTc && c.n_shared_experts > 0) {
       const int64_t is = im * c.n_shared_experts;
       add(m + "shared_experts.gate_proj.weight", {is, h});
@@ -135,7 +136,7 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
   return out;
 }
 
-std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs) {
+std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs, int64_t first_expert) {
   std::unordered_map<std::string, const ParamSpec*> by_name;
   for (const ParamSpec& s : specs) by_name.emplace(s.name, &s);
   std::vector<HfSlice> out;
@@ -157,7 +158,7 @@ std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs) {
     if (down && gu != nullptr) continue;
     const int64_t experts = s.shape.at(0);
     for (int64_t e = 0; e < experts; ++e) {
-      const std::string ex = fmt::format("{}.experts.{}.", stem, e);
+      const std::string ex = fmt::format("{}.experts.{}.", stem, first_expert + e);
       if (gu != nullptr) {
         const int64_t inter = gu->shape.at(1) / 2;
         out.push_back({ex + "gate_proj.weight", gu->name, e, 0, inter});
@@ -192,7 +193,8 @@ TensorMap AllocateParams(const std::vector<ParamSpec>& specs, at::ScalarType dty
   return out;
 }
 
-void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed) {
+void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed,
+                      const ModelConfig::ExpertShard& shard) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   for (const ParamSpec& s : specs) {
     auto it = params.find(s.name);
@@ -205,6 +207,14 @@ void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, ui
       t.fill_(1.0);
     } else if (bias || s.shape.size() < 2) {
       t.zero_();
+    } else if (s.role == ParamRole::kRoutedExpert && shard.size > 1) {
+      // Every expert's values are drawn, so that the generator advances as for the whole model
+      // and this shard's rows equal those rows of the whole model's (Note [Expert shard]).
+      std::vector<int64_t> whole = s.shape;
+      whole[0] *= shard.size;
+      at::Tensor values = at::empty(whole, at::kFloat);
+      values.normal_(0.0, 0.02, gen);
+      t.copy_(values.narrow(0, shard.rank * s.shape[0], s.shape[0]));
     } else {
       at::Tensor values = at::empty(s.shape, at::kFloat);
       values.normal_(0.0, 0.02, gen);
@@ -272,12 +282,35 @@ namespace {
 
 // Layers at or past num_hidden_layers are MTP (next-n prediction) layers, which the policy does
 // not use; transformers ignores them too.
+// The global expert id in a per-expert checkpoint name ("model.layers.N.mlp.experts.J.<...>"),
+// or -1.
+int64_t ExpertIdOf(const std::string& name) {
+  constexpr std::string_view kExperts = ".mlp.experts.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return -1;
+  const size_t begin = at + kExperts.size();
+  const size_t dot = name.find('.', begin);
+  if (dot == std::string::npos || dot == begin) return -1;
+  int64_t id = 0;
+  for (size_t i = begin; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    id = id * 10 + (name[i] - '0');
+  }
+  return id;
+}
+
 bool IsIgnoredCheckpointTensor(const std::string& name, const ModelConfig& config) {
   if (!config.weight_prefix.empty() && !StartsWith(name, config.weight_prefix)) {
     return true;  // Kimi-K2.5's vision tower and projector
   }
   const std::string n = name.substr(config.weight_prefix.size());
   if (EndsWith(n, "rotary_emb.inv_freq")) return true;
+  const int64_t expert = ExpertIdOf(n);  // another EP rank's expert (Note [Expert shard])
+  if (expert >= 0 && expert < config.n_routed_experts &&
+      (expert < config.first_local_expert() ||
+       expert >= config.first_local_expert() + config.local_experts())) {
+    return true;
+  }
   if (config.tie_word_embeddings && n == "lm_head.weight") return true;
   if (StartsWith(n, "model.layers.")) {
     const size_t begin = std::string_view("model.layers.").size();
@@ -336,17 +369,21 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
   std::unordered_set<std::string> whole;
   for (const ParamSpec& s : specs) {
     if (s.role != ParamRole::kRoutedExpert) continue;
+    // Every expert of the layer; this shard's rows of it (Note [Expert shard]).
+    std::vector<int64_t> all_experts = s.shape;
+    all_experts[0] = config.n_routed_experts;
     for (const std::string& stored : {prefix + s.name, prefix + s.name + ".weight"}) {
       const TensorInfo* info = reader.Find(stored);
-      if (info != nullptr && info->shape == s.shape) {
+      if (info != nullptr && info->shape == all_experts) {
         consumed.insert(stored);
-        params.at(s.name).copy_(reader.Get(stored));
+        params.at(s.name).copy_(
+            reader.Get(stored).narrow(0, config.first_local_expert(), config.local_experts()));
         whole.insert(s.name);
         break;
       }
     }
   }
-  std::vector<HfSlice> slices = HfLayout(specs);
+  std::vector<HfSlice> slices = HfLayout(specs, config.first_local_expert());
   std::sort(slices.begin(), slices.end(),
             [](const HfSlice& a, const HfSlice& b) { return a.hf_name < b.hf_name; });
   for (const HfSlice& slice : slices) {

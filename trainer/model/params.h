@@ -66,8 +66,10 @@ struct HfSlice {
 };
 
 // Every checkpoint tensor of the parameters `specs` (a ListParams list or a subset), in the order
-// Hugging Face checkpoints hold them: per layer and expert gate_proj, up_proj, down_proj.
-std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs);
+// Hugging Face checkpoints hold them: per layer and expert gate_proj, up_proj, down_proj. Stacked
+// experts hold the experts from `first_expert` on (Note [Expert shard] in model_config.h): local
+// expert e is named by its global id first_expert + e.
+std::vector<HfSlice> HfLayout(const std::vector<ParamSpec>& specs, int64_t first_expert = 0);
 
 // The view of `param` (the tensor of slice.param) that holds slice.hf_name.
 at::Tensor SliceOf(const HfSlice& slice, const at::Tensor& param);
@@ -83,8 +85,11 @@ TensorMap AllocateParams(const std::vector<ParamSpec>& specs, at::ScalarType dty
 
 // Fills every tensor: normal(0, 0.02) for matrices, ones for norm weights, zeros for biases and
 // e_score_correction_bias. Values are drawn on the CPU in fp32 from one generator seeded with
-// `seed`, in ListParams order, so they do not depend on the device or the dtype's layout.
-void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed);
+// `seed`, in ListParams order, so they do not depend on the device or the dtype's layout. Under
+// an expert `shard`, the stacked experts get their rows of the whole model's values, so the
+// values do not depend on the EP layout either.
+void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed,
+                      const ModelConfig::ExpertShard& shard = {});
 
 // Checks that `params` holds exactly the tensors of `specs`, with the right shapes; that the
 // trained ones share one floating dtype and device and the extras are fp32 or fp64. Throws

@@ -118,12 +118,15 @@ int64_t RolloutEngine::KvStorageBytes(const model::ModelConfig& config, at::Scal
 
 RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype,
                              at::Device device, int64_t max_batch, int64_t max_length,
-                             const StorageAllocator& allocator, Records records)
+                             const StorageAllocator& allocator, Records records,
+                             Communicator* expert_group)
     : config_(std::move(config)),
       dtype_(param_dtype),
       device_(device),
       max_batch_(max_batch),
-      max_length_(max_length) {
+      max_length_(max_length),
+      expert_group_(expert_group != nullptr && expert_group->size() > 1 ? expert_group
+                                                                         : nullptr) {
   RL_CHECK(max_batch >= 1 && max_length >= 2, ConfigError,
            "rollout engine: max_batch must be >= 1 and max_length >= 2; got {} and {}", max_batch,
            max_length);
@@ -140,7 +143,8 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   weights_ = model::TensorMap(views.begin(), views.end());
   // Note [Inference kernels]: fused on a GPU.
   decoder_ = std::make_unique<model::Decoder>(
-      config_, weights_, device_.is_cuda() ? model::Kernels::kFused : model::Kernels::kLibTorch);
+      config_, weights_, device_.is_cuda() ? model::Kernels::kFused : model::Kernels::kLibTorch,
+      expert_group);
 
   const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
   const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
@@ -292,7 +296,30 @@ std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<in
                     out);
     }
   }
+  // Note [Expert-parallel decode]: serve the group's other engines until every one is done.
+  while (ExpertGroupStep(false)) decoder_->IdleStep();
   return out;
+}
+
+// Note [Expert-parallel decode]
+// Under expert parallelism every forward is a collective over the expert group (Note
+// [Expert-parallel MoE] in trainer/model/layers.h), but the engines of a group hold different
+// prompts, so they need different numbers of forwards (prefills of other lengths, rows that stop
+// at other steps). Before each of its forwards an engine joins a one-integer all-reduce (max) over
+// the group saying that it works; an engine whose Generate has nothing left joins it saying that
+// it does not, and while another engine still works it runs an idle step (Decoder::IdleStep:
+// each MoE layer serves the rows sent to its experts, with no tokens of its own). So every
+// engine makes the same sequence of collectives, a prefill on one rank may meet a decode step on
+// another (the exchange does not care which forward a row comes from), and the group leaves
+// Generate together when no engine works. The all-reduce reads its result on the host, one wait
+// per step; with the row exchange's own host reads this keeps such steps out of CUDA graphs
+// (decode_step_capturable() is false under expert parallelism).
+bool RolloutEngine::ExpertGroupStep(bool working) {
+  if (expert_group_ == nullptr) return working;
+  const at::Tensor flag =
+      at::full({1}, working ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat).device(device_));
+  expert_group_->AllReduce(flag, ReduceOp::kMax);
+  return flag.item<float>() > 0;
 }
 
 void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& prompts,
@@ -329,6 +356,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
   prefill_length_ = prompt_length;  // Note [Engine routing record]
   at::Tensor logits;
   try {
+    ExpertGroupStep(true);  // Note [Expert-parallel decode]
     logits = decoder_->ForwardStep(prompt_tokens, *cache_, 0).select(1, prompt_length - 1);
   } catch (...) {
     prefill_length_ = 0;
@@ -413,6 +441,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
     step_tokens = step_tokens.reshape({-1, 1});
     live = std::move(next_live);
     position_.fill_(position);
+    ExpertGroupStep(true);
     logits = DecodeLogits(step_tokens, KeyLength(position));
     ++position;
   }

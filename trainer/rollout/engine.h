@@ -81,6 +81,7 @@
 #include <memory>
 #include <vector>
 
+#include "launch/communicator.h"
 #include "trainer/memory/region.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/model_config.h"
@@ -131,9 +132,13 @@ class RolloutEngine {
   // `records`: what every Generation carries (Note [Engine routing record]); the "kv_cache"
   // storage then also holds the records of every cache row. A record the model has nothing for
   // (experts of a dense model, the indexer of a model without one) is not kept.
+  //
+  // `expert_group`: the expert-parallel group of config.expert_shard, or null when the model holds
+  // every expert. The engines of a group then generate in lockstep (Note [Expert-parallel
+  // decode]): Generate is a collective over the group.
   RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype, at::Device device,
                 int64_t max_batch, int64_t max_length, const StorageAllocator& allocator,
-                Records records = {});
+                Records records = {}, Communicator* expert_group = nullptr);
 
   RolloutEngine(const RolloutEngine&) = delete;
   RolloutEngine& operator=(const RolloutEngine&) = delete;
@@ -202,6 +207,9 @@ class RolloutEngine {
   };
   // Writes a forward's choice of model layer `layer` ([rows * len, k] or [rows, len, k]).
   void Record(ChoiceRecord& record, int64_t layer, const at::Tensor& ids);
+  // Note [Expert-parallel decode]: called before each forward with `working` true, and with false
+  // once this engine's Generate has nothing left; true while any engine of the group works.
+  bool ExpertGroupStep(bool working);
 
   model::ModelConfig config_;
   at::ScalarType dtype_;
@@ -212,6 +220,7 @@ class RolloutEngine {
   at::Tensor weight_storage_;  // [total_bytes] uint8
   model::TensorMap weights_;   // HF-named views of weight_storage_
   at::Tensor kv_storage_;      // [NumElements] of dtype_, a view of the "kv_cache" bytes
+  Communicator* expert_group_;  // null without expert parallelism
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<model::KvCache> cache_;  // max_batch rows; groups use rows [0, group size)
   model::RopeTable rope_;                  // every cache position [0, max_length)
