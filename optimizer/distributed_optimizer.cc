@@ -323,6 +323,74 @@ void DistributedOptimizer::OnloadState() {
   offloaded_ = false;
 }
 
+BufferLayout DistributedOptimizer::Layout(BufferKind kind,
+                                          const std::vector<ParamSpec>& params_in_use_order,
+                                          int group_size) {
+  return LayoutOf(kind, params_in_use_order, group_size);
+}
+
+void DistributedOptimizer::ImportResharded(const std::vector<SavedShard>& saved,
+                                           int64_t first_expert, int64_t experts) {
+  c10::NoGradGuard no_grad;
+  RL_CHECK(!saved.empty(), Error, "optimizer state: no saved shards to reshard");
+  for (const SavedShard& s : saved) {
+    RL_CHECK(s.state.step == saved[0].state.step, Error,
+             "optimizer state: the saved shards are of different steps ({} and {})",
+             saved[0].state.step, s.state.step);
+  }
+  const at::ScalarType dtype = StateOf(BufferKind::kDense).scalar_type();
+  for (BufferKind kind : kBufferKinds) {
+    const bool expert = kind == BufferKind::kExpert;
+    const std::string prefix(ToString(kind));
+    // The elements of one expert's rows of a stacked expert param (the whole param otherwise).
+    const auto row_numel = [&](const BufferEntry& e) { return expert ? e.numel / e.shape[0] : 0; };
+    // Every parameter whole ([parts, numel], experts at their global rows), and what is filled.
+    std::map<std::string, std::pair<at::Tensor, at::Tensor>> whole;
+    for (const SavedShard& s : saved) {
+      const BufferLayout& layout = s.layouts[Index(kind)];
+      std::vector<at::Tensor> parts;
+      for (const char* part : kStateNames) {
+        const auto it = s.state.tensors.find(prefix + "." + part);
+        RL_CHECK(it != s.state.tensors.end(), Error, "optimizer state has no tensor '{}.{}'",
+                 prefix, part);
+        parts.push_back(it->second.reshape({-1}).to(dtype));
+      }
+      for (const ShardSegment& seg : layout.Segments(s.index[Index(kind)])) {
+        const BufferEntry& entry = layout.entries[seg.entry];
+        auto& [values, filled] = whole[entry.name];
+        if (!values.defined()) {
+          const int64_t numel = expert ? row_numel(entry) * experts : entry.numel;
+          values = at::zeros({kStateParts, numel}, dtype);
+          filled = at::zeros({numel}, at::kBool);
+        }
+        const int64_t begin = s.first_expert * row_numel(entry) + seg.buffer_offset - entry.offset;
+        for (int part = 0; part < kStateParts; ++part) {
+          values[part].narrow(0, begin, seg.numel).copy_(parts[part].narrow(0, seg.shard_offset,
+                                                                           seg.numel));
+        }
+        filled.narrow(0, begin, seg.numel).fill_(true);
+      }
+    }
+    const Buffer& mine = buffers_[Index(kind)];
+    at::Tensor state = StateOf(kind);
+    at::Tensor host = at::zeros(state.sizes(), dtype);  // padding stays zero
+    for (const ShardSegment& seg : mine.segments) {
+      const BufferEntry& entry = mine.layout.entries[seg.entry];
+      const auto it = whole.find(entry.name);
+      const int64_t begin = first_expert * row_numel(entry) + seg.buffer_offset - entry.offset;
+      RL_CHECK(it != whole.end() && it->second.second.narrow(0, begin, seg.numel).all().item<bool>(),
+               Error,
+               "optimizer state cannot be resharded: no saved shard holds all of {} (elements "
+               "[{}, {})){}",
+               entry.name, begin, begin + seg.numel,
+               expert ? fmt::format(" for experts from {}", first_expert) : "");
+      host.narrow(1, seg.shard_offset, seg.numel).copy_(it->second.first.narrow(1, begin, seg.numel));
+    }
+    state.copy_(host);
+  }
+  step_ = saved[0].state.step;
+}
+
 ShardState DistributedOptimizer::ExportState() const {
   ShardState out;
   out.step = step_;

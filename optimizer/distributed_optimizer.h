@@ -91,6 +91,23 @@ struct ShardState {
   std::map<std::string, at::Tensor> tensors;   // "dense.master", "dense.exp_avg", ... (CPU)
 };
 
+// Note [Resharding optimizer state]
+// A checkpoint holds one shard per rank, cut from the layouts of the job that saved it (its DP
+// size, and its EP size, which shapes the expert buffer and its EDP group). ImportResharded
+// rebuilds this rank's shards from every saved shard of another layout: it puts each saved
+// segment back into the whole parameter it belongs to (an expert buffer's segments at their
+// experts' global rows), then cuts this rank's segments out of those, for the masters and both
+// Adam moments. Every element this rank owns must come from exactly one saved segment's data;
+// one that no saved shard covers is an error naming its parameter. The whole state passes
+// through this rank's host memory once (the price of resharding; loading into the same layout
+// reads only the rank's own shard).
+struct SavedShard {
+  ShardState state;
+  std::array<BufferLayout, 2> layouts;  // by BufferKind: the layouts the shard was cut from
+  std::array<int64_t, 2> index{};       // its shard of each layout (DP rank, EDP rank)
+  int64_t first_expert = 0;             // global id of the first expert of its expert buffer
+};
+
 class DistributedOptimizer {
  public:
   // `params_in_use_order`: the trained params in order of first use in the forward pass; their
@@ -157,6 +174,16 @@ class DistributedOptimizer {
   ShardState ExportState() const;
   // Throws rl::Error naming the first difference when the layout or DP size differ.
   void ImportState(const ShardState& state);
+  // Note [Resharding optimizer state]. `first_expert`: the global id of this rank's first expert;
+  // `experts`: the model's expert count. Throws rl::Error naming a parameter no saved shard
+  // covers, or saved shards of different steps.
+  void ImportResharded(const std::vector<SavedShard>& saved, int64_t first_expert,
+                       int64_t experts);
+
+  // The layout of the `kind` buffer of `params_in_use_order` sharded over `group_size` ranks: what
+  // an optimizer of that job builds (for resharding a checkpoint of another layout).
+  static BufferLayout Layout(BufferKind kind, const std::vector<ParamSpec>& params_in_use_order,
+                             int group_size);
 
  private:
   struct Buffer {

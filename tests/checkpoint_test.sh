@@ -7,9 +7,9 @@
 #   crash_in_save   rank 0 dying in the middle of iteration 2's checkpoint write (every file but
 #                   the manifest written) leaves `latest` on iteration 1, which loads and runs
 #                   on; the cut-short directory is refused
-#   refused         a checkpoint with a corrupt optimizer shard, without its manifest, loaded by
-#                   another number of ranks or with another buffer layout is refused, naming the
-#                   file and what differs
+#   refused         a checkpoint with a corrupt optimizer shard, without its manifest, or loaded
+#                   with another buffer layout (by as many ranks, or by another number of ranks,
+#                   which reshards the state) is refused, naming the file and what differs
 set -euo pipefail
 mode="$1" trainer="$2" recipe="$3"
 here="$(dirname "$0")"
@@ -97,8 +97,10 @@ case "$mode" in
     run 2 saved --num-rollout 1 --save "$tmp/ckpt" || { cat "$tmp/saved.log"; fail "save failed"; }
     ckpt="$tmp/ckpt/iter_0000001"
     set +e
-    run 1 one_rank --num-rollout 2 --load "$tmp/ckpt"
-    [[ $? -ne 0 ]] || fail "a DP=2 checkpoint loaded on 1 rank"
+    # On 1 rank the state is resharded, which needs the saved buffer layouts: refused.
+    run 1 one_rank --num-rollout 2 --load "$tmp/ckpt" --no-rematerialize-param-from-master-weight \
+      --freeze-params 'layers\.0\.self_attn\.q_proj'
+    [[ $? -ne 0 ]] || fail "a DP=2 checkpoint of another buffer layout loaded on 1 rank"
     cp -r "$ckpt" "$tmp/corrupt"
     printf '\x01' | dd of="$tmp/corrupt/optimizer/rank_00001.safetensors" bs=1 seek=200 \
       conv=notrunc status=none
@@ -113,7 +115,7 @@ case "$mode" in
       --freeze-params 'layers\.0\.self_attn\.q_proj'
     [[ $? -ne 0 ]] || fail "a checkpoint with another buffer layout loaded"
     set -e
-    expect_refused one_rank "saved by 2 data-parallel ranks, this job has 1"
+    expect_refused one_rank "rank_00000.safetensors: its dense buffer layout is not this model's at DP 2 and EP 1 .*cannot be resharded"
     expect_refused corrupt "corrupt/optimizer/rank_00001.safetensors: SHA256 [0-9a-f]* differs"
     expect_refused no_manifest "no_manifest: not a checkpoint: it has no manifest.sha256"
     expect_refused other_layout "rank_0000[01].safetensors: optimizer state was saved with a different dense buffer layout"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Expert parallelism on CPU ranks (MPI backend), against one rank. Two modes:
+# Expert parallelism on CPU ranks (MPI backend), against one rank. Three modes:
 #   train TRAINER COMPARE DATA RECIPE...
 #     each MoE CI model, fp32, trains 3 --debug-train-only iterations on the recorded rollout DATA
 #     at -np 1, at -np 2 with EP 2 (EDP 1) and at -np 4 with EP 2 (DP 4, EDP 2). The weights saved
@@ -14,6 +14,9 @@
 #     between actor and engine, the first step's ppo_kl, the routing replay check). At -np 4 the
 #     recipes' 2 prompts leave two ranks without prompts: their engines only serve the others'
 #     experts (Note [Expert-parallel decode]).
+#   resume TRAINER RECIPE
+#     a checkpoint saved at EP 2 resharded through EP 1 and EP 4 and back comes back bit for bit,
+#     and resumes at another DP size (see the mode below).
 set -euo pipefail
 mode="$1"
 shift
@@ -26,7 +29,8 @@ fail() { echo "FAIL: $*"; failed=1; }
 run() {  # run NP NAME FLAGS...: true when the trainer exits 0
   local np="$1" name="$2"
   shift 2
-  "$here/mpi_run.sh" "$np" "$trainer" --metrics-out "$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 ||
+  "$here/mpi_run.sh" "$np" "$trainer" --metrics-out "$tmp/$name.jsonl" \
+    --actor-num-gpus-per-node "$np" "$@" > "$tmp/$name.log" 2>&1 ||
     { tail -n 30 "$tmp/$name.log"; return 1; }
 }
 grad_norms() { sed -n 's/.*"grad_norm":\([-0-9.e+]*\).*/\1/p' "$tmp/$1.jsonl"; }
@@ -95,6 +99,52 @@ PY
         echo "$run_name: $checks weight checks, $rebuilds verified rebuilds, $replays replay checks"
       done
     done
+    ;;
+  resume)
+    # Save at -np 2 EP 2; load and save again (nothing left to run, so the loaded state is saved
+    # in the new layout) at -np 1 EP 1, then -np 4 EP 4, then back at -np 2 EP 2: every tensor
+    # of the weights and of every rank's optimizer shard must come back bit for bit (the CPU
+    # generator state aside, which the resharding ranks do not take over). Then a run at -np 4
+    # EP 2 resumes the first checkpoint and trains 1 more iteration with every CI check.
+    trainer="$1" recipe="$2"
+    hop() {  # hop NP EP FROM TO
+      run "$1" "hop.$4" --config "$recipe" --num-rollout 2 --expert-model-parallel-size "$2" \
+        --load "$tmp/$3" --save "$tmp/$4" || { fail "load $3 at -np $1 EP $2"; return 1; }
+      grep -q "resharded the optimizer state" "$tmp/hop.$4.log" || fail "$4: not resharded"
+    }
+    run 2 saved --config "$recipe" --num-rollout 2 --expert-model-parallel-size 2 \
+      --save "$tmp/a" || fail "the EP 2 run that saves"
+    hop 1 1 a b && hop 4 4 b c && hop 2 2 c d
+    python3 - "$tmp/a/iter_0000002" "$tmp/b/iter_0000002" "$tmp/d/iter_0000002" <<'PY' || fail "round trip"
+import glob, json, os, struct, sys
+
+def tensors(path):  # name -> raw bytes of every tensor of a safetensors file
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+
+def all_tensors(root, pattern):
+    out = {}
+    for path in sorted(glob.glob(os.path.join(root, pattern))):
+        for k, v in tensors(path).items():
+            out[os.path.basename(path) + ":" + k] = v
+    return out
+
+a, b, d = sys.argv[1:]
+weights = [all_tensors(x, "*.safetensors") for x in (a, b, d)]
+assert weights[0] and weights[0] == weights[1] == weights[2], "the weights differ"
+shards = [{k: v for k, v in all_tensors(x, "optimizer/*.safetensors").items()
+           if not k.endswith(":rng.cpu")} for x in (a, d)]
+assert len(shards[0]) == 2 * 6 and shards[0] == shards[1], "the optimizer shards differ"
+print(f"round trip: {len(weights[0])} weight tensors and {len(shards[0])} optimizer tensors "
+      "bit-identical")
+PY
+    run 4 resumed --config "$recipe" --num-rollout 3 --expert-model-parallel-size 2 \
+      --load "$tmp/a" || fail "resume at -np 4 EP 2"
+    grep -q "iteration 3: " "$tmp/resumed.log" || fail "no iteration 3 after the resume"
     ;;
   *)
     echo "unknown mode $mode"

@@ -461,6 +461,12 @@ model::ModelConfig Actor::WholeModelConfig() const {
   return whole;
 }
 
+std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size) const {
+  model::ModelConfig sharded = model_;
+  sharded.expert_shard = {0, ep_size};
+  return SplitParams(model::ListParams(sharded), resolved_.config.model.freeze_params).trained;
+}
+
 void Actor::SaveHf(const std::string& dir) const {
   const model::TensorMap tensors = WholeModelTensors();
   if (comm_.rank() == 0) {

@@ -116,6 +116,9 @@ class Actor {
   // the config of the whole model, for saving. Collective over the EP group.
   model::TensorMap WholeModelTensors() const;
   model::ModelConfig WholeModelConfig() const;
+  // The trained params, in use order, of this model with its experts spread over `ep_size` ranks
+  // (what the optimizer of such a job lays out; for resharding checkpoints).
+  std::vector<ParamSpec> TrainedParams(int64_t ep_size) const;
 
   // Log-probs [mb, T] of the plan's samples under the current weights, no autograd. MoE routing
   // replays `replay` when given and is recorded into `record` when given.

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <mutex>
@@ -86,7 +87,7 @@ void CopyTokenizerFiles(const std::string& from, const std::string& to) {
 }
 
 json::Value StateJson(const LoopState& state, const config::Config& config, int dp_size,
-                      int64_t optimizer_step) {
+                      int64_t ep_size, int64_t optimizer_step) {
   return json::Value::MakeObject({
       {"format", json::Value::String(kFormat)},
       {"version", json::Value::Int(kFormatVersion)},
@@ -94,23 +95,29 @@ json::Value StateJson(const LoopState& state, const config::Config& config, int 
       {"weight_version", json::Value::Int(state.weight_version)},
       {"optimizer_step", json::Value::Int(optimizer_step)},
       {"dp_size", json::Value::Int(dp_size)},
+      {"expert_model_parallel_size", json::Value::Int(ep_size)},
       {"seed", json::Value::Int(config.run.seed)},
       {"rollout", state.rollout},
   });
 }
 
-// Checks every file this rank reads against the manifest: all but the other ranks' optimizer
-// shards (each rank checks its own).
+// Checks every file this rank reads against the manifest: the shared files and the optimizer
+// shards `shards` (its own, or every saved rank's when resharding).
 void VerifyFiles(const std::string& dir, const std::map<std::string, std::string>& manifest,
-                 const std::string& own_shard) {
-  for (const std::string required : {kStateFile, kConfigFile, kHfConfigFile, own_shard.c_str()}) {
-    RL_CHECK(manifest.count(required) == 1, CheckpointError,
+                 const std::vector<std::string>& shards) {
+  std::vector<std::string> required = {kStateFile, kConfigFile, kHfConfigFile};
+  required.insert(required.end(), shards.begin(), shards.end());
+  for (const std::string& file : required) {
+    RL_CHECK(manifest.count(file) == 1, CheckpointError,
              "{}: the manifest does not list {}; the checkpoint is incomplete or was written by "
              "another job shape",
-             JoinPath(dir, kManifest), required);
+             JoinPath(dir, kManifest), file);
   }
   for (const auto& [name, digest] : manifest) {
-    if (name.rfind("optimizer/", 0) == 0 && name != own_shard) continue;
+    if (name.rfind("optimizer/", 0) == 0 &&
+        std::find(shards.begin(), shards.end(), name) == shards.end()) {
+      continue;
+    }
     const std::string path = JoinPath(dir, name);
     RL_CHECK(PathExists(path), CheckpointError, "{}: listed in {} but missing", path, kManifest);
     const std::string actual = FileSha256(path);
@@ -134,7 +141,8 @@ int64_t ParseMetadataInt(const model::SafetensorsFile& file, const std::string& 
                                     key, it->second));
 }
 
-optimizer::ShardState ReadShard(const model::SafetensorsFile& file, int dp_rank, int dp_size) {
+optimizer::ShardState ReadShard(const model::SafetensorsFile& file, int64_t dp_rank,
+                                int64_t dp_size) {
   RL_CHECK(ParseMetadataInt(file, "dp_rank") == dp_rank, CheckpointError,
            "{}: holds the shard of DP rank {}, expected {}", file.path(),
            ParseMetadataInt(file, "dp_rank"), dp_rank);
@@ -154,7 +162,13 @@ optimizer::ShardState ReadShard(const model::SafetensorsFile& file, int dp_rank,
   return shard;
 }
 
-LoopState ReadState(const std::string& dir, int dp_size) {
+// The layout of the job that saved a checkpoint.
+struct SavedLayout {
+  int64_t dp_size = 1;
+  int64_t ep_size = 1;
+};
+
+LoopState ReadState(const std::string& dir, SavedLayout& layout) {
   const std::string path = JoinPath(dir, kStateFile);
   const json::Value state = json::ParseFile(path);
   LoopState out;
@@ -164,11 +178,13 @@ LoopState ReadState(const std::string& dir, int dp_size) {
     RL_CHECK(state.at("version").AsInt64() == kFormatVersion, CheckpointError,
              "{}: format version {}, this trainer reads version {}", path,
              state.at("version").AsInt64(), kFormatVersion);
-    const int64_t saved_dp = state.at("dp_size").AsInt64();
-    RL_CHECK(saved_dp == dp_size, CheckpointError,
-             "{}: saved by {} data-parallel ranks, this job has {}; the optimizer state is not "
-             "resharded: resume with {} ranks",
-             path, saved_dp, dp_size, saved_dp);
+    layout.dp_size = state.at("dp_size").AsInt64();
+    // Checkpoints of the first format version were all saved at EP 1.
+    const json::Value* ep = state.Find("expert_model_parallel_size");
+    layout.ep_size = ep != nullptr ? ep->AsInt64() : 1;
+    RL_CHECK(layout.dp_size >= 1 && layout.ep_size >= 1 && layout.dp_size % layout.ep_size == 0,
+             CheckpointError, "{}: dp_size {} and expert_model_parallel_size {} do not form a layout",
+             path, layout.dp_size, layout.ep_size);
     out.iteration = state.at("iteration").AsInt64();
     out.weight_version = state.at("weight_version").AsInt64();
     out.rollout = state.at("rollout");
@@ -238,6 +254,7 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
   comm.Barrier();
 
   // Every rank: its optimizer shard and RNG state.
+  const int64_t ep_size = actor.model_config().expert_shard.size;
   const optimizer::ShardState shard = actor.optimizer().ExportState();
   NamedTensors tensors;
   for (const auto& [name, tensor] : shard.tensors) tensors.push_back({name, tensor});
@@ -247,6 +264,7 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
       {"step", std::to_string(shard.step)},
       {"dp_rank", std::to_string(comm.rank())},
       {"dp_size", std::to_string(comm.size())},
+      {"ep_size", std::to_string(ep_size)},
   };
   for (const auto& [kind, layout] : shard.layouts) metadata[kLayoutKeyPrefix + kind] = layout;
   const std::string shard_path = JoinPath(partial, ShardFile(comm.rank()));
@@ -265,7 +283,8 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
       CopyTokenizerFiles(config.model.hf_checkpoint, partial);
     }
     WriteFileAtomically(JoinPath(partial, kStateFile),
-                  json::Dump(StateJson(state, config, comm.size(), shard.step), 2) + "\n");
+                  json::Dump(StateJson(state, config, comm.size(), ep_size, shard.step), 2) +
+                      "\n");
     WriteFileAtomically(JoinPath(partial, kConfigFile), config::DumpToml(config));
     MaybeInjectFault(FaultPoint::kCheckpointWrite, comm.rank(), state.iteration);
     std::string manifest;
@@ -295,32 +314,100 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
   return final_dir;
 }
 
+namespace {
+
+// Note [Resharding optimizer state]: every saved rank's shard, with the layouts the saving job
+// cut it from (computed from this model's params at the saved EP and DP sizes, and checked
+// against the layouts the shard records).
+std::vector<optimizer::SavedShard> ReadAllShards(const std::string& dir, const Actor& actor,
+                                                 const SavedLayout& saved) {
+  using optimizer::BufferKind;
+  using optimizer::DistributedOptimizer;
+  const std::vector<ParamSpec> params = actor.TrainedParams(saved.ep_size);
+  const int64_t expert_dp = saved.dp_size / saved.ep_size;
+  const std::array<optimizer::BufferLayout, 2> layouts = {
+      DistributedOptimizer::Layout(BufferKind::kDense, params, static_cast<int>(saved.dp_size)),
+      DistributedOptimizer::Layout(BufferKind::kExpert, params, static_cast<int>(expert_dp))};
+  const int64_t experts_per_rank = actor.model_config().n_routed_experts / saved.ep_size;
+  std::vector<optimizer::SavedShard> out;
+  for (int64_t rank = 0; rank < saved.dp_size; ++rank) {
+    const model::SafetensorsFile file =
+        model::SafetensorsFile::Open(JoinPath(dir, ShardFile(static_cast<int>(rank))));
+    optimizer::SavedShard shard;
+    shard.state = ReadShard(file, rank, saved.dp_size);
+    shard.layouts = layouts;
+    // Note [Rank grid]: EP rank rank % EP, EDP rank rank / EP.
+    shard.index = {rank, rank / saved.ep_size};
+    shard.first_expert = rank % saved.ep_size * experts_per_rank;
+    for (BufferKind kind : optimizer::kBufferKinds) {
+      const std::string name(optimizer::ToString(kind));
+      const auto it = shard.state.layouts.find(name);
+      RL_CHECK(it != shard.state.layouts.end() && it->second == layouts[static_cast<size_t>(kind)].Describe(),
+               CheckpointError,
+               "{}: its {} buffer layout is not this model's at DP {} and EP {} (another model "
+               "or --freeze-params?): the optimizer state cannot be resharded",
+               file.path(), name, saved.dp_size, saved.ep_size);
+    }
+    out.push_back(std::move(shard));
+  }
+  return out;
+}
+
+}  // namespace
+
 LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& comm) {
   const std::string dir = ResolveCheckpointDir(path);
   const std::string own_shard = ShardFile(comm.rank());
-  VerifyFiles(dir, ReadManifest(dir), own_shard);
-  LoopState state = ReadState(dir, comm.size());
+  SavedLayout saved;
+  LoopState state = ReadState(dir, saved);
+  const model::ModelConfig& model = actor.model_config();
+  const bool same_layout =
+      saved.dp_size == comm.size() && saved.ep_size == model.expert_shard.size;
+  std::vector<std::string> shards = {own_shard};
+  if (!same_layout) {
+    shards.clear();
+    for (int64_t r = 0; r < saved.dp_size; ++r) shards.push_back(ShardFile(static_cast<int>(r)));
+  }
+  VerifyFiles(dir, ReadManifest(dir), shards);
 
   model::TensorMap all = actor.AllTensors();
-  model::LoadParams(model::CheckpointReader::Open(dir), actor.model_config(), all);
-  const model::SafetensorsFile shard_file =
-      model::SafetensorsFile::Open(JoinPath(dir, own_shard));
-  const optimizer::ShardState shard = ReadShard(shard_file, comm.rank(), comm.size());
-  try {
-    actor.optimizer().ImportState(shard);
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const Error& e) {
-    throw CheckpointError(fmt::format("{}: {}", shard_file.path(), e.what()));
+  model::LoadParams(model::CheckpointReader::Open(dir), model, all);
+  int64_t step = 0;
+  if (same_layout) {
+    const model::SafetensorsFile shard_file =
+        model::SafetensorsFile::Open(JoinPath(dir, own_shard));
+    const optimizer::ShardState shard = ReadShard(shard_file, comm.rank(), comm.size());
+    try {
+      actor.optimizer().ImportState(shard);
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const Error& e) {
+      throw CheckpointError(fmt::format("{}: {}", shard_file.path(), e.what()));
+    }
+    RL_CHECK(shard_file.Find(kRngTensor) != nullptr, CheckpointError, "{}: no tensor '{}'",
+             shard_file.path(), kRngTensor);
+    SetCpuRngState(shard_file.Get(kRngTensor).clone());
+    step = shard.step;
+  } else {
+    // Another layout: the optimizer state is resharded; the CPU generator keeps this job's seed
+    // (SeedDefaultGenerator), since the saved ranks' states do not map to these ranks.
+    try {
+      actor.optimizer().ImportResharded(ReadAllShards(dir, actor, saved),
+                                        model.first_local_expert(), model.n_routed_experts);
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const Error& e) {
+      throw CheckpointError(fmt::format("{}: {}", dir, e.what()));
+    }
+    step = actor.optimizer().step();
+    spdlog::info("resharded the optimizer state of {} from DP {} x EP {} to DP {} x EP {}", dir,
+                 saved.dp_size, saved.ep_size, comm.size(), model.expert_shard.size);
   }
   // The params are the masters cast, exactly as at the end of the step that was saved.
   actor.optimizer().CastMainToParams();
   actor.optimizer().AllGatherParams();
-  RL_CHECK(shard_file.Find(kRngTensor) != nullptr, CheckpointError, "{}: no tensor '{}'",
-           shard_file.path(), kRngTensor);
-  SetCpuRngState(shard_file.Get(kRngTensor).clone());
   spdlog::info("loaded checkpoint {} (iteration {}, optimizer step {})", dir, state.iteration,
-               shard.step);
+               step);
   return state;
 }
 

@@ -119,6 +119,11 @@ class ColocatedCycle {
       if (rollout_) rollout_->ImportState(resumed.rollout);
       weight_version_ = resumed.weight_version;
       backuper_->Backup(backup::kActorTag);
+      // Nothing left to run: --save writes the loaded state in this job's layout (a checkpoint
+      // resharded to other DP and EP sizes, Note [Resharding optimizer state]).
+      if (resumed.iteration == c_.run.num_rollout && SaveDue(resumed.iteration - 1)) {
+        Save(resumed.iteration - 1);
+      }
     }
     backuper_->Restore(backup::kActorTag);
     if (colocated()) {
