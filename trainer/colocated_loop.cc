@@ -146,6 +146,7 @@ class ColocatedCycle {
   void RunIteration(int64_t iteration) {
     phase_seconds_.clear();
     spdlog::info("iteration {} / {}", iteration + 1, c_.run.num_rollout);
+    SetFaultContext(comm_.rank(), iteration + 1);  // Note [Fault injection]
     const rl_algo::RolloutBatch batch = Phase("rollout", [&] { return Generate(iteration); });
     if (colocated()) {
       Phase("rollout_sleep", [&] { rollout_->Sleep(); });

@@ -35,23 +35,41 @@ Fault ParseFault(const std::string& spec) {
     fault.iteration = std::strtoll(iteration.c_str(), &end, 10);
     ok = ok && !iteration.empty() && *end == '\0';
   }
-  ok = ok && (fault.kind == "hang" || fault.kind == "kill" || fault.kind == "save_crash");
+  ok = ok && (fault.kind == "hang" || fault.kind == "kill" || fault.kind == "save_crash" ||
+               fault.kind == "exchange_hang");
   RL_CHECK(ok, ConfigError,
-           "RL_FAULT='{}': expected KIND:RANK:ITERATION with KIND hang, kill or save_crash "
-           "(e.g. kill:1:2)",
+           "RL_FAULT='{}': expected KIND:RANK:ITERATION with KIND hang, kill, save_crash or "
+           "exchange_hang (e.g. kill:1:2)",
            spec);
   return fault;
 }
 
+FaultPoint PointOf(const std::string& kind) {
+  if (kind == "save_crash") return FaultPoint::kCheckpointWrite;
+  if (kind == "exchange_hang") return FaultPoint::kExpertExchange;
+  return FaultPoint::kTrain;
+}
+
+// SetFaultContext's; one thread runs the model.
+int context_rank = -1;
+int64_t context_iteration = -1;
+
 }  // namespace
+
+void SetFaultContext(int rank, int64_t iteration) {
+  context_rank = rank;
+  context_iteration = iteration;
+}
+
+void MaybeInjectFault(FaultPoint point) {
+  if (context_rank >= 0) MaybeInjectFault(point, context_rank, context_iteration);
+}
 
 void MaybeInjectFault(FaultPoint point, int rank, int64_t iteration) {
   const char* spec = std::getenv("RL_FAULT");
   if (spec == nullptr) return;
   const Fault fault = ParseFault(spec);
-  const FaultPoint fault_point =
-      fault.kind == "save_crash" ? FaultPoint::kCheckpointWrite : FaultPoint::kTrain;
-  if (fault_point != point || fault.rank != rank || fault.iteration != iteration) return;
+  if (PointOf(fault.kind) != point || fault.rank != rank || fault.iteration != iteration) return;
   spdlog::warn("RL_FAULT: rank {} injects '{}' in iteration {}", rank, fault.kind, iteration);
   spdlog::default_logger()->flush();
   if (fault.kind == "kill") {

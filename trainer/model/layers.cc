@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "launch/check.h"
+#include "trainer/fault_injection.h"
 #include "trainer/kernels/fused_ops.h"
 
 namespace rl::model {
@@ -576,6 +577,7 @@ at::Tensor RunExpertsParallel(const MoeWeights& w, const at::Tensor& xs, const a
     }
   }
   // 2. Rows to the experts' ranks; regrouped from (source, expert) to (expert, source) order.
+  MaybeInjectFault(FaultPoint::kExpertExchange);  // Note [Fault injection]
   const at::Tensor arrived = ExchangeRows::apply(xs, &group, send_counts, recv_counts);
   std::vector<int64_t> block_start(static_cast<size_t>(ranks * local));
   int64_t offset = 0;

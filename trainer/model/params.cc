@@ -433,7 +433,7 @@ void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const T
   const std::vector<ParamSpec> specs = ListParams(config);
   CheckParams(specs, params);
   NamedTensors tensors;
-  for (const HfSlice& slice : HfLayout(specs)) {
+  for (const HfSlice& slice : HfLayout(specs, config.first_local_expert())) {
     tensors.push_back(
         {config.weight_prefix + slice.hf_name, SliceOf(slice, params.at(slice.param)).detach()});
   }
