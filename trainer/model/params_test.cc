@@ -245,6 +245,105 @@ TEST_CASE("LoadParams reads transformers-v5 fused experts and converts dtypes") 
   }
 }
 
+// Note [Expert shard]: the 8-expert fixtures, split over 2 EP ranks of 4 experts each.
+const std::vector<std::string> kEightExpertFixtures = {"qwen3_moe", "glm4_moe"};
+constexpr int64_t kShards = 2;
+
+ModelConfig ShardOf(const ModelConfig& whole, int64_t rank) {
+  ModelConfig c = whole;
+  c.expert_shard = {rank, kShards};
+  return c;
+}
+
+// `whole` with its stacked experts narrowed to the experts of `shard`.
+TensorMap RowsOfShard(const ModelConfig& shard, const TensorMap& whole) {
+  TensorMap out;
+  for (const ParamSpec& s : ListParams(shard)) {
+    const at::Tensor& t = whole.at(s.name);
+    out.emplace(s.name, s.role == ParamRole::kRoutedExpert
+                            ? t.narrow(0, shard.first_local_expert(), shard.local_experts())
+                            : t);
+  }
+  return out;
+}
+
+void CheckSameTensors(const TensorMap& got, const TensorMap& want) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, t] : want) {
+    INFO(name);
+    REQUIRE(got.count(name) == 1);
+    CHECK(at::equal(got.at(name), t));
+  }
+}
+
+TEST_CASE("InitParamsRandom under an expert shard gives the whole model's rows of its experts") {
+  for (const std::string& fixture : kEightExpertFixtures) {
+    const ModelConfig whole_config = LoadModelConfig(FixturePath(fixture));
+    REQUIRE(whole_config.n_routed_experts == 8);
+    const std::vector<ParamSpec> whole_specs = ListParams(whole_config);
+    TensorMap whole = AllocateParams(whole_specs, at::kFloat, at::kCPU);
+    InitParamsRandom(whole_specs, whole, 42);
+    for (int64_t rank = 0; rank < kShards; ++rank) {
+      INFO(fixture << ", shard " << rank << " of " << kShards);
+      const ModelConfig config = ShardOf(whole_config, rank);
+      REQUIRE(config.first_local_expert() == rank * 4);
+      const std::vector<ParamSpec> specs = ListParams(config);
+      TensorMap shard = AllocateParams(specs, at::kFloat, at::kCPU);
+      InitParamsRandom(specs, shard, 42, config.expert_shard);
+      CheckSameTensors(shard, RowsOfShard(config, whole));
+    }
+  }
+}
+
+TEST_CASE("LoadParams of a per-expert checkpoint into a shard reads exactly its experts' rows") {
+  for (const std::string& fixture : kEightExpertFixtures) {
+    INFO(fixture);
+    const ModelConfig whole_config = LoadModelConfig(FixturePath(fixture));
+    const std::vector<ParamSpec> whole_specs = ListParams(whole_config);
+    TensorMap whole = AllocateParams(whole_specs, at::kFloat, at::kCPU);
+    InitParamsRandom(whole_specs, whole, 7);
+    const std::string dir = TempDir("per_expert_" + fixture);
+    SaveHfCheckpoint(dir, whole_config, whole);
+    const ModelConfig config = ShardOf(whole_config, 1);
+    TensorMap shard = AllocateParams(ListParams(config), at::kFloat, at::kCPU);
+    // Experts 0..3 are in the file and belong to the other rank: not "unexpected".
+    REQUIRE_NOTHROW(LoadParams(CheckpointReader::Open(dir), config, shard));
+    CheckSameTensors(shard, RowsOfShard(config, whole));
+  }
+}
+
+TEST_CASE("LoadParams of transformers-v5 fused experts into a shard reads exactly its rows") {
+  for (const std::string& fixture : kEightExpertFixtures) {
+    INFO(fixture);
+    const ModelConfig whole_config = LoadModelConfig(FixturePath(fixture));
+    const std::vector<ParamSpec> whole_specs = ListParams(whole_config);
+    TensorMap whole = AllocateParams(whole_specs, at::kFloat, at::kCPU);
+    InitParamsRandom(whole_specs, whole, 9);
+    // The whole model's stacked params are the fused tensors [8, 2I, H] and [8, H, I].
+    NamedTensors tensors;
+    for (const ParamSpec& s : whole_specs) tensors.push_back({s.name, whole.at(s.name)});
+    const std::string dir = TempDir("fused_shard_" + fixture);
+    WriteCheckpointShards(dir, tensors, int64_t{1} << 30);
+    const ModelConfig config = ShardOf(whole_config, 1);
+    TensorMap shard = AllocateParams(ListParams(config), at::kFloat, at::kCPU);
+    REQUIRE_NOTHROW(LoadParams(CheckpointReader::Open(dir), config, shard));
+    CheckSameTensors(shard, RowsOfShard(config, whole));
+  }
+}
+
+TEST_CASE("HfLayout names a shard's local experts by their global ids") {
+  const ModelConfig config = ShardOf(LoadModelConfig(FixturePath("qwen3_moe")), 1);
+  const std::string p = "model.layers.1.mlp.experts.";
+  std::vector<std::string> names;
+  for (const HfSlice& slice : HfLayout(ListParams(config), config.first_local_expert())) {
+    if (slice.param.rfind(p, 0) == 0) names.push_back(slice.hf_name);
+  }
+  REQUIRE(names.size() == 3 * 4u);
+  CHECK(names.front() == p + "4.gate_proj.weight");
+  CHECK(names[3] == p + "5.gate_proj.weight");
+  CHECK(names.back() == p + "7.down_proj.weight");
+}
+
 TEST_CASE("CheckParams accepts the fixture params and rejects a foreign dtype") {
   testing::LoadedModel m = LoadFixture("glm_moe_dsa_shared");
   const std::vector<ParamSpec> specs = ListParams(m.config);
