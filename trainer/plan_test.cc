@@ -4,8 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include "launch/json.h"
+#include "launch/region_tag.h"
+#include "trainer/actor.h"
 #include "trainer/config/validate.h"
 #include "trainer/model/hf_config.h"
+#include "trainer/model/params.h"
 
 namespace rl {
 namespace {
@@ -99,6 +102,49 @@ TEST_CASE("a reference model adds a pinned copy on both paths; CPU optimizer mov
   CHECK(plan.host_remat.ref_pinned == 2 * 380);
   CHECK(plan.gpu.masters == 0);
   CHECK(plan.host_remat.optimizer_state == 12 * 380);
+}
+
+// The Qwen3-MoE CI model (configs/models/qwen3_30b_a3b_4layer_ci.json): 4 MoE layers of 8
+// experts, hidden 64.
+constexpr const char* kMoeCi = R"({
+  "model_type": "qwen3_moe", "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 4,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+  "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true,
+  "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+  "max_position_embeddings": 4096, "tie_word_embeddings": false, "attention_bias": false})";
+
+TEST_CASE("at EP 2 the plan is what a rank allocates, up to the optimizer's alignment") {
+  config::Config c;
+  c.run.actor_num_nodes = 1;
+  c.run.actor_num_gpus_per_node = 2;
+  c.parallel.expert_model_parallel_size = 2;
+  const config::ResolvedConfig r = Resolve(c);
+  model::ModelConfig model = Model(kMoeCi);
+  const MemoryPlan plan = PlanMemory(r, model);
+  // What each rank of `mpirun -np 2 trainer ... --expert-model-parallel-size 2` creates its actor
+  // regions with (ActorRegions in colocated_loop.cc): EP rank 0's experts, DP 2, expert DP 1.
+  model.expert_shard = {0, 2};
+  const std::map<RegionTag, int64_t> allocated = Actor::StorageBytes(r, model, 2, 1);
+  const std::vector<ParamSpec> params = model::ListParams(model);
+  // Each buffer aligns every tensor's start to 64 elements, pads its end to a multiple of 128
+  // elements, and each allocation is rounded to 256 bytes.
+  const auto slack = [&](int64_t element_bytes, int64_t allocations) {
+    return (static_cast<int64_t>(params.size()) * 63 + 2 * 127) * element_bytes +
+           allocations * kAllocationAlignmentBytes;
+  };
+  const std::pair<int64_t, int64_t> regions[] = {
+      {plan.gpu.param_buffer, allocated.at(RegionTag::kParamBuffer)},
+      {plan.gpu.grad_buffer, allocated.at(RegionTag::kGradBuffer)},
+      {plan.gpu.masters + plan.gpu.moments, allocated.at(RegionTag::kOptimizer)}};
+  const int64_t slacks[] = {slack(2, 2), slack(4, 2), slack(12, 1)};
+  for (int i = 0; i < 3; ++i) {
+    INFO("region " << i << ": planned " << regions[i].first << " B, allocated "
+                   << regions[i].second << " B, slack " << slacks[i] << " B");
+    CHECK(regions[i].second >= regions[i].first);
+    CHECK(regions[i].second - regions[i].first <= slacks[i]);
+  }
+  // Half the experts: a plan or a rank that held all of them would be 98,304 params off.
+  CHECK(plan.rank.expert == 4 * 8 / 2 * 3 * 64 * 32);
 }
 
 }  // namespace
