@@ -86,7 +86,7 @@ NcclCommunicator::NcclCommunicator(const MpiSession& session, c10::Device device
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   RL_CHECK_NCCL(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
-  WaitInitialized(comm_, fmt::format("nccl init (rank {} of {})", rank_, size_));
+  WaitInitialized(&comm_, fmt::format("nccl init (rank {} of {})", rank_, size_));
   FinishInit();
 }
 
@@ -117,20 +117,26 @@ void NcclCommunicator::FinishInit() {
   barrier_scratch_ = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
 }
 
-void NcclCommunicator::WaitInitialized(ncclComm_t comm, const std::string& what) {
+void NcclCommunicator::WaitInitialized(ncclComm_t* slot, const std::string& what) {
+  // A split's child is written into its slot by NCCL, possibly only once the split's
+  // asynchronous part has run (seen with NCCL 2.28: ncclCommSplit returned ncclInProgress with the
+  // child still null), so the slot is read again on every poll.
+  const auto current = [slot] { return *static_cast<ncclComm_t volatile*>(slot); };
+  const bool child = slot != &comm_;
   const auto fail = [&](const std::string& reason) {
-    if (comm != comm_) ncclCommAbort(comm);  // a split's child; AbortAndThrow aborts comm_
+    if (child && current() != nullptr) ncclCommAbort(current());  // AbortAndThrow aborts comm_
     AbortAndThrow(reason);
   };
   const auto start = Clock::now();
   while (true) {
-    ncclResult_t state = AsyncState(comm);
+    const ncclComm_t comm = current();
     // A split's parent (comm_) takes part in it: its error is the split's error.
-    if (state == ncclSuccess && comm != comm_) state = AsyncState(comm_);
+    ncclResult_t state = child ? AsyncState(comm_) : ncclSuccess;
+    if (state == ncclSuccess) state = comm != nullptr ? AsyncState(comm) : ncclInProgress;
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
       fail(fmt::format("{} failed: {} ({})", what, ncclGetErrorString(state),
-                       ncclGetLastError(comm)));
+                       ncclGetLastError(comm != nullptr ? comm : comm_)));
     }
     if (Clock::now() - start > options_.timeout) {
       fail(fmt::format("{} did not complete within {} ms: a peer rank did not join", what,
@@ -345,7 +351,7 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key, std::s
     AbortAndThrow(fmt::format("{} failed to start: {} ({})", what, ncclGetErrorString(started),
                               ncclGetLastError(comm_)));
   }
-  WaitInitialized(child, what);
+  WaitInitialized(&child, what);
   return std::unique_ptr<NcclCommunicator>(
       new NcclCommunicator(child, device_, options_, std::move(plan.group), plan.rank, probe_));
 }

@@ -55,9 +55,10 @@ class NcclCommunicator final : public Communicator {
                    int rank, std::shared_ptr<PeerProbe> probe);
   // What both constructors do once `comm_` is ready.
   void FinishInit();
-  // Polls the initialisation of `comm` (ncclCommInitRankConfig, ncclCommSplit) until it is done
-  // or the timeout passes; on failure aborts `comm` and this communicator and throws.
-  void WaitInitialized(ncclComm_t comm, const std::string& what);
+  // Polls the initialisation of the communicator in `slot` (comm_ after ncclCommInitRankConfig,
+  // or a split's child after ncclCommSplit, which NCCL may write into the slot only later) until
+  // it is done or the timeout passes; on failure aborts it and this communicator and throws.
+  void WaitInitialized(ncclComm_t* slot, const std::string& what);
 
   void ThrowIfAborted(std::string_view op) const;
   std::string Label(std::string_view op) const { return internal::Label("nccl", op, group_); }
