@@ -126,17 +126,18 @@ def tensors(path):  # name -> raw bytes of every tensor of a safetensors file
     return {k: data[v["data_offsets"][0]:v["data_offsets"][1]]
             for k, v in header.items() if k != "__metadata__"}
 
-def all_tensors(root, pattern):
+def all_tensors(root, pattern, by_file):  # "file:tensor" (or "tensor") -> bytes
     out = {}
     for path in sorted(glob.glob(os.path.join(root, pattern))):
         for k, v in tensors(path).items():
-            out[os.path.basename(path) + ":" + k] = v
+            out[os.path.basename(path) + ":" + k if by_file else k] = v
     return out
 
 a, b, d = sys.argv[1:]
-weights = [all_tensors(x, "*.safetensors") for x in (a, b, d)]
+# The weights by tensor name: EP 2 writes them into per-rank files, EP 1 into one.
+weights = [all_tensors(x, "*.safetensors", False) for x in (a, b, d)]
 assert weights[0] and weights[0] == weights[1] == weights[2], "the weights differ"
-shards = [{k: v for k, v in all_tensors(x, "optimizer/*.safetensors").items()
+shards = [{k: v for k, v in all_tensors(x, "optimizer/*.safetensors", True).items()
            if not k.endswith(":rng.cpu")} for x in (a, d)]
 assert len(shards[0]) == 2 * 6 and shards[0] == shards[1], "the optimizer shards differ"
 print(f"round trip: {len(weights[0])} weight tensors and {len(shards[0])} optimizer tensors "

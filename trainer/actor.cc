@@ -438,27 +438,18 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
   return result;
 }
 
-model::TensorMap Actor::WholeModelTensors() const {
-  model::TensorMap all = AllTensors();
-  Communicator* group = groups_.ep();
-  if (group == nullptr) return all;
-  // Note [Expert shard]: the EP ranks' experts, in rank order, are the whole model's.
-  for (const ParamSpec& spec : specs_) {
-    if (spec.role != ParamRole::kRoutedExpert) continue;
-    const at::Tensor local = all.at(spec.name).detach().contiguous();
-    std::vector<int64_t> shape = spec.shape;
-    shape[0] *= group->size();
-    at::Tensor whole = at::empty(shape, local.options());
-    group->AllGather(local.view({-1}), whole.view({-1}));
-    all[spec.name] = whole;
+void Actor::WriteHfCheckpoint(const std::string& dir) const {
+  const model::TensorMap all = AllTensors();
+  if (groups_.ep() == nullptr) {
+    if (comm_.rank() == 0) model::SaveHfCheckpoint(dir, model_, all);
+    return;
   }
-  return all;
-}
-
-model::ModelConfig Actor::WholeModelConfig() const {
-  model::ModelConfig whole = model_;
-  whole.expert_shard = {};
-  return whole;
+  // Note [Expert-parallel saves]: rank 0 the dense tensors, the first rank of each EDP group its
+  // experts, then rank 0 the index once every part is on disk.
+  model::SaveHfCheckpointPart(dir, model_, all, comm_.rank() == 0,
+                              groups_.expert_dp().rank() == 0);
+  comm_.Barrier();
+  if (comm_.rank() == 0) model::FinishHfCheckpointParts(dir, model_, all);
 }
 
 std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size) const {
@@ -468,11 +459,8 @@ std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size) const {
 }
 
 void Actor::SaveHf(const std::string& dir) const {
-  const model::TensorMap tensors = WholeModelTensors();
-  if (comm_.rank() == 0) {
-    model::SaveHfCheckpoint(dir, WholeModelConfig(), tensors);
-    spdlog::info("saved the actor as a Hugging Face checkpoint in {}", dir);
-  }
+  WriteHfCheckpoint(dir);
+  if (comm_.rank() == 0) spdlog::info("saved the actor as a Hugging Face checkpoint in {}", dir);
   comm_.Barrier();
 }
 

@@ -112,10 +112,10 @@ class Actor {
   std::unordered_set<const void*> ParamBufferIds() const;
   // Every model tensor by name, this rank's experts only (the backuper's, the engine's).
   model::TensorMap AllTensors() const;
-  // AllTensors with every expert: the EP group's experts gathered (Note [Expert shard]), and
-  // the config of the whole model, for saving. Collective over the EP group.
-  model::TensorMap WholeModelTensors() const;
-  model::ModelConfig WholeModelConfig() const;
+  // Writes the weights into `dir` as a Hugging Face checkpoint of the whole model (config.json
+  // included, every expert): rank 0 alone, or under expert parallelism the ranks together (Note
+  // [Expert-parallel saves] in trainer/model/params.h). Collective over the DP group.
+  void WriteHfCheckpoint(const std::string& dir) const;
   // The trained params, in use order, of this model with its experts spread over `ep_size` ranks
   // (what the optimizer of such a job lays out; for resharding checkpoints).
   std::vector<ParamSpec> TrainedParams(int64_t ep_size) const;
@@ -142,8 +142,7 @@ class Actor {
                     const PerMicroBatch& old_log_probs, const PerMicroBatch& ref_log_probs,
                     const PlanReplay* replay = nullptr);
 
-  // Writes the actor as a Hugging Face checkpoint (rank 0 writes; every rank holds the full
-  // params after the all-gather). Collective (a barrier at the end).
+  // WriteHfCheckpoint, logged, with a barrier at the end (--save-hf). Collective.
   void SaveHf(const std::string& dir) const;
 
  private:

@@ -273,11 +273,11 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
   const std::vector<std::string> shard_digests =
       GatherDigests(FileSha256(shard_path), comm, actor.device());
 
-  // Rank 0: the shared files, the manifest, the rename, `latest`. The weights with every expert
-  // (gathered over the EP group, a collective), so that the checkpoint does not depend on EP.
-  const model::TensorMap weights = actor.WholeModelTensors();
+  // The weights of the whole model, every expert included, so that the checkpoint does not
+  // depend on EP (written by rank 0, or by the ranks together under EP; collective).
+  actor.WriteHfCheckpoint(partial);
+  // Rank 0: the shared files, the manifest, the rename, `latest`.
   if (comm.rank() == 0) {
-    model::SaveHfCheckpoint(partial, actor.WholeModelConfig(), weights);
     if (config.model.init == config::InitMode::kCheckpoint &&
         !config.model.hf_checkpoint.empty()) {
       CopyTokenizerFiles(config.model.hf_checkpoint, partial);

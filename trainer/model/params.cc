@@ -428,6 +428,71 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
   throw CheckpointError(msg);
 }
 
+namespace {
+
+// config.json of the whole model beside its weights of `dtype`.
+void WriteHfConfig(const std::string& dir, const ModelConfig& config, at::ScalarType dtype) {
+  json::Value hf = ToHfConfigJson(config);
+  const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16"
+                           : dtype == at::kHalf   ? "float16"
+                           : dtype == at::kDouble ? "float64"
+                                                  : "float32";
+  if (config.weight_prefix.empty()) {
+    hf.Set(hf.Find("torch_dtype") != nullptr ? "torch_dtype" : "dtype",
+           json::Value::String(dtype_name));
+  }
+  WriteFileAtomically(dir + "/config.json", json::Dump(hf, 2) + "\n");
+}
+
+// Note [Expert-parallel saves]: one file of the checkpoint, the slices it holds and who writes it.
+struct PlannedFile {
+  std::string name;
+  int64_t ep_rank = -1;  // -1: the dense tensors
+  std::vector<HfSlice> slices;
+};
+
+// Every file of the checkpoint the EP ranks write together, alike on every rank: the dense
+// tensors, then each EP rank's experts, each group split greedily into files of at most
+// `max_shard_bytes` of data, numbered in that order.
+std::vector<PlannedFile> PlanHfFiles(const ModelConfig& config, const TensorMap& params,
+                                     int64_t max_shard_bytes) {
+  const std::vector<ParamSpec> specs = ListParams(config);
+  std::vector<PlannedFile> files;
+  const auto add_group = [&](int64_t ep_rank, const std::vector<HfSlice>& slices) {
+    int64_t bytes = 0;
+    bool open = false;
+    for (const HfSlice& slice : slices) {
+      const at::Tensor t = SliceOf(slice, params.at(slice.param));
+      const int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
+      if (!open || (!files.back().slices.empty() && bytes + size > max_shard_bytes)) {
+        files.push_back({"", ep_rank, {}});
+        bytes = 0;
+        open = true;
+      }
+      files.back().slices.push_back(slice);
+      bytes += size;
+    }
+  };
+  std::vector<HfSlice> dense;
+  for (const HfSlice& slice : HfLayout(specs)) {
+    if (slice.expert < 0) dense.push_back(slice);
+  }
+  add_group(-1, dense);
+  for (int64_t rank = 0; rank < config.expert_shard.size; ++rank) {
+    std::vector<HfSlice> experts;
+    for (const HfSlice& slice : HfLayout(specs, rank * config.local_experts())) {
+      if (slice.expert >= 0) experts.push_back(slice);
+    }
+    add_group(rank, experts);
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    files[i].name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, files.size());
+  }
+  return files;
+}
+
+}  // namespace
+
 void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const TensorMap& params,
                       int64_t max_shard_bytes) {
   const std::vector<ParamSpec> specs = ListParams(config);
@@ -438,18 +503,42 @@ void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const T
         {config.weight_prefix + slice.hf_name, SliceOf(slice, params.at(slice.param)).detach()});
   }
   WriteCheckpointShards(dir, tensors, max_shard_bytes);
+  WriteHfConfig(dir, config, params.at("model.embed_tokens.weight").scalar_type());
+}
 
-  json::Value hf = ToHfConfigJson(config);
-  const at::ScalarType dtype = params.at("model.embed_tokens.weight").scalar_type();
-  const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16"
-                           : dtype == at::kHalf   ? "float16"
-                           : dtype == at::kDouble ? "float64"
-                                                  : "float32";
-  if (config.weight_prefix.empty()) {
-    hf.Set(hf.Find("torch_dtype") != nullptr ? "torch_dtype" : "dtype",
-           json::Value::String(dtype_name));
+void SaveHfCheckpointPart(const std::string& dir, const ModelConfig& config,
+                          const TensorMap& params, bool write_dense, bool write_experts,
+                          int64_t max_shard_bytes) {
+  CheckParams(ListParams(config), params);
+  MakeDirectories(dir);
+  for (const PlannedFile& file : PlanHfFiles(config, params, max_shard_bytes)) {
+    const bool mine = file.ep_rank < 0 ? write_dense
+                                       : write_experts && file.ep_rank == config.expert_shard.rank;
+    if (!mine) continue;
+    NamedTensors tensors;
+    for (const HfSlice& slice : file.slices) {
+      tensors.push_back(
+          {config.weight_prefix + slice.hf_name, SliceOf(slice, params.at(slice.param)).detach()});
+    }
+    WriteSafetensors(JoinPath(dir, file.name), tensors, {{"format", "pt"}});
   }
-  WriteFileAtomically(dir + "/config.json", json::Dump(hf, 2) + "\n");
+}
+
+void FinishHfCheckpointParts(const std::string& dir, const ModelConfig& config,
+                             const TensorMap& params, int64_t max_shard_bytes) {
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  int64_t total_bytes = 0;
+  for (const PlannedFile& file : PlanHfFiles(config, params, max_shard_bytes)) {
+    for (const HfSlice& slice : file.slices) {
+      const at::Tensor t = SliceOf(slice, params.at(slice.param));
+      total_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+      weight_map.emplace_back(config.weight_prefix + slice.hf_name, file.name);
+    }
+  }
+  WriteShardIndex(dir, weight_map, total_bytes);
+  ModelConfig whole = config;
+  whole.expert_shard = {};
+  WriteHfConfig(dir, whole, params.at("model.embed_tokens.weight").scalar_type());
 }
 
 }  // namespace rl::model

@@ -109,6 +109,22 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
 void SaveHfCheckpoint(const std::string& dir, const ModelConfig& config, const TensorMap& params,
                       int64_t max_shard_bytes = int64_t{5} << 30);
 
+// Note [Expert-parallel saves]
+// Under expert parallelism (config.expert_shard) no rank holds every expert, and gathering them
+// would put the whole model on one rank. The ranks write one checkpoint together instead: the
+// dense tensors into files of their own (written by one rank, `write_dense`), each EP rank's
+// experts into files of their own (written by one rank holding them, `write_experts`), all named
+// model-0000i-of-0000K.safetensors in one numbering that every rank computes alike from the
+// tensors' sizes (the same on every rank); then, once every part is on disk, one rank writes the
+// index and the whole model's config.json (FinishHfCheckpointParts). `transformers` and LoadParams
+// read the result like any sharded checkpoint. Files of the same names in `dir` are replaced
+// (each file is written atomically).
+void SaveHfCheckpointPart(const std::string& dir, const ModelConfig& config,
+                          const TensorMap& params, bool write_dense, bool write_experts,
+                          int64_t max_shard_bytes = int64_t{5} << 30);
+void FinishHfCheckpointParts(const std::string& dir, const ModelConfig& config,
+                             const TensorMap& params, int64_t max_shard_bytes = int64_t{5} << 30);
+
 }  // namespace rl::model
 
 #endif  // RL_TRAINER_MODEL_PARAMS_H_

@@ -152,26 +152,32 @@ std::vector<std::string> WriteCheckpointShards(const std::string& dir, const Nam
   }
 
   std::vector<std::string> written;
-  json::Value::Object weight_map;
+  std::vector<std::pair<std::string, std::string>> weight_map;
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string name =
         fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
     WritePrepared(JoinPath(dir, name), shards[i], shard_metadata);
-    for (const PreparedTensor& t : shards[i]) {
-      weight_map.emplace_back(*t.name, json::Value::String(name));
-    }
+    for (const PreparedTensor& t : shards[i]) weight_map.emplace_back(*t.name, name);
     written.push_back(name);
   }
+  WriteShardIndex(dir, weight_map, total_bytes);
+  written.push_back(kSafetensorsIndexFileName);
+  return written;
+}
+
+void WriteShardIndex(const std::string& dir,
+                     const std::vector<std::pair<std::string, std::string>>& weight_map,
+                     int64_t total_bytes) {
+  json::Value::Object map;
+  for (const auto& [tensor, file] : weight_map) map.emplace_back(tensor, json::Value::String(file));
   const json::Value index = json::Value::MakeObject({
       {"metadata", json::Value::MakeObject({{"total_size", json::Value::Int(total_bytes)}})},
-      {"weight_map", json::Value::MakeObject(std::move(weight_map))},
+      {"weight_map", json::Value::MakeObject(std::move(map))},
   });
   const std::string index_text = json::Dump(index, 2) + "\n";
   AtomicFileWriter index_file(JoinPath(dir, kSafetensorsIndexFileName));
   index_file.Write(index_text.data(), index_text.size());
   index_file.Commit();
-  written.push_back(kSafetensorsIndexFileName);
-  return written;
 }
 
 }  // namespace rl::model

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/named_tensors.h"
@@ -39,6 +40,13 @@ void WriteSafetensors(const std::string& path, const NamedTensors& tensors,
 std::vector<std::string> WriteCheckpointShards(
     const std::string& dir, const NamedTensors& tensors, int64_t max_shard_bytes,
     const std::map<std::string, std::string>& metadata = {});
+
+// The index of a checkpoint whose shards were written separately (by several ranks):
+// `model.safetensors.index.json` in `dir`, mapping each tensor name to its file, with the total
+// bytes of tensor data. Atomic.
+void WriteShardIndex(const std::string& dir,
+                     const std::vector<std::pair<std::string, std::string>>& weight_map,
+                     int64_t total_bytes);
 
 }  // namespace rl::model
 
