@@ -365,8 +365,9 @@ void DistributedOptimizer::ImportResharded(const std::vector<SavedShard>& saved,
         }
         const int64_t begin = s.first_expert * row_numel(entry) + seg.buffer_offset - entry.offset;
         for (int part = 0; part < kStateParts; ++part) {
-          values[part].narrow(0, begin, seg.numel).copy_(parts[part].narrow(0, seg.shard_offset,
-                                                                           seg.numel));
+          values[part]
+              .narrow(0, begin, seg.numel)
+              .copy_(parts[part].narrow(0, seg.shard_offset, seg.numel));
         }
         filled.narrow(0, begin, seg.numel).fill_(true);
       }
@@ -378,13 +379,15 @@ void DistributedOptimizer::ImportResharded(const std::vector<SavedShard>& saved,
       const BufferEntry& entry = mine.layout.entries[seg.entry];
       const auto it = whole.find(entry.name);
       const int64_t begin = first_expert * row_numel(entry) + seg.buffer_offset - entry.offset;
-      RL_CHECK(it != whole.end() && it->second.second.narrow(0, begin, seg.numel).all().item<bool>(),
-               Error,
-               "optimizer state cannot be resharded: no saved shard holds all of {} (elements "
-               "[{}, {})){}",
-               entry.name, begin, begin + seg.numel,
-               expert ? fmt::format(" for experts from {}", first_expert) : "");
-      host.narrow(1, seg.shard_offset, seg.numel).copy_(it->second.first.narrow(1, begin, seg.numel));
+      RL_CHECK(
+          it != whole.end() && it->second.second.narrow(0, begin, seg.numel).all().item<bool>(),
+          Error,
+          "optimizer state cannot be resharded: no saved shard holds all of {} (elements "
+          "[{}, {})){}",
+          entry.name, begin, begin + seg.numel,
+          expert ? fmt::format(" for experts from {}", first_expert) : "");
+      host.narrow(1, seg.shard_offset, seg.numel)
+          .copy_(it->second.first.narrow(1, begin, seg.numel));
     }
     state.copy_(host);
   }

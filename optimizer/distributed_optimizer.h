@@ -177,8 +177,7 @@ class DistributedOptimizer {
   // Note [Resharding optimizer state]. `first_expert`: the global id of this rank's first expert;
   // `experts`: the model's expert count. Throws rl::Error naming a parameter no saved shard
   // covers, or saved shards of different steps.
-  void ImportResharded(const std::vector<SavedShard>& saved, int64_t first_expert,
-                       int64_t experts);
+  void ImportResharded(const std::vector<SavedShard>& saved, int64_t first_expert, int64_t experts);
 
   // The layout of the `kind` buffer of `params_in_use_order` sharded over `group_size` ranks: what
   // an optimizer of that job builds (for resharding a checkpoint of another layout).

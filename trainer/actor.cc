@@ -158,8 +158,7 @@ std::map<RegionTag, int64_t> Actor::StorageBytes(const config::ResolvedConfig& r
 }
 
 Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
-             const ParallelGroups& groups, c10::Device device,
-             const optimizer::Allocator& allocate)
+             const ParallelGroups& groups, c10::Device device, const optimizer::Allocator& allocate)
     : resolved_(resolved),
       model_(std::move(model)),
       groups_(groups),
@@ -446,8 +445,7 @@ void Actor::WriteHfCheckpoint(const std::string& dir) const {
   }
   // Note [Expert-parallel saves]: rank 0 the dense tensors, the first rank of each EDP group its
   // experts, then rank 0 the index once every part is on disk.
-  model::SaveHfCheckpointPart(dir, model_, all, comm_.rank() == 0,
-                              groups_.expert_dp().rank() == 0);
+  model::SaveHfCheckpointPart(dir, model_, all, comm_.rank() == 0, groups_.expert_dp().rank() == 0);
   comm_.Barrier();
   if (comm_.rank() == 0) model::FinishHfCheckpointParts(dir, model_, all);
 }

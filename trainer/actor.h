@@ -90,8 +90,8 @@ class Actor {
   // optimizer, extras), so that the caller can size its memory regions first.
   // `expert_dp_size`: the expert data-parallel group's size (0: dp_size).
   static std::map<RegionTag, int64_t> StorageBytes(const config::ResolvedConfig& resolved,
-                                                     const model::ModelConfig& model, int dp_size,
-                                                     int expert_dp_size = 0);
+                                                   const model::ModelConfig& model, int dp_size,
+                                                   int expert_dp_size = 0);
 
   // `model` holds this rank's experts (model.expert_shard, Note [Expert shard]) and `groups` has
   // the matching expert groups; forwards are collectives over the EP group.

@@ -183,8 +183,9 @@ LoopState ReadState(const std::string& dir, SavedLayout& layout) {
     const json::Value* ep = state.Find("expert_model_parallel_size");
     layout.ep_size = ep != nullptr ? ep->AsInt64() : 1;
     RL_CHECK(layout.dp_size >= 1 && layout.ep_size >= 1 && layout.dp_size % layout.ep_size == 0,
-             CheckpointError, "{}: dp_size {} and expert_model_parallel_size {} do not form a layout",
-             path, layout.dp_size, layout.ep_size);
+             CheckpointError,
+             "{}: dp_size {} and expert_model_parallel_size {} do not form a layout", path,
+             layout.dp_size, layout.ep_size);
     out.iteration = state.at("iteration").AsInt64();
     out.weight_version = state.at("weight_version").AsInt64();
     out.rollout = state.at("rollout");
@@ -259,13 +260,11 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
   NamedTensors tensors;
   for (const auto& [name, tensor] : shard.tensors) tensors.push_back({name, tensor});
   tensors.push_back({kRngTensor, CpuRngState()});
-  std::map<std::string, std::string> metadata = {
-      {"format", "rl-optimizer-shard"},
-      {"step", std::to_string(shard.step)},
-      {"dp_rank", std::to_string(comm.rank())},
-      {"dp_size", std::to_string(comm.size())},
-      {"ep_size", std::to_string(ep_size)},
-  };
+  std::map<std::string, std::string> metadata = {{"format", "rl-optimizer-shard"}};
+  metadata["step"] = std::to_string(shard.step);
+  metadata["dp_rank"] = std::to_string(comm.rank());
+  metadata["dp_size"] = std::to_string(comm.size());
+  metadata["ep_size"] = std::to_string(ep_size);
   for (const auto& [kind, layout] : shard.layouts) metadata[kLayoutKeyPrefix + kind] = layout;
   const std::string shard_path = JoinPath(partial, ShardFile(comm.rank()));
   model::WriteSafetensors(shard_path, tensors, metadata);
@@ -282,9 +281,9 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
         !config.model.hf_checkpoint.empty()) {
       CopyTokenizerFiles(config.model.hf_checkpoint, partial);
     }
-    WriteFileAtomically(JoinPath(partial, kStateFile),
-                  json::Dump(StateJson(state, config, comm.size(), ep_size, shard.step), 2) +
-                      "\n");
+    WriteFileAtomically(
+        JoinPath(partial, kStateFile),
+        json::Dump(StateJson(state, config, comm.size(), ep_size, shard.step), 2) + "\n");
     WriteFileAtomically(JoinPath(partial, kConfigFile), config::DumpToml(config));
     MaybeInjectFault(FaultPoint::kCheckpointWrite, comm.rank(), state.iteration);
     std::string manifest;
@@ -342,7 +341,8 @@ std::vector<optimizer::SavedShard> ReadAllShards(const std::string& dir, const A
     for (BufferKind kind : optimizer::kBufferKinds) {
       const std::string name(optimizer::ToString(kind));
       const auto it = shard.state.layouts.find(name);
-      RL_CHECK(it != shard.state.layouts.end() && it->second == layouts[static_cast<size_t>(kind)].Describe(),
+      RL_CHECK(it != shard.state.layouts.end() &&
+                   it->second == layouts[static_cast<size_t>(kind)].Describe(),
                CheckpointError,
                "{}: its {} buffer layout is not this model's at DP {} and EP {} (another model "
                "or --freeze-params?): the optimizer state cannot be resharded",
@@ -361,8 +361,7 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& co
   SavedLayout saved;
   LoopState state = ReadState(dir, saved);
   const model::ModelConfig& model = actor.model_config();
-  const bool same_layout =
-      saved.dp_size == comm.size() && saved.ep_size == model.expert_shard.size;
+  const bool same_layout = saved.dp_size == comm.size() && saved.ep_size == model.expert_shard.size;
   std::vector<std::string> shards = {own_shard};
   if (!same_layout) {
     shards.clear();

@@ -95,8 +95,8 @@ double Imbalance(const std::vector<int64_t>& per_rank) {
 class ColocatedCycle {
  public:
   ColocatedCycle(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                 const ParallelGroups& groups, c10::Device device,
-                 memory::RegionManager& regions, std::unique_ptr<Rollout> rollout)
+                 const ParallelGroups& groups, c10::Device device, memory::RegionManager& regions,
+                 std::unique_ptr<Rollout> rollout)
       : resolved_(resolved),
         c_(resolved.config),
         comm_(groups.dp()),
@@ -415,8 +415,8 @@ class ColocatedCycle {
 }  // namespace
 
 void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                  const ParallelGroups& groups, c10::Device device,
-                  memory::RegionManager& regions, std::unique_ptr<Rollout> rollout) {
+                  const ParallelGroups& groups, c10::Device device, memory::RegionManager& regions,
+                  std::unique_ptr<Rollout> rollout) {
   SeedDefaultGenerator(resolved.config.run.seed, groups.dp().rank());
   ColocatedCycle cycle(resolved, model, groups, device, regions, std::move(rollout));
   for (int64_t iteration = cycle.Init(); iteration < resolved.config.run.num_rollout; ++iteration) {

@@ -34,8 +34,8 @@ namespace rl {
 // optional --save-hf. Returns normally on success.
 // `model` holds this rank's experts (Note [Expert shard]), as `groups` lay them out.
 void RunColocated(const config::ResolvedConfig& resolved, const model::ModelConfig& model,
-                  const ParallelGroups& groups, c10::Device device,
-                  memory::RegionManager& regions, std::unique_ptr<Rollout> rollout);
+                  const ParallelGroups& groups, c10::Device device, memory::RegionManager& regions,
+                  std::unique_ptr<Rollout> rollout);
 
 }  // namespace rl
 

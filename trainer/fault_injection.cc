@@ -36,7 +36,7 @@ Fault ParseFault(const std::string& spec) {
     ok = ok && !iteration.empty() && *end == '\0';
   }
   ok = ok && (fault.kind == "hang" || fault.kind == "kill" || fault.kind == "save_crash" ||
-               fault.kind == "exchange_hang");
+              fault.kind == "exchange_hang");
   RL_CHECK(ok, ConfigError,
            "RL_FAULT='{}': expected KIND:RANK:ITERATION with KIND hang, kill, save_crash or "
            "exchange_hang (e.g. kill:1:2)",

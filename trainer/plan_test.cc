@@ -138,8 +138,8 @@ TEST_CASE("at EP 2 the plan is what a rank allocates, up to the optimizer's alig
       {plan.gpu.masters + plan.gpu.moments, allocated.at(RegionTag::kOptimizer)}};
   const int64_t slacks[] = {slack(2, 2), slack(4, 2), slack(12, 1)};
   for (int i = 0; i < 3; ++i) {
-    INFO("region " << i << ": planned " << regions[i].first << " B, allocated "
-                   << regions[i].second << " B, slack " << slacks[i] << " B");
+    INFO("region " << i << ": planned " << regions[i].first << " B, allocated " << regions[i].second
+                   << " B, slack " << slacks[i] << " B");
     CHECK(regions[i].second >= regions[i].first);
     CHECK(regions[i].second - regions[i].first <= slacks[i]);
   }

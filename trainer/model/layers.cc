@@ -604,8 +604,8 @@ at::Tensor RunExpertsParallel(const MoeWeights& w, const at::Tensor& xs, const a
   const at::Tensor by_expert = PermuteRows::apply(arrived, to_experts, to_arrival);
   // 3. The local experts, back to arrival order, back to the tokens' ranks.
   const at::Tensor out = RunExperts(w, by_expert, at::tensor(local_ends, at::kInt).to(xs.device()));
-  return ExchangeRows::apply(PermuteRows::apply(out, to_arrival, to_experts), &group,
-                             recv_counts, send_counts);
+  return ExchangeRows::apply(PermuteRows::apply(out, to_arrival, to_experts), &group, recv_counts,
+                             send_counts);
 }
 
 }  // namespace
@@ -673,8 +673,7 @@ void ExpertGroupIdle(const MoeWeights& w, const ModelConfig& config) {
   if (w.expert_group == nullptr || w.expert_group->size() == 1) return;
   at::NoGradGuard no_grad;
   const at::Tensor no_rows = at::empty({0, config.hidden_size}, w.gate_up.options());
-  const at::Tensor ends = at::zeros({config.n_routed_experts},
-                                    w.gate_up.options().dtype(at::kInt));
+  const at::Tensor ends = at::zeros({config.n_routed_experts}, w.gate_up.options().dtype(at::kInt));
   RunExpertsParallel(w, no_rows, ends);
 }
 

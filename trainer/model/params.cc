@@ -512,8 +512,8 @@ void SaveHfCheckpointPart(const std::string& dir, const ModelConfig& config,
   CheckParams(ListParams(config), params);
   MakeDirectories(dir);
   for (const PlannedFile& file : PlanHfFiles(config, params, max_shard_bytes)) {
-    const bool mine = file.ep_rank < 0 ? write_dense
-                                       : write_experts && file.ep_rank == config.expert_shard.rank;
+    const bool mine =
+        file.ep_rank < 0 ? write_dense : write_experts && file.ep_rank == config.expert_shard.rank;
     if (!mine) continue;
     NamedTensors tensors;
     for (const HfSlice& slice : file.slices) {

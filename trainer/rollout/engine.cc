@@ -125,8 +125,7 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
       device_(device),
       max_batch_(max_batch),
       max_length_(max_length),
-      expert_group_(expert_group != nullptr && expert_group->size() > 1 ? expert_group
-                                                                         : nullptr) {
+      expert_group_(expert_group != nullptr && expert_group->size() > 1 ? expert_group : nullptr) {
   RL_CHECK(max_batch >= 1 && max_length >= 2, ConfigError,
            "rollout engine: max_batch must be >= 1 and max_length >= 2; got {} and {}", max_batch,
            max_length);
