@@ -18,9 +18,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr milliseconds kTimeout(1000);
-// Polling granularity and a loaded 2-core machine: the error must come no later than this.
-constexpr milliseconds kSlack(1500);
+constexpr milliseconds kTimeout = testing::kCommTimeout;
+constexpr milliseconds kSlack = testing::kCommSlack;
 
 TEST_CASE("a collective a peer never joins throws CommError within the timeout") {
   const MpiSession& session = testing::Session();
