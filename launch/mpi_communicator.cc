@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -89,13 +90,16 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options, internal::G
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  if (pending_ != MPI_REQUEST_NULL) {
+  if (!pending_.empty()) {
     // A timed-out collective may still complete if the late peer joins; give it a moment so that
     // MPI_Finalize does not find it pending. Otherwise leak it: the job is ending anyway.
     const auto deadline = Clock::now() + kDrainGracePeriod;
     int done = 0;
     while (!done && Clock::now() < deadline) {
-      if (MPI_Test(&pending_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      if (MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done,
+                      MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+        break;
+      }
       if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (!done) {
@@ -120,16 +124,22 @@ void MpiCommunicator::ThrowIfAborted(std::string_view op) const {
 
 void MpiCommunicator::Wait(MPI_Request request, const std::string& what,
                            std::vector<at::Tensor> in_flight) {
+  WaitAll({request}, what, std::move(in_flight));
+}
+
+void MpiCommunicator::WaitAll(std::vector<MPI_Request> requests, const std::string& what,
+                              std::vector<at::Tensor> in_flight) {
   probe_->Enter(group_.tag, ++sequence_);
   const auto start = Clock::now();
   int done = 0;
   int polls = 0;
   while (true) {
-    RL_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    RL_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                             MPI_STATUSES_IGNORE));
     if (done) return;
     const auto elapsed = Clock::now() - start;
     if (elapsed > options_.timeout) {
-      pending_ = request;
+      pending_ = std::move(requests);
       pending_buffers_ = std::move(in_flight);
       abort_reason_ = fmt::format(
           "{} did not complete within its timeout of {} ms (waited {} ms): {}; the job must end",
@@ -243,14 +253,35 @@ void MpiCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t
     recv_bytes[j] = bytes_or_throw(recv_counts[j] * layout.row_bytes, "the receive count", j);
     recv_displs[j] = bytes_or_throw(layout.recv_offsets[j], "the receive displacement", j);
   }
-  // An empty tensor may have no storage; MPI wants a valid address even when it moves nothing.
-  char no_rows = 0;
-  void* send_data = send.nbytes() > 0 ? send.data_ptr() : &no_rows;
-  void* recv_data = recv.nbytes() > 0 ? recv.data_ptr() : &no_rows;
-  MPI_Request request = MPI_REQUEST_NULL;
-  RL_CHECK_MPI(MPI_Ialltoallv(send_data, send_bytes.data(), send_displs.data(), MPI_BYTE, recv_data,
-                              recv_bytes.data(), recv_displs.data(), MPI_BYTE, comm_, &request));
-  Wait(request, Describe("all_to_all", send.nbytes(), recv.nbytes()), {send, recv});
+  // Note [All-to-all by point-to-point]: one receive and one send per peer with rows to move,
+  // polled together, instead of MPI_Ialltoallv. Open MPI 4.1's non-blocking all-to-all (libnbc)
+  // was seen to leave the communicator's next collective stuck in the transport, with every rank
+  // inside it, after a step in which one rank had nothing to send or receive (GLM-5.2 CI model,
+  // 4 ranks, EP 4). Point-to-point messages of one (source, tag, communicator) are matched in
+  // order, so consecutive all-to-alls on a communicator cannot mix, and they never meet its
+  // collectives. This rank's own rows are copied.
+  constexpr int kAllToAllTag = 4242;
+  const char* send_bytes_base = static_cast<const char*>(send.nbytes() > 0 ? send.data_ptr() : nullptr);
+  char* recv_bytes_base = static_cast<char*>(recv.nbytes() > 0 ? recv.data_ptr() : nullptr);
+  std::vector<MPI_Request> requests;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_ || recv_bytes[j] == 0) continue;
+    requests.emplace_back(MPI_REQUEST_NULL);
+    RL_CHECK_MPI(MPI_Irecv(recv_bytes_base + recv_displs[j], recv_bytes[j], MPI_BYTE, j,
+                           kAllToAllTag, comm_, &requests.back()));
+  }
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_ || send_bytes[j] == 0) continue;
+    requests.emplace_back(MPI_REQUEST_NULL);
+    RL_CHECK_MPI(MPI_Isend(send_bytes_base + send_displs[j], send_bytes[j], MPI_BYTE, j,
+                           kAllToAllTag, comm_, &requests.back()));
+  }
+  if (send_bytes[rank_] > 0) {
+    std::memcpy(recv_bytes_base + recv_displs[rank_], send_bytes_base + send_displs[rank_],
+                static_cast<size_t>(send_bytes[rank_]));
+  }
+  WaitAll(std::move(requests), Describe("all_to_all", send.nbytes(), recv.nbytes()),
+          {send, recv});
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key, std::string_view name) {

@@ -63,12 +63,15 @@ class MpiCommunicator final : public Communicator {
   // Polls `request` until done or timeout. On timeout marks the communicator aborted, keeps the
   // tensors MPI may still write into alive (`in_flight`), and throws.
   void Wait(MPI_Request request, const std::string& what, std::vector<at::Tensor> in_flight);
+  // The same for several requests that together make one operation (AllToAll's messages).
+  void WaitAll(std::vector<MPI_Request> requests, const std::string& what,
+               std::vector<at::Tensor> in_flight);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   CommOptions options_;
-  MPI_Request pending_ = MPI_REQUEST_NULL;  // a timed-out collective, still owned by MPI
+  std::vector<MPI_Request> pending_;  // a timed-out collective's requests, still owned by MPI
   std::vector<at::Tensor> pending_buffers_;  // its buffers: MPI may write them until it completes
   std::string abort_reason_;
   internal::Group group_;             // Note [Sub-groups]

@@ -7,9 +7,16 @@
 namespace rl {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
+  // Serialized, not funneled: on a GPU the autograd engine runs backward nodes on its own device
+  // thread, so the expert exchange's backward (Note [Expert-parallel MoE]) polls NCCL and serves
+  // the peer probe's MPI messages from that thread, while the main thread waits in backward().
   int provided = 0;
-  RL_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  RL_CHECK_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
   RL_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  RL_CHECK(provided >= MPI_THREAD_SERIALIZED, Error,
+           "MPI provides thread level {}, below MPI_THREAD_SERIALIZED ({}): the GPU backward "
+           "calls MPI from the autograd engine's thread; use an MPI built with thread support",
+           provided, MPI_THREAD_SERIALIZED);
   RL_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   RL_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
 

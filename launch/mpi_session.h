@@ -5,8 +5,9 @@
 // that every MPI call can be checked and reported with RL_CHECK_MPI.
 //
 // local_rank is the rank among the processes on the same host (MPI_COMM_TYPE_SHARED); it picks
-// the GPU. Not thread-safe; MPI is initialised with MPI_THREAD_FUNNELED (only the main thread
-// calls MPI).
+// the GPU. Not thread-safe; MPI is initialised with MPI_THREAD_SERIALIZED: one thread at a time
+// calls MPI (the main thread, or on a GPU the autograd engine's thread running a backward node
+// while the main thread waits in backward()).
 #ifndef RL_LAUNCH_MPI_SESSION_H_
 #define RL_LAUNCH_MPI_SESSION_H_
 

@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -329,24 +330,47 @@ BufferLayout DistributedOptimizer::Layout(BufferKind kind,
   return LayoutOf(kind, params_in_use_order, group_size);
 }
 
-void DistributedOptimizer::ImportResharded(const std::vector<SavedShard>& saved,
+void DistributedOptimizer::ImportResharded(int64_t count, const SavedShardReader& read,
                                            int64_t first_expert, int64_t experts) {
   c10::NoGradGuard no_grad;
-  RL_CHECK(!saved.empty(), Error, "optimizer state: no saved shards to reshard");
-  for (const SavedShard& s : saved) {
-    RL_CHECK(s.state.step == saved[0].state.step, Error,
-             "optimizer state: the saved shards are of different steps ({} and {})",
-             saved[0].state.step, s.state.step);
-  }
+  RL_CHECK(count > 0, Error, "optimizer state: no saved shards to reshard");
   const at::ScalarType dtype = StateOf(BufferKind::kDense).scalar_type();
+  // Where an element of a parameter sits in the whole parameter: stacked experts at their global
+  // rows (Note [Resharding optimizer state]).
+  const auto whole_offset = [](BufferKind kind, const BufferEntry& entry, int64_t first,
+                               int64_t in_entry) {
+    return kind == BufferKind::kExpert ? first * (entry.numel / entry.shape[0]) + in_entry
+                                       : in_entry;
+  };
+  struct Piece {
+    int64_t begin;         // in the whole parameter
+    int64_t numel;
+    int64_t shard_offset;  // in this rank's shard
+  };
+  std::array<std::map<std::string, std::vector<Piece>>, 2> mine;  // by kind, by parameter
+  std::array<at::Tensor, 2> host;                                  // [parts, shard] by kind
+  std::array<at::Tensor, 2> filled;                                // [shard] bool by kind
   for (BufferKind kind : kBufferKinds) {
-    const bool expert = kind == BufferKind::kExpert;
-    const std::string prefix(ToString(kind));
-    // The elements of one expert's rows of a stacked expert param (the whole param otherwise).
-    const auto row_numel = [&](const BufferEntry& e) { return expert ? e.numel / e.shape[0] : 0; };
-    // Every parameter whole ([parts, numel], experts at their global rows), and what is filled.
-    std::map<std::string, std::pair<at::Tensor, at::Tensor>> whole;
-    for (const SavedShard& s : saved) {
+    const Buffer& buffer = buffers_[Index(kind)];
+    for (const ShardSegment& seg : buffer.segments) {
+      const BufferEntry& entry = buffer.layout.entries[seg.entry];
+      mine[Index(kind)][entry.name].push_back(
+          {whole_offset(kind, entry, first_expert, seg.buffer_offset - entry.offset), seg.numel,
+           seg.shard_offset});
+    }
+    host[Index(kind)] = at::zeros({kStateParts, buffer.layout.shard_numel()}, dtype);
+    filled[Index(kind)] = at::zeros({buffer.layout.shard_numel()}, at::kBool);
+  }
+  std::optional<int64_t> step;
+  // One saved shard at a time: only the pieces that overlap this rank's segments are copied.
+  for (int64_t index = 0; index < count; ++index) {
+    const SavedShard s = read(index);
+    RL_CHECK(!step || *step == s.state.step, Error,
+             "optimizer state: the saved shards are of different steps ({} and {})", *step,
+             s.state.step);
+    step = s.state.step;
+    for (BufferKind kind : kBufferKinds) {
+      const std::string prefix(ToString(kind));
       const BufferLayout& layout = s.layouts[Index(kind)];
       std::vector<at::Tensor> parts;
       for (const char* part : kStateNames) {
@@ -355,43 +379,38 @@ void DistributedOptimizer::ImportResharded(const std::vector<SavedShard>& saved,
                  prefix, part);
         parts.push_back(it->second.reshape({-1}).to(dtype));
       }
+      const at::Tensor saved = at::stack(parts);  // [parts, saved shard]
       for (const ShardSegment& seg : layout.Segments(s.index[Index(kind)])) {
         const BufferEntry& entry = layout.entries[seg.entry];
-        auto& [values, filled] = whole[entry.name];
-        if (!values.defined()) {
-          const int64_t numel = expert ? row_numel(entry) * experts : entry.numel;
-          values = at::zeros({kStateParts, numel}, dtype);
-          filled = at::zeros({numel}, at::kBool);
+        const auto pieces = mine[Index(kind)].find(entry.name);
+        if (pieces == mine[Index(kind)].end()) continue;
+        const int64_t begin =
+            whole_offset(kind, entry, s.first_expert, seg.buffer_offset - entry.offset);
+        for (const Piece& piece : pieces->second) {
+          const int64_t lo = std::max(begin, piece.begin);
+          const int64_t hi = std::min(begin + seg.numel, piece.begin + piece.numel);
+          if (lo >= hi) continue;
+          const int64_t to = piece.shard_offset + lo - piece.begin;
+          host[Index(kind)].narrow(1, to, hi - lo).copy_(
+              saved.narrow(1, seg.shard_offset + lo - begin, hi - lo));
+          filled[Index(kind)].narrow(0, to, hi - lo).fill_(true);
         }
-        const int64_t begin = s.first_expert * row_numel(entry) + seg.buffer_offset - entry.offset;
-        for (int part = 0; part < kStateParts; ++part) {
-          values[part]
-              .narrow(0, begin, seg.numel)
-              .copy_(parts[part].narrow(0, seg.shard_offset, seg.numel));
-        }
-        filled.narrow(0, begin, seg.numel).fill_(true);
       }
     }
-    const Buffer& mine = buffers_[Index(kind)];
-    at::Tensor state = StateOf(kind);
-    at::Tensor host = at::zeros(state.sizes(), dtype);  // padding stays zero
-    for (const ShardSegment& seg : mine.segments) {
-      const BufferEntry& entry = mine.layout.entries[seg.entry];
-      const auto it = whole.find(entry.name);
-      const int64_t begin = first_expert * row_numel(entry) + seg.buffer_offset - entry.offset;
-      RL_CHECK(
-          it != whole.end() && it->second.second.narrow(0, begin, seg.numel).all().item<bool>(),
-          Error,
-          "optimizer state cannot be resharded: no saved shard holds all of {} (elements "
-          "[{}, {})){}",
-          entry.name, begin, begin + seg.numel,
-          expert ? fmt::format(" for experts from {}", first_expert) : "");
-      host.narrow(1, seg.shard_offset, seg.numel)
-          .copy_(it->second.first.narrow(1, begin, seg.numel));
-    }
-    state.copy_(host);
   }
-  step_ = saved[0].state.step;
+  for (BufferKind kind : kBufferKinds) {
+    for (const auto& [name, pieces] : mine[Index(kind)]) {
+      for (const Piece& piece : pieces) {
+        RL_CHECK(filled[Index(kind)].narrow(0, piece.shard_offset, piece.numel).all().item<bool>(),
+                 Error,
+                 "optimizer state cannot be resharded: no saved shard holds all of {} (elements "
+                 "[{}, {}) of the whole parameter)",
+                 name, piece.begin, piece.begin + piece.numel);
+      }
+    }
+    StateOf(kind).copy_(host[Index(kind)]);
+  }
+  step_ = *step;
 }
 
 ShardState DistributedOptimizer::ExportState() const {

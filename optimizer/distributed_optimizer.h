@@ -96,11 +96,11 @@ struct ShardState {
 // size, and its EP size, which shapes the expert buffer and its EDP group). ImportResharded
 // rebuilds this rank's shards from every saved shard of another layout: it puts each saved
 // segment back into the whole parameter it belongs to (an expert buffer's segments at their
-// experts' global rows), then cuts this rank's segments out of those, for the masters and both
-// Adam moments. Every element this rank owns must come from exactly one saved segment's data;
-// one that no saved shard covers is an error naming its parameter. The whole state passes
-// through this rank's host memory once (the price of resharding; loading into the same layout
-// reads only the rank's own shard).
+// experts' global rows) and copies the pieces that overlap this rank's own segments, for the
+// masters and both Adam moments. The saved shards are read one at a time, so a rank holds its
+// own shard and one saved shard at once; each rank reads every saved shard (loading into the
+// same layout reads only the rank's own). Every element this rank owns must come from a saved
+// segment; one that no saved shard covers is an error naming its parameter.
 struct SavedShard {
   ShardState state;
   std::array<BufferLayout, 2> layouts;  // by BufferKind: the layouts the shard was cut from
@@ -174,10 +174,13 @@ class DistributedOptimizer {
   ShardState ExportState() const;
   // Throws rl::Error naming the first difference when the layout or DP size differ.
   void ImportState(const ShardState& state);
-  // Note [Resharding optimizer state]. `first_expert`: the global id of this rank's first expert;
-  // `experts`: the model's expert count. Throws rl::Error naming a parameter no saved shard
-  // covers, or saved shards of different steps.
-  void ImportResharded(const std::vector<SavedShard>& saved, int64_t first_expert, int64_t experts);
+  // Note [Resharding optimizer state]: the `count` saved shards, read one at a time by `read`.
+  // `first_expert`: the global id of this rank's first expert; `experts`: the model's expert
+  // count. Throws rl::Error naming a parameter no saved shard covers, or saved shards of
+  // different steps (and whatever `read` throws).
+  using SavedShardReader = std::function<SavedShard(int64_t index)>;
+  void ImportResharded(int64_t count, const SavedShardReader& read, int64_t first_expert,
+                       int64_t experts);
 
   // The layout of the `kind` buffer of `params_in_use_order` sharded over `group_size` ranks: what
   // an optimizer of that job builds (for resharding a checkpoint of another layout).

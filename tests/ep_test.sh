@@ -9,11 +9,12 @@
 #     (measured: weights within 7.5e-8, grad norms within 4e-8 relative). The recorded rollout has
 #     neither routing records nor rollout log-probs, so R3 and TIS are off here.
 #   colocated TRAINER RECIPE...
-#     each MoE *_4layer_ci recipe runs 2 colocated iterations at -np 2 EP 2 and at -np 4 EP 2
-#     with every CI check of the recipe passing (the SHA256 rebuild check, the weight-update check
-#     between actor and engine, the first step's ppo_kl, the routing replay check). At -np 4 the
-#     recipes' 2 prompts leave two ranks without prompts: their engines only serve the others'
-#     experts (Note [Expert-parallel decode]).
+#     each MoE *_4layer_ci recipe runs 2 colocated iterations at -np 2 EP 2, -np 4 EP 2 and -np 4
+#     EP 4 with every CI check of the recipe passing (the SHA256 rebuild check, the weight-update
+#     check between actor and engine, the first step's ppo_kl, the routing replay check). At -np 4
+#     the recipes' 2 prompts leave two ranks without prompts; at EP 4 they share an EP group with
+#     the two that have them, and their engines only serve the others' experts (Note
+#     [Expert-parallel decode]).
 #   resume TRAINER RECIPE
 #     a checkpoint saved at EP 2 resharded through EP 1 and EP 4 and back comes back bit for bit,
 #     and resumes at another DP size (see the mode below).
@@ -79,7 +80,7 @@ PY
     shift
     for recipe in "$@"; do
       name="$(basename "$recipe" .toml)"
-      for layout in "2 2" "4 2"; do
+      for layout in "2 2" "4 2" "4 4"; do
         read -r np ep <<< "$layout"
         run_name="$name.np$np.ep$ep"
         run "$np" "$run_name" --config "$recipe" --num-rollout 2 \

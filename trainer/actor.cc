@@ -110,17 +110,26 @@ at::Tensor PackField(const rl_algo::RolloutBatch& batch, const std::vector<int64
 
 }  // namespace
 
-ParamSplit SplitParams(const std::vector<ParamSpec>& specs,
-                       const std::string& freeze_regex) {
+ParamSplit SplitParams(const std::vector<ParamSpec>& specs, const std::string& freeze_regex,
+                       int64_t expert_ranks) {
   ParamSplit split;
   const std::regex freeze(freeze_regex.empty() ? std::string("$^") : freeze_regex);
-  // How many of each parameter's checkpoint tensors the regex matches, out of how many.
+  // How many of each parameter's checkpoint tensors the regex matches, out of how many: for
+  // stacked experts over every EP rank's experts (the whole model's names), so that the choice
+  // does not depend on EP and every rank makes the same one.
   std::map<std::string, std::pair<int64_t, int64_t>> matches;
   if (!freeze_regex.empty()) {
-    for (const model::HfSlice& slice : model::HfLayout(specs)) {
-      auto& [matched, total] = matches[slice.param];
-      matched += std::regex_search(slice.hf_name, freeze) ? 1 : 0;
-      ++total;
+    int64_t local_experts = 0;
+    for (const ParamSpec& spec : specs) {
+      if (spec.role == ParamRole::kRoutedExpert) local_experts = spec.shape.at(0);
+    }
+    for (int64_t rank = 0; rank < expert_ranks; ++rank) {
+      for (const model::HfSlice& slice : model::HfLayout(specs, rank * local_experts)) {
+        if (rank > 0 && slice.expert < 0) continue;  // dense tensors once
+        auto& [matched, total] = matches[slice.param];
+        matched += std::regex_search(slice.hf_name, freeze) ? 1 : 0;
+        ++total;
+      }
     }
   }
   for (const ParamSpec& spec : specs) {
@@ -145,7 +154,8 @@ std::map<RegionTag, int64_t> Actor::StorageBytes(const config::ResolvedConfig& r
                                                  int expert_dp_size) {
   const at::ScalarType dtype = ParamsDtype(resolved.config.model.params_dtype);
   const ParamSplit split =
-      SplitParams(model::ListParams(model), resolved.config.model.freeze_params);
+      SplitParams(model::ListParams(model), resolved.config.model.freeze_params,
+                  model.expert_shard.size);
   std::map<RegionTag, int64_t> bytes =
       optimizer::DistributedOptimizer::StorageBytes(split.trained, dp_size, dtype, expert_dp_size);
   int64_t extras = 0;
@@ -168,7 +178,7 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
       specs_(model::ListParams(model_)),
       loss_options_(rl_algo::LossOptionsFrom(resolved.config)) {
   const config::Config& c = resolved.config;
-  ParamSplit split = SplitParams(specs_, c.model.freeze_params);
+  ParamSplit split = SplitParams(specs_, c.model.freeze_params, model_.expert_shard.size);
   for (const ParamSpec& spec : split.extras) {
     extras_[spec.name] =
         allocate(RegionTag::kExtras, spec.numel(), model::ParamDtype(spec, dtype_)).view(spec.shape);
@@ -453,7 +463,8 @@ void Actor::WriteHfCheckpoint(const std::string& dir) const {
 std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size) const {
   model::ModelConfig sharded = model_;
   sharded.expert_shard = {0, ep_size};
-  return SplitParams(model::ListParams(sharded), resolved_.config.model.freeze_params).trained;
+  return SplitParams(model::ListParams(sharded), resolved_.config.model.freeze_params, ep_size)
+      .trained;
 }
 
 void Actor::SaveHf(const std::string& dir) const {

@@ -77,12 +77,16 @@ struct TrainResult {
 // The freeze regex is matched against the checkpoint names (model::HfLayout), so a stacked expert
 // parameter is frozen when every expert tensor it holds matches; a regex that matches only some of
 // them is a ConfigError naming --freeze-params (a parameter is trained or frozen as a whole).
+// `expert_ranks`: the EP size `specs` are sharded for (Note [Expert shard]); the regex is matched
+// against every EP rank's expert names, so the split is the same at every EP size and on every
+// rank.
 struct ParamSplit {
   std::vector<ParamSpec> trained;  // in order of first use
   std::vector<ParamSpec> extras;
   std::vector<ParamSpec> frozen;
 };
-ParamSplit SplitParams(const std::vector<ParamSpec>& specs, const std::string& freeze_regex);
+ParamSplit SplitParams(const std::vector<ParamSpec>& specs, const std::string& freeze_regex,
+                       int64_t expert_ranks = 1);
 
 class Actor {
  public:

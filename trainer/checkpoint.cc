@@ -315,11 +315,12 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
 
 namespace {
 
-// Note [Resharding optimizer state]: every saved rank's shard, with the layouts the saving job
-// cut it from (computed from this model's params at the saved EP and DP sizes, and checked
-// against the layouts the shard records).
-std::vector<optimizer::SavedShard> ReadAllShards(const std::string& dir, const Actor& actor,
-                                                 const SavedLayout& saved) {
+// Note [Resharding optimizer state]: a reader of the saved ranks' shards, each with the layouts
+// the saving job cut it from (computed from this model's params at the saved EP and DP sizes, and
+// checked against the layouts the shard records).
+optimizer::DistributedOptimizer::SavedShardReader ShardReader(const std::string& dir,
+                                                              const Actor& actor,
+                                                              const SavedLayout& saved) {
   using optimizer::BufferKind;
   using optimizer::DistributedOptimizer;
   const std::vector<ParamSpec> params = actor.TrainedParams(saved.ep_size);
@@ -328,8 +329,7 @@ std::vector<optimizer::SavedShard> ReadAllShards(const std::string& dir, const A
       DistributedOptimizer::Layout(BufferKind::kDense, params, static_cast<int>(saved.dp_size)),
       DistributedOptimizer::Layout(BufferKind::kExpert, params, static_cast<int>(expert_dp))};
   const int64_t experts_per_rank = actor.model_config().n_routed_experts / saved.ep_size;
-  std::vector<optimizer::SavedShard> out;
-  for (int64_t rank = 0; rank < saved.dp_size; ++rank) {
+  return [=](int64_t rank) {
     const model::SafetensorsFile file =
         model::SafetensorsFile::Open(JoinPath(dir, ShardFile(static_cast<int>(rank))));
     optimizer::SavedShard shard;
@@ -348,9 +348,8 @@ std::vector<optimizer::SavedShard> ReadAllShards(const std::string& dir, const A
                "or --freeze-params?): the optimizer state cannot be resharded",
                file.path(), name, saved.dp_size, saved.ep_size);
     }
-    out.push_back(std::move(shard));
-  }
-  return out;
+    return shard;
+  };
 }
 
 }  // namespace
@@ -391,7 +390,7 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& co
     // Another layout: the optimizer state is resharded; the CPU generator keeps this job's seed
     // (SeedDefaultGenerator), since the saved ranks' states do not map to these ranks.
     try {
-      actor.optimizer().ImportResharded(ReadAllShards(dir, actor, saved),
+      actor.optimizer().ImportResharded(saved.dp_size, ShardReader(dir, actor, saved),
                                         model.first_local_expert(), model.n_routed_experts);
     } catch (const CheckpointError&) {
       throw;

@@ -131,8 +131,9 @@ class EngineRollout final : public Rollout {
     const uint64_t base = static_cast<uint64_t>(c.run.seed) * 1000003u +
                           static_cast<uint64_t>(iteration) * static_cast<uint64_t>(batch_rows + 1);
     sampling.seed = base + static_cast<uint64_t>(mine.begin * n);
-    const std::vector<rollout::Generation> generations =
-        inputs.empty() ? std::vector<rollout::Generation>() : engine_->Generate(inputs, sampling);
+    // Also with no prompts: under expert parallelism Generate is a collective over the EP group
+    // (Note [Expert-parallel decode]), and an engine with nothing to generate serves the others.
+    const std::vector<rollout::Generation> generations = engine_->Generate(inputs, sampling);
 
     std::vector<rl_algo::Sample> local;
     for (size_t i = 0; i < generations.size(); ++i) {

@@ -54,5 +54,20 @@ TEST_CASE("a regex over some experts of a layer is a ConfigError naming --freeze
   CHECK_THROWS_AS(SplitParams(specs, R"(experts\.\d+\.gate_proj)"), ConfigError);
 }
 
+TEST_CASE("under expert parallelism the regex sees every EP rank's experts, as at EP 1") {
+  const std::string path = rl::testing::RunfilePath("configs/models/qwen3_30b_a3b_4layer_ci.json");
+  model::ModelConfig config = model::ParseModelConfig(json::ParseFile(path), path);
+  config.expert_shard = {0, 2};  // experts 0..3 of 8
+  const std::vector<ParamSpec> specs = model::ListParams(config);
+  // Experts 0..3 are all this rank holds, but half of the layer's: refused, as at EP 1.
+  CHECK_THROWS_WITH(SplitParams(specs, R"(layers\.2\.mlp\.experts\.[0-3]\.)", 2),
+                    Catch::Contains("matches 8 of the 16 checkpoint tensors stacked in "
+                                    "model.layers.2.mlp.experts.gate_up_proj"));
+  const ParamSplit split = SplitParams(specs, R"(layers\.1\.mlp\.experts\.\d+\.)", 2);
+  const std::vector<std::string> expected = {"model.layers.1.mlp.experts.gate_up_proj",
+                                             "model.layers.1.mlp.experts.down_proj"};
+  CHECK(Names(split.frozen) == expected);
+}
+
 }  // namespace
 }  // namespace rl

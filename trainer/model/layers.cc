@@ -565,7 +565,7 @@ at::Tensor RunExpertsParallel(const MoeWeights& w, const at::Tensor& xs, const a
   const at::Tensor received = at::empty({ranks, local}, longs);  // [source rank, local expert]
   const std::vector<int64_t> ones(static_cast<size_t>(ranks), 1);
   group.AllToAll(sent.view({ranks, local}), ones, received, ones);
-  const at::Tensor host = at::cat({sent, received.view({-1})}).cpu();
+  const at::Tensor host = at::cat({sent, received.view({-1})}).cpu();  // the split sizes
   const int64_t* sent_n = host.data_ptr<int64_t>();
   const int64_t* recv_n = sent_n + ranks * local;
   std::vector<int64_t> send_counts(static_cast<size_t>(ranks), 0);
@@ -579,31 +579,19 @@ at::Tensor RunExpertsParallel(const MoeWeights& w, const at::Tensor& xs, const a
   // 2. Rows to the experts' ranks; regrouped from (source, expert) to (expert, source) order.
   MaybeInjectFault(FaultPoint::kExpertExchange);  // Note [Fault injection]
   const at::Tensor arrived = ExchangeRows::apply(xs, &group, send_counts, recv_counts);
-  std::vector<int64_t> block_start(static_cast<size_t>(ranks * local));
-  int64_t offset = 0;
-  for (int64_t b = 0; b < ranks * local; ++b) {
-    block_start[static_cast<size_t>(b)] = offset;
-    offset += recv_n[b];
-  }
-  std::vector<int64_t> regroup;  // row i of the expert order is arrived row regroup[i]
-  std::vector<int32_t> local_ends;
-  regroup.reserve(static_cast<size_t>(offset));
-  for (int64_t e = 0; e < local; ++e) {
-    for (int64_t j = 0; j < ranks; ++j) {
-      const int64_t start = block_start[static_cast<size_t>(j * local + e)];
-      for (int64_t r = 0; r < recv_n[j * local + e]; ++r) regroup.push_back(start + r);
-    }
-    local_ends.push_back(static_cast<int32_t>(regroup.size()));
-  }
-  std::vector<int64_t> inverse(regroup.size());
-  for (size_t i = 0; i < regroup.size(); ++i) {
-    inverse[static_cast<size_t>(regroup[i])] = static_cast<int64_t>(i);
-  }
-  const at::Tensor to_experts = at::tensor(regroup, at::kLong).to(xs.device());
-  const at::Tensor to_arrival = at::tensor(inverse, at::kLong).to(xs.device());
+  int64_t arrived_rows = 0;
+  for (int64_t n : recv_counts) arrived_rows += n;
+  // On the device: each arrived row's local expert (the count table is in arrival order), a
+  // stable sort by it (row i of the expert order is arrived row to_experts[i]) and its inverse.
+  const at::Tensor row_expert = at::repeat_interleave(
+      at::arange(local, longs).repeat({ranks}), received.view({-1}), 0, arrived_rows);
+  const at::Tensor to_experts = at::argsort(row_expert, /*stable=*/true);
+  const at::Tensor to_arrival = at::empty_like(to_experts).scatter_(
+      0, to_experts, at::arange(arrived_rows, to_experts.options()));
+  const at::Tensor local_ends = received.sum(0).cumsum(0).to(at::kInt);  // [local]
   const at::Tensor by_expert = PermuteRows::apply(arrived, to_experts, to_arrival);
   // 3. The local experts, back to arrival order, back to the tokens' ranks.
-  const at::Tensor out = RunExperts(w, by_expert, at::tensor(local_ends, at::kInt).to(xs.device()));
+  const at::Tensor out = RunExperts(w, by_expert, local_ends);
   return ExchangeRows::apply(PermuteRows::apply(out, to_arrival, to_experts), &group, recv_counts,
                              send_counts);
 }

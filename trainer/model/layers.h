@@ -197,7 +197,8 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 //     count tables are read on the host (one wait for the device, as Megatron's dropless
 //     dispatcher: the row all-to-all needs its split sizes on the host);
 //  2. an all-to-all moves the rows; they arrive grouped by source rank, then by expert, and are
-//     regrouped by local expert (a permutation built on the host from the counts);
+//     regrouped by local expert (a stable sort on the device by each row's expert, which the
+//     count table gives);
 //  3. the local experts run by one grouped GEMM per projection, the rows are put back in arrival
 //     order and the reverse all-to-all returns them to their tokens' ranks.
 // Both all-to-alls are differentiable (the backward sends the gradient the reverse way), and every
