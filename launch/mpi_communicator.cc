@@ -261,23 +261,23 @@ void MpiCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t
   // order, so consecutive all-to-alls on a communicator cannot mix, and they never meet its
   // collectives. This rank's own rows are copied.
   constexpr int kAllToAllTag = 4242;
-  const char* send_bytes_base = static_cast<const char*>(send.nbytes() > 0 ? send.data_ptr() : nullptr);
-  char* recv_bytes_base = static_cast<char*>(recv.nbytes() > 0 ? recv.data_ptr() : nullptr);
+  const char* send_data = send.nbytes() > 0 ? static_cast<const char*>(send.data_ptr()) : nullptr;
+  char* recv_data = recv.nbytes() > 0 ? static_cast<char*>(recv.data_ptr()) : nullptr;
   std::vector<MPI_Request> requests;
   for (int j = 0; j < size_; ++j) {
     if (j == rank_ || recv_bytes[j] == 0) continue;
     requests.emplace_back(MPI_REQUEST_NULL);
-    RL_CHECK_MPI(MPI_Irecv(recv_bytes_base + recv_displs[j], recv_bytes[j], MPI_BYTE, j,
+    RL_CHECK_MPI(MPI_Irecv(recv_data + recv_displs[j], recv_bytes[j], MPI_BYTE, j,
                            kAllToAllTag, comm_, &requests.back()));
   }
   for (int j = 0; j < size_; ++j) {
     if (j == rank_ || send_bytes[j] == 0) continue;
     requests.emplace_back(MPI_REQUEST_NULL);
-    RL_CHECK_MPI(MPI_Isend(send_bytes_base + send_displs[j], send_bytes[j], MPI_BYTE, j,
+    RL_CHECK_MPI(MPI_Isend(send_data + send_displs[j], send_bytes[j], MPI_BYTE, j,
                            kAllToAllTag, comm_, &requests.back()));
   }
   if (send_bytes[rank_] > 0) {
-    std::memcpy(recv_bytes_base + recv_displs[rank_], send_bytes_base + send_displs[rank_],
+    std::memcpy(recv_data + recv_displs[rank_], send_data + send_displs[rank_],
                 static_cast<size_t>(send_bytes[rank_]));
   }
   WaitAll(std::move(requests), Describe("all_to_all", send.nbytes(), recv.nbytes()),
