@@ -352,6 +352,19 @@ optimizer::DistributedOptimizer::SavedShardReader ShardReader(const std::string&
   };
 }
 
+// Runs `import`; an rl::Error it throws (a state that does not fit the optimizer) becomes a
+// CheckpointError naming `where`, the file or directory it came from.
+template <class Fn>
+void ReportAsCheckpointError(const std::string& where, Fn&& import) {
+  try {
+    import();
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointError(fmt::format("{}: {}", where, e.what()));
+  }
+}
+
 }  // namespace
 
 LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& comm) {
@@ -375,13 +388,7 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& co
     const model::SafetensorsFile shard_file =
         model::SafetensorsFile::Open(JoinPath(dir, own_shard));
     const optimizer::ShardState shard = ReadShard(shard_file, comm.rank(), comm.size());
-    try {
-      actor.optimizer().ImportState(shard);
-    } catch (const CheckpointError&) {
-      throw;
-    } catch (const Error& e) {
-      throw CheckpointError(fmt::format("{}: {}", shard_file.path(), e.what()));
-    }
+    ReportAsCheckpointError(shard_file.path(), [&] { actor.optimizer().ImportState(shard); });
     RL_CHECK(shard_file.Find(kRngTensor) != nullptr, CheckpointError, "{}: no tensor '{}'",
              shard_file.path(), kRngTensor);
     SetCpuRngState(shard_file.Get(kRngTensor).clone());
@@ -389,14 +396,10 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& co
   } else {
     // Another layout: the optimizer state is resharded; the CPU generator keeps this job's seed
     // (SeedDefaultGenerator), since the saved ranks' states do not map to these ranks.
-    try {
+    ReportAsCheckpointError(dir, [&] {
       actor.optimizer().ImportResharded(saved.dp_size, ShardReader(dir, actor, saved),
                                         model.first_local_expert(), model.n_routed_experts);
-    } catch (const CheckpointError&) {
-      throw;
-    } catch (const Error& e) {
-      throw CheckpointError(fmt::format("{}: {}", dir, e.what()));
-    }
+    });
     step = actor.optimizer().step();
     spdlog::info("resharded the optimizer state of {} from DP {} x EP {} to DP {} x EP {}", dir,
                  saved.dp_size, saved.ep_size, comm.size(), model.expert_shard.size);
