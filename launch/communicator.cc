@@ -69,6 +69,17 @@ FlatShape CheckFlat(std::string_view op, const at::Tensor& shard, const at::Tens
   return shape;
 }
 
+std::vector<int64_t> EqualBlocks(std::string_view op, const at::Tensor& send,
+                                 const at::Tensor& recv, int size) {
+  RL_CHECK(send.dim() >= 1 && recv.dim() >= 1 && send.size(0) == recv.size(0) &&
+               send.size(0) % size == 0,
+           Error,
+           "{}: send and recv must have the same number of rows, a multiple of the group's {} "
+           "ranks (Note [Enqueued all-to-all]); got {} and {}",
+           op, size, send.dim() >= 1 ? send.size(0) : 0, recv.dim() >= 1 ? recv.size(0) : 0);
+  return std::vector<int64_t>(static_cast<size_t>(size), send.size(0) / size);
+}
+
 AllToAllLayout CheckAllToAll(std::string_view op, const at::Tensor& send,
                              const std::vector<int64_t>& send_counts, const at::Tensor& recv,
                              const std::vector<int64_t>& recv_counts, int size,

@@ -52,6 +52,19 @@
 // calls AllToAll, one with no rows to exchange too (empty tensors, zero counts); such a rank may
 // return without waiting for its peers.
 //
+// Note [Enqueued all-to-all]
+// EnqueueAllToAll(send, recv) is an all-to-all of equal blocks: `send` and `recv` are [size * n,
+// ...] (checked as for AllToAll, with n rows to and from every rank), block j of `send` goes to
+// rank j and block j of `recv` comes from rank j. Where the backend runs on a stream it only
+// enqueues the transfer: NCCL puts it on the current CUDA stream and returns, reading nothing on
+// the host, so the call may be captured in a CUDA graph (a replay moves the same bytes between the
+// same buffers). The caller then calls WaitEnqueued() before the host reads anything the stream
+// computes after the transfer: it waits for the stream under the communicator's timeout, with its
+// error polling and peer probe, where a plain host read would wait forever for a peer that never
+// joins. MPI has no stream: its EnqueueAllToAll completes before it returns, and WaitEnqueued only
+// checks that the communicator was not aborted. Neither counts as a collective for the peer
+// probe's ordinals (a graph replays its transfers without calling here).
+//
 // Not thread-safe: one thread issues the collectives, in the same order on every rank.
 #ifndef RL_LAUNCH_COMMUNICATOR_H_
 #define RL_LAUNCH_COMMUNICATOR_H_
@@ -100,6 +113,11 @@ class Communicator {
   virtual void AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
                         const at::Tensor& recv, const std::vector<int64_t>& recv_counts) = 0;
 
+  // Note [Enqueued all-to-all]. send, recv: [size * n, ...]; block j to and from rank j.
+  virtual void EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) = 0;
+  // Waits for the work enqueued on the current stream so far (Note [Enqueued all-to-all]).
+  virtual void WaitEnqueued() = 0;
+
   // Note [Sub-groups]. Collective over this communicator; returns the communicator of the ranks
   // that passed the same `color`, ranked by `key` then by rank here. `name` (e.g. "ep") appears
   // in the new communicator's error messages.
@@ -132,6 +150,12 @@ struct AllToAllLayout {
 AllToAllLayout CheckAllToAll(std::string_view op, const at::Tensor& send,
                              const std::vector<int64_t>& send_counts, const at::Tensor& recv,
                              const std::vector<int64_t>& recv_counts, int size, c10::Device device);
+
+// The counts of an EnqueueAllToAll (Note [Enqueued all-to-all]): n = send.size(0) / size rows
+// for every rank; throws rl::Error when the rows do not split into `size` blocks or the two
+// tensors differ in rows.
+std::vector<int64_t> EqualBlocks(std::string_view op, const at::Tensor& send,
+                                 const at::Tensor& recv, int size);
 
 // Who a communicator's ranks are, beyond rank and size.
 struct Group {

@@ -238,7 +238,7 @@ void MpiCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t
   ThrowIfAborted("all_to_all");
   const internal::AllToAllLayout layout = internal::CheckAllToAll(
       Label("all_to_all"), send, send_counts, recv, recv_counts, size_, c10::kCPU);
-  // MPI counts and displacements are int: bytes of one peer's rows and their offsets must fit.
+  // MPI counts are int: the bytes of one peer's rows must fit (offsets are pointer arithmetic).
   const auto bytes_or_throw = [&](int64_t bytes, std::string_view what, int peer) {
     RL_CHECK(bytes <= std::numeric_limits<int>::max(), Error,
              "{}: {} for rank {} is {} bytes, beyond MPI's int count ({}); exchange the rows in "
@@ -246,13 +246,13 @@ void MpiCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t
              Label("all_to_all"), what, peer, bytes, std::numeric_limits<int>::max());
     return static_cast<int>(bytes);
   };
-  std::vector<int> send_bytes(size_), send_displs(size_), recv_bytes(size_), recv_displs(size_);
+  std::vector<int> send_bytes(size_), recv_bytes(size_);
   for (int j = 0; j < size_; ++j) {
     send_bytes[j] = bytes_or_throw(send_counts[j] * layout.row_bytes, "the send count", j);
-    send_displs[j] = bytes_or_throw(layout.send_offsets[j], "the send displacement", j);
     recv_bytes[j] = bytes_or_throw(recv_counts[j] * layout.row_bytes, "the receive count", j);
-    recv_displs[j] = bytes_or_throw(layout.recv_offsets[j], "the receive displacement", j);
   }
+  const std::vector<int64_t>& send_displs = layout.send_offsets;
+  const std::vector<int64_t>& recv_displs = layout.recv_offsets;
   // Note [All-to-all by point-to-point]: one receive and one send per peer with rows to move,
   // polled together, instead of MPI_Ialltoallv. Open MPI 4.1's non-blocking all-to-all (libnbc)
   // was seen to leave the communicator's next collective stuck in the transport, with every rank
@@ -283,6 +283,15 @@ void MpiCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t
   WaitAll(std::move(requests), Describe("all_to_all", send.nbytes(), recv.nbytes()),
           {send, recv});
 }
+
+void MpiCommunicator::EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) {
+  ThrowIfAborted("all_to_all");
+  const std::vector<int64_t> counts =
+      internal::EqualBlocks(Label("all_to_all"), send, recv, size_);
+  AllToAll(send, counts, recv, counts);
+}
+
+void MpiCommunicator::WaitEnqueued() { ThrowIfAborted("wait for enqueued work"); }
 
 std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key, std::string_view name) {
   const std::string op = fmt::format("split(color {}, key {}) into '{}'", color, key, name);

@@ -44,6 +44,9 @@ class MpiCommunicator final : public Communicator {
   void Barrier() override;
   void AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
                 const at::Tensor& recv, const std::vector<int64_t>& recv_counts) override;
+  // Note [Enqueued all-to-all]: MPI completes it before returning.
+  void EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) override;
+  void WaitEnqueued() override;
   std::unique_ptr<Communicator> Split(int color, int key, std::string_view name) override;
 
   // The communicator the collectives run on, a duplicate of the world's or a split of it (tests

@@ -188,6 +188,12 @@ void NcclCommunicator::Complete(ncclResult_t enqueue_result, cudaStream_t stream
                                 const std::string& what) {
   probe_->Enter(group_.tag, ++sequence_);
   const auto start = Clock::now();
+  WaitStarted(enqueue_result, what, start);
+  WaitStream(stream, what, start);
+}
+
+void NcclCommunicator::WaitStarted(ncclResult_t enqueue_result, const std::string& what,
+                                   Clock::time_point start) {
   if (enqueue_result != ncclSuccess && enqueue_result != ncclInProgress) {
     AbortAndThrow(fmt::format("{} failed to start: {} ({})", what,
                               ncclGetErrorString(enqueue_result), ncclGetLastError(comm_)));
@@ -200,6 +206,10 @@ void NcclCommunicator::Complete(ncclResult_t enqueue_result, cudaStream_t stream
                                 options_.timeout.count()));
     }
   }
+}
+
+void NcclCommunicator::WaitStream(cudaStream_t stream, const std::string& what,
+                                  Clock::time_point start) {
   RL_CHECK_CUDA(cudaEventRecord(done_, stream));
   int polls = 0;
   while (true) {
@@ -291,13 +301,13 @@ void NcclCommunicator::Barrier() {
   AllReduce(barrier_scratch_, ReduceOp::kSum);
 }
 
-void NcclCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
-                                const at::Tensor& recv, const std::vector<int64_t>& recv_counts) {
-  ThrowIfAborted("all_to_all");
+ncclResult_t NcclCommunicator::EnqueueSendRecv(const at::Tensor& send,
+                                               const std::vector<int64_t>& send_counts,
+                                               const at::Tensor& recv,
+                                               const std::vector<int64_t>& recv_counts,
+                                               cudaStream_t stream) {
   const internal::AllToAllLayout layout = internal::CheckAllToAll(
       Label("all_to_all"), send, send_counts, recv, recv_counts, size_, device_);
-  c10::cuda::CUDAGuard guard(device_);
-  const cudaStream_t stream = CurrentStream();
   const auto* send_bytes = static_cast<const char*>(send.data_ptr());
   auto* recv_bytes = static_cast<char*>(recv.data_ptr());
   // One group, so NCCL progresses every pair together and no pair waits for another; the rows
@@ -320,7 +330,32 @@ void NcclCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_
     const ncclResult_t ended = ncclGroupEnd();
     if (Started(result)) result = ended;
   }
-  Complete(result, stream, Describe("all_to_all", send.nbytes(), recv.nbytes()));
+  return result;
+}
+
+void NcclCommunicator::AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                                const at::Tensor& recv, const std::vector<int64_t>& recv_counts) {
+  ThrowIfAborted("all_to_all");
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = CurrentStream();
+  Complete(EnqueueSendRecv(send, send_counts, recv, recv_counts, stream), stream,
+           Describe("all_to_all", send.nbytes(), recv.nbytes()));
+}
+
+void NcclCommunicator::EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) {
+  ThrowIfAborted("all_to_all");
+  const std::vector<int64_t> counts =
+      internal::EqualBlocks(Label("all_to_all"), send, recv, size_);
+  c10::cuda::CUDAGuard guard(device_);
+  // Note [Enqueued all-to-all]: no event and no wait, so that a CUDA graph may capture it.
+  WaitStarted(EnqueueSendRecv(send, counts, recv, counts, CurrentStream()),
+              Describe("enqueued all_to_all", send.nbytes(), recv.nbytes()), Clock::now());
+}
+
+void NcclCommunicator::WaitEnqueued() {
+  ThrowIfAborted("wait for enqueued work");
+  c10::cuda::CUDAGuard guard(device_);
+  WaitStream(CurrentStream(), Describe("the work enqueued on the stream", 0, 0), Clock::now());
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key, std::string_view name) {

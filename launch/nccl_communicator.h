@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,9 +47,14 @@ class NcclCommunicator final : public Communicator {
   void Barrier() override;
   void AllToAll(const at::Tensor& send, const std::vector<int64_t>& send_counts,
                 const at::Tensor& recv, const std::vector<int64_t>& recv_counts) override;
+  // Note [Enqueued all-to-all]: enqueued on the current stream without waiting (capturable).
+  void EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) override;
+  void WaitEnqueued() override;
   std::unique_ptr<Communicator> Split(int color, int key, std::string_view name) override;
 
  private:
+  using Clock = std::chrono::steady_clock;
+
   // A child of Split: takes ownership of `comm`, a split of the parent that has finished
   // initialising.
   NcclCommunicator(ncclComm_t comm, c10::Device device, CommOptions options, internal::Group group,
@@ -66,8 +72,16 @@ class NcclCommunicator final : public Communicator {
     return internal::DescribeOp("nccl", op, group_, bytes_in, bytes_out, rank_);
   }
   cudaStream_t CurrentStream() const;
-  // Waits for the enqueue of a non-blocking call to finish (ncclInProgress), then for the kernel.
+  // Enters the probe's next collective, then WaitStarted and WaitStream.
   void Complete(ncclResult_t enqueue_result, cudaStream_t stream, const std::string& what);
+  // Waits for the enqueue of a non-blocking call to finish (ncclInProgress); throws on failure.
+  void WaitStarted(ncclResult_t enqueue_result, const std::string& what, Clock::time_point start);
+  // Waits for the work on `stream` so far, polling NCCL's errors, under the timeout from `start`.
+  void WaitStream(cudaStream_t stream, const std::string& what, Clock::time_point start);
+  // The checked send/recv group of an all-to-all (Note [All-to-all]), enqueued on `stream`.
+  ncclResult_t EnqueueSendRecv(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                               const at::Tensor& recv, const std::vector<int64_t>& recv_counts,
+                               cudaStream_t stream);
   [[noreturn]] void AbortAndThrow(const std::string& reason);
 
   ncclComm_t comm_ = nullptr;

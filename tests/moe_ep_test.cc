@@ -15,6 +15,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
@@ -267,6 +268,83 @@ TEST_CASE("A rank with no tokens takes part in EP forward and backward") {
     CheckClose(runs.ep.gate_up, gate_up.narrow(0, world.rank() * local, local),
                kWeightGradTolerance);
   }
+}
+
+// Note [Fixed-capacity dispatch]: a capacity every rank computes alike, and a fresh flag.
+ExpertDispatch DispatchFor(int64_t capacity) {
+  return {capacity, at::zeros({1}, at::kInt)};
+}
+
+// The most tokens any rank has, so that the worst-case capacity is the same on every rank.
+int64_t MaxTokens(int ranks) {
+  int64_t most = 0;
+  for (int r = 0; r < ranks; ++r) most = std::max(most, TokensOf(r));
+  return most;
+}
+
+TEST_CASE("Fixed-capacity dispatch equals the all-local block bitwise and never overflows at "
+          "the worst-case capacity") {
+  MpiCommunicator world(testing::Session(), kOptions);
+  for (const Family& f : Families()) {
+    INFO(f.name << ", rank " << world.rank() << " of " << world.size());
+    const MoeWeights whole = WholeWeights(f.config, 7);
+    const at::Tensor x = InputOf(world.rank(), TokensOf(world.rank()));
+    REQUIRE(SendsToOtherRanks(whole, f.config, x, world));
+    at::NoGradGuard no_grad;  // as in a decode step
+    const ExpertDispatch dispatch =
+        DispatchFor(DispatchCapacity(f.config, MaxTokens(world.size()), world.size(), 0));
+    const at::Tensor out = MoeBlock(ShardOf(whole, world), f.config, x, nullptr, {}, &dispatch);
+    const at::Tensor want = MoeBlock(whole, f.config, x);
+    INFO("max |difference| " << MaxDifference(out, want));
+    CHECK(at::equal(out, want));
+    CHECK(dispatch.overflow.item<int>() == 0);
+  }
+}
+
+// With one slot per pair of ranks, a rank overflows exactly when it routes two or more rows to
+// one rank; the flag says so on that rank.
+TEST_CASE("Fixed-capacity dispatch flags a step whose rows do not fit on the rank that sent them") {
+  MpiCommunicator world(testing::Session(), kOptions);
+  const int64_t local = kExperts / world.size();
+  for (const Family& f : Families()) {
+    INFO(f.name << ", rank " << world.rank() << " of " << world.size());
+    const MoeWeights whole = WholeWeights(f.config, 8);
+    at::NoGradGuard no_grad;
+    for (const int64_t tokens : {int64_t{1}, TokensOf(world.rank())}) {
+      const at::Tensor x = InputOf(world.rank(), tokens);
+      const at::Tensor owners = at::floor_divide(Route(whole, f.config, x).indices, local);
+      const bool crowded =
+          at::bincount(owners.reshape({-1}), {}, world.size()).max().item<int64_t>() > 1;
+      const ExpertDispatch dispatch = DispatchFor(1);
+      const at::Tensor out = MoeBlock(ShardOf(whole, world), f.config, x, nullptr, {}, &dispatch);
+      INFO(tokens << " tokens");
+      CHECK(dispatch.overflow.item<int>() == (crowded ? 1 : 0));
+      CHECK(at::isfinite(out).all().item<bool>());
+      if (!crowded) CHECK(at::equal(out, MoeBlock(whole, f.config, x)));
+    }
+  }
+}
+
+TEST_CASE("ExpertGroupIdle with a fixed-capacity dispatch serves the others' rows exactly") {
+  MpiCommunicator world(testing::Session(), kOptions);
+  const int idle = world.size() - 1;
+  for (const Family& f : Families()) {
+    INFO(f.name << ", rank " << world.rank() << " of " << world.size());
+    const MoeWeights whole = WholeWeights(f.config, 9);
+    const MoeWeights shard = ShardOf(whole, world);
+    at::NoGradGuard no_grad;
+    const ExpertDispatch dispatch =
+        DispatchFor(DispatchCapacity(f.config, MaxTokens(world.size()), world.size(), 0));
+    if (world.rank() == idle) {
+      ExpertGroupIdle(shard, f.config, &dispatch);
+    } else {
+      const at::Tensor x = InputOf(world.rank(), TokensOf(world.rank()));
+      const at::Tensor out = MoeBlock(shard, f.config, x, nullptr, {}, &dispatch);
+      CHECK(at::equal(out, MoeBlock(whole, f.config, x)));
+    }
+    CHECK(dispatch.overflow.item<int>() == 0);
+  }
+  world.Barrier();
 }
 
 }  // namespace

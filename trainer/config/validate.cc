@@ -212,6 +212,9 @@ void ValidateRanges(Rules& rules, const Config& c) {
                 ro.rollout_max_response_len);
   rules.Require(ro.rollout_temperature > 0, "--rollout-temperature must be positive; got {}",
                 ro.rollout_temperature);
+  rules.Require(ro.rollout_ep_capacity_factor >= 0,
+                "--rollout-ep-capacity-factor must be >= 0 (0 = the worst case); got {}",
+                ro.rollout_ep_capacity_factor);
   rules.Require(ro.rollout_top_p > 0 && ro.rollout_top_p <= 1,
                 "--rollout-top-p must be in (0, 1]; got {}", ro.rollout_top_p);
   rules.Require(ro.rollout_top_k == -1 || ro.rollout_top_k >= 1,

@@ -356,6 +356,9 @@ TEST_CASE("rule: ranges of numbers") {
   c.rollout.rollout_top_p = 1.5;
   CHECK(Mentions(OnlyError(c), "--rollout-top-p must be in (0, 1]"));
   c = Remat();
+  c.rollout.rollout_ep_capacity_factor = -1;
+  CHECK(Mentions(OnlyError(c), "--rollout-ep-capacity-factor must be >= 0"));
+  c = Remat();
   c.rl.eps_clip_c = 0.5;
   CHECK(Mentions(OnlyError(c), "--eps-clip-c (dual clip) must be greater than 1"));
 }

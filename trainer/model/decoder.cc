@@ -283,7 +283,8 @@ at::Tensor Decoder::Hidden(const at::Tensor& tokens, KvCache* cache, int64_t sta
   return Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, cache);
 }
 
-at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) const {
+at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
+                           const ExpertDispatch* dispatch) const {
   ctx.kernels = kernels_;
   at::Tensor topk;  // DSA selection of the last full indexer layer
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -317,7 +318,8 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) c
       at::Tensor chosen;
       const at::Tensor replay =
           routing_source_ ? routing_source_(static_cast<int64_t>(l)) : at::Tensor();
-      h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr, replay);
+      h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr, replay,
+                   dispatch);
       if (routing_observer_) routing_observer_(static_cast<int64_t>(l), chosen);
     }
     x = x + h;
@@ -361,7 +363,8 @@ at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
 }
 
 at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& position,
-                              int64_t key_length, const RopeTable& rope, KvCache& cache) const {
+                              int64_t key_length, const RopeTable& rope, KvCache& cache,
+                              const ExpertDispatch* dispatch) const {
   at::NoGradGuard no_grad;
   CheckTokens(tokens);
   RL_CHECK(tokens.size(1) == 1 && tokens.size(0) <= cache.max_batch() && key_length >= 1 &&
@@ -386,19 +389,19 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
   ctx.position = index;
   ctx.key_mask =
       (at::arange(key_length, index.options()) <= index).view({1, key_length});  // [1, T]
-  return Linear(Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, &cache), lm_head_)
+  return Linear(Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, &cache, dispatch),
+                lm_head_)
       .select(1, 0);
 }
 
-void Decoder::IdleStep() const {
+void Decoder::IdleStep(const ExpertDispatch* dispatch) const {
   for (const Layer& layer : layers_) {
-    if (layer.mlp_type != MlpType::kDense) ExpertGroupIdle(layer.moe, config_);
+    if (layer.mlp_type != MlpType::kDense) ExpertGroupIdle(layer.moe, config_, dispatch);
   }
 }
 
 bool Decoder::decode_step_capturable() const {
-  // Under expert parallelism the MoE blocks read the exchange's counts on the host.
-  if (config_.expert_shard.size > 1) return false;
+  // Under expert parallelism only with a fixed-capacity dispatch (the caller's part).
   for (const Layer& layer : layers_) {
     if (layer.mlp_type != MlpType::kDense && !MoeBlockSyncFree(layer.moe)) return false;
   }

@@ -118,18 +118,22 @@ class Decoder {
   // returns the logits [batch, vocab]. `rope` is the table of every cache position
   // (MakeRopeTable(config, 0, cache.max_length(), ...)). The caller keeps position < key_length
   // (not checked: that would read the device) and cache positions up to key_length finite. No
-  // autograd; no host synchronisation where decode_step_capturable().
+  // autograd; no host synchronisation where decode_step_capturable(). `dispatch`: the MoE
+  // layers' fixed-capacity exchange over the expert group (Note [Fixed-capacity dispatch] in
+  // layers.h), or null for the exact one.
   at::Tensor DecodeStep(const at::Tensor& tokens, const at::Tensor& position, int64_t key_length,
-                        const RopeTable& rope, KvCache& cache) const;
+                        const RopeTable& rope, KvCache& cache,
+                        const ExpertDispatch* dispatch = nullptr) const;
 
   // True when DecodeStep never waits for the device, so it can be captured in a CUDA graph: every
   // dense model, and MoE models whose blocks are sync-free (MoeBlockSyncFree: bf16 on CUDA) and
-  // hold every expert.
+  // either hold every expert or are given a fixed-capacity dispatch.
   bool decode_step_capturable() const;
 
   // Under expert parallelism: this rank's part of a forward in which it has no tokens, serving
-  // the other ranks' rows to its experts in every MoE layer (ExpertGroupIdle). No-op otherwise.
-  void IdleStep() const;
+  // the other ranks' rows to its experts in every MoE layer (ExpertGroupIdle), through
+  // `dispatch` when the forward it joins uses one. No-op otherwise.
+  void IdleStep(const ExpertDispatch* dispatch = nullptr) const;
 
   // Called by every MoE layer of every forward with the layer's index and its routing's expert
   // ids [tokens, k] int64 (on the device; tokens in [batch, seq] row-major order). For tools that
@@ -176,7 +180,8 @@ class Decoder {
   void CheckTokens(const at::Tensor& tokens) const;
   // The layers and the final norm over embedded tokens x [batch, seq, hidden]; `ctx` without
   // its per-layer cache, which comes from `cache` when given.
-  at::Tensor Layers(at::Tensor x, AttentionContext ctx, KvCache* cache) const;
+  at::Tensor Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
+                    const ExpertDispatch* dispatch = nullptr) const;
 
   ModelConfig config_;
   Kernels kernels_;

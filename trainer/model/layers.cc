@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -596,7 +597,70 @@ at::Tensor RunExpertsParallel(const MoeWeights& w, const at::Tensor& xs, const a
                              send_counts);
 }
 
+// Note [Fixed-capacity dispatch]: rows `xs` [R, H] sorted by global expert, `sorted_ids` [R]
+// their experts, `ends` [E] their cumulative counts; returns the experts' outputs in the same
+// order (zero for the rows that did not fit).
+at::Tensor RunExpertsFixed(const MoeWeights& w, const at::Tensor& xs, const at::Tensor& sorted_ids,
+                           const at::Tensor& ends, const ExpertDispatch& dispatch) {
+  RL_CHECK(!at::GradMode::is_enabled(), Error,
+           "MoE block: the fixed-capacity dispatch has no backward; run it under no_grad");
+  RL_CHECK(dispatch.capacity >= 1 && dispatch.overflow.defined() &&
+               dispatch.overflow.scalar_type() == at::kInt && dispatch.overflow.numel() == 1,
+           Error, "MoE block: a fixed-capacity dispatch needs capacity >= 1 (got {}) and an int32 "
+           "overflow flag of one element", dispatch.capacity);
+  Communicator& group = *w.expert_group;
+  const int64_t ranks = group.size();
+  const int64_t local = w.gate_up.size(0);
+  const int64_t capacity = dispatch.capacity;
+  const int64_t slots = ranks * capacity;
+  const int64_t rows = xs.size(0);
+  const at::TensorOptions longs = xs.options().dtype(at::kLong);
+  const at::TensorOptions ints = xs.options().dtype(at::kInt);
+  // 1. Each row's slot: block dest, place = its index minus the first row for dest.
+  const at::Tensor dest = at::floor_divide(sorted_ids, local);
+  const at::Tensor rank_ends = ends.view({ranks, local}).select(1, local - 1).to(at::kLong);
+  const at::Tensor rank_begins =
+      at::cat({at::zeros({1}, longs), rank_ends.narrow(0, 0, ranks - 1)});
+  const at::Tensor place = at::arange(rows, longs) - rank_begins.index_select(0, dest);
+  const at::Tensor fits = place < capacity;
+  dispatch.overflow.bitwise_or_(fits.logical_not().any().to(at::kInt));
+  // Rows that do not fit take the spare slots [slots, slots + R), one each (index_copy_ with
+  // distinct indices is deterministic), which are not sent.
+  const at::Tensor slot =
+      at::where(fits, dest * capacity + place, at::arange(slots, slots + rows, longs));
+  const at::Tensor send = at::empty({slots + rows, xs.size(1)}, xs.options()).index_copy_(0, slot, xs);
+  const at::Tensor send_ids =
+      at::full({slots + rows}, local, ints).index_copy_(0, slot, (sorted_ids % local).to(at::kInt));
+  // 2. Expert ids, then rows, to their ranks.
+  const at::Tensor recv_ids = at::empty({slots}, ints);
+  const at::Tensor recv = at::empty({slots, xs.size(1)}, xs.options());
+  MaybeInjectFault(FaultPoint::kExpertExchange);  // Note [Fault injection]
+  group.EnqueueAllToAll(send_ids.narrow(0, 0, slots), recv_ids);
+  group.EnqueueAllToAll(send.narrow(0, 0, slots), recv);
+  // 3. The local experts over the filled slots, grouped by expert; back in slot order; returned.
+  const at::Tensor to_experts = at::argsort(recv_ids, /*stable=*/true);
+  const at::Tensor local_ends =
+      at::searchsorted(recv_ids.index_select(0, to_experts), at::arange(local, ints),
+                       /*out_int32=*/true, /*right=*/true);
+  const at::Tensor out = RunExperts(w, recv.index_select(0, to_experts), local_ends);
+  const at::Tensor back = at::empty_like(out).index_copy_(0, to_experts, out);
+  const at::Tensor returned = at::empty_like(back);
+  group.EnqueueAllToAll(back, returned);
+  return at::where(fits.unsqueeze(1), returned.index_select(0, slot.clamp_max(slots - 1)),
+                   at::zeros({}, returned.options()));
+}
+
 }  // namespace
+
+int64_t DispatchCapacity(const ModelConfig& config, int64_t max_tokens, int64_t group_size,
+                         double factor) {
+  const int64_t k = config.num_experts_per_tok;
+  const int64_t worst = max_tokens * std::min(k, config.n_routed_experts / group_size);
+  if (factor <= 0) return std::max<int64_t>(worst, 1);
+  const auto mean_share = static_cast<double>(max_tokens * k) / static_cast<double>(group_size);
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(factor * mean_share)), 1,
+                             std::max<int64_t>(worst, 1));
+}
 
 bool MoeBlockSyncFree(const MoeWeights& w) {
   // MoeBlock's rows (the gathered tokens, the SwiGLU output) are fresh contiguous tensors of
@@ -621,12 +685,14 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   }
   // No rows: an empty product that still depends on x and w, so that the backward reaches
   // whatever produced x (an expert group's exchange must run its backward on every rank).
-  if (parts.empty()) return at::matmul(x.narrow(0, 0, 0), w[0].t());
+  if (parts.empty() && x.size(0) == 0) return at::matmul(x.narrow(0, 0, 0), w[0].t());
+  if (begin < x.size(0)) parts.push_back(at::zeros({x.size(0) - begin, w.size(1)}, x.options()));
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
 }
 
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
-                    at::Tensor* chosen, const at::Tensor& replay) {
+                    at::Tensor* chosen, const at::Tensor& replay,
+                    const ExpertDispatch* dispatch) {
   const int64_t hidden = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, hidden});  // [T, H]
   const int64_t tokens = x2.size(0);
@@ -634,6 +700,8 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
   if (chosen != nullptr) *chosen = r.indices;
   const int64_t k = r.indices.size(1);
   const int64_t experts = c.n_routed_experts;
+  RL_CHECK(dispatch == nullptr || w.expert_group != nullptr, Error,
+           "MoE block: a fixed-capacity dispatch needs an expert group");
   const bool parallel = w.expert_group != nullptr && w.expert_group->size() > 1;
   RL_CHECK(w.gate_up.size(0) * (parallel ? w.expert_group->size() : 1) == experts, Error,
            "MoE block: {} local experts on each of {} ranks, but the model has {} experts",
@@ -643,26 +711,34 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
   // order[i], and pair p goes back from row inverse[p].
   const at::Tensor flat = r.indices.reshape({-1});  // [T * k]
   const at::Tensor order = at::argsort(flat, /*stable=*/true);
-  const at::Tensor ends =
-      at::searchsorted(flat.index_select(0, order), at::arange(experts, flat.options()),
-                       /*out_int32=*/true, /*right=*/true);
+  const at::Tensor sorted_ids = flat.index_select(0, order);
+  const at::Tensor ends = at::searchsorted(sorted_ids, at::arange(experts, flat.options()),
+                                           /*out_int32=*/true, /*right=*/true);
   const at::Tensor inverse =
       at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
   const at::Tensor xs = GatherTokens::apply(x2, order, inverse, k);  // [T * k, H]
   const at::Tensor ys = PermuteRows::apply(
-      parallel ? RunExpertsParallel(w, xs, ends) : RunExperts(w, xs, ends), inverse, order);
+      dispatch != nullptr ? RunExpertsFixed(w, xs, sorted_ids, ends, *dispatch)
+      : parallel          ? RunExpertsParallel(w, xs, ends)
+                          : RunExperts(w, xs, ends),
+      inverse, order);
   at::Tensor out =
       (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
   if (w.has_shared) out = out + DenseMlp(w.shared, x2);
   return out.view(x.sizes());
 }
 
-void ExpertGroupIdle(const MoeWeights& w, const ModelConfig& config) {
-  if (w.expert_group == nullptr || w.expert_group->size() == 1) return;
+void ExpertGroupIdle(const MoeWeights& w, const ModelConfig& config,
+                     const ExpertDispatch* dispatch) {
+  if (w.expert_group == nullptr || (w.expert_group->size() == 1 && dispatch == nullptr)) return;
   at::NoGradGuard no_grad;
   const at::Tensor no_rows = at::empty({0, config.hidden_size}, w.gate_up.options());
   const at::Tensor ends = at::zeros({config.n_routed_experts}, w.gate_up.options().dtype(at::kInt));
-  RunExpertsParallel(w, no_rows, ends);
+  if (dispatch != nullptr) {
+    RunExpertsFixed(w, no_rows, at::empty({0}, ends.options().dtype(at::kLong)), ends, *dispatch);
+  } else {
+    RunExpertsParallel(w, no_rows, ends);
+  }
 }
 
 }  // namespace rl::model

@@ -173,7 +173,8 @@ Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& 
 // strides of 16 bytes; bf16 on Hopper is one CUTLASS kernel that never reads `ends` on the host,
 // other dtypes run ATen's exact per-group loop); otherwise, and always on the CPU, a loop of
 // Linear over the groups with one host read of `ends` (batch-invariant on the CPU: Note
-// [Batch-invariant CPU kernels] in layers.cc). Differentiable in x and w.
+// [Batch-invariant CPU kernels] in layers.cc). Differentiable in x and w. Rows of x past
+// ends[E - 1] belong to no group: their result rows are unspecified (zeros on the CPU).
 at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ends);
 
 // Note [MoE block]
@@ -208,12 +209,50 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 // the expert weights' gradients sum the group's rows in one GEMM instead of per rank.
 // MoeBlock with an expert group is a collective over it: every rank must call it the same number
 // of times (ExpertGroupIdle joins a step with no tokens).
+//
+// Note [Fixed-capacity dispatch]
+// The exchange above reads its split sizes on the host, so a forward that uses it cannot be
+// captured in a CUDA graph. An ExpertDispatch replaces it, in inference, by exchanges of a fixed
+// size, as DeepEP's low-latency mode does for decode: every rank sends every rank of the group a
+// block of `capacity` row slots, whatever its tokens chose.
+//  1. A sorted row's slot is its destination rank's block, at its place among the rows for that
+//     rank (rows sorted by global expert are grouped by rank); a row whose place is past the
+//     capacity does not fit: it sets `overflow` and gets a spare slot that is not sent, and its
+//     expert output is taken as zero.
+//  2. One all-to-all moves each slot's local expert id (`local` experts for an empty slot),
+//     another the rows (Note [Enqueued all-to-all] in launch/communicator.h: enqueued only).
+//  3. The receiver sorts its slots by expert id (a stable sort on the device; empty slots last),
+//     runs the grouped GEMMs over the filled ones, puts the results back in slot order and a third
+//     all-to-all returns them; each row reads its slot.
+// Every shape depends only on the group size and the capacity, and nothing is read on the host,
+// so a bf16 forward on a Hopper GPU can be captured (the slots not filled hold whatever the buffers
+// held; no filled row reads them). A row meets the same weights and, on the CPU, the same
+// batch-invariant GEMMs as with the exact exchange, so the results are the same bits when nothing
+// overflows (//tests:moe_ep_test). No autograd. The caller reads `overflow` (int32 [1], 1 once
+// some row did not fit since it was last zeroed) when it reads the step's results.
+// DispatchCapacity(config, max_tokens, group size, 0) is the most rows a forward of max_tokens
+// tokens can send one rank (each token at most min(k, local experts)), which never overflows.
+struct ExpertDispatch {
+  int64_t capacity = 0;  // row slots per (source, destination) pair of ranks, >= 1
+  at::Tensor overflow;   // [1] int32 on the model's device
+};
+// The capacity for forwards of up to `max_tokens` tokens over a group of `group_size` ranks:
+// `factor` times the mean max_tokens * k / group_size rows per rank, rounded up, at most the
+// worst case; factor 0 gives the worst case.
+int64_t DispatchCapacity(const ModelConfig& config, int64_t max_tokens, int64_t group_size,
+                         double factor);
+
+// `dispatch`, when given, uses the fixed-capacity exchange (Note [Fixed-capacity dispatch]) over
+// w.expert_group (which must be set; a group of one works too); no autograd then.
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x,
-                    at::Tensor* chosen = nullptr, const at::Tensor& replay = {});
+                    at::Tensor* chosen = nullptr, const at::Tensor& replay = {},
+                    const ExpertDispatch* dispatch = nullptr);
 
 // A MoE block's part of a forward with no tokens on this rank: it serves the rows the other
-// ranks of w.expert_group send to its experts (Note [Expert-parallel MoE]). No autograd.
-void ExpertGroupIdle(const MoeWeights& w, const ModelConfig& config);
+// ranks of w.expert_group send to its experts (Note [Expert-parallel MoE]), through `dispatch`
+// when the other ranks use it. No autograd.
+void ExpertGroupIdle(const MoeWeights& w, const ModelConfig& config,
+                     const ExpertDispatch* dispatch = nullptr);
 
 // True when MoeBlock on `w` never waits for the device: bf16 CUDA weights whose widths
 // at::_grouped_mm takes (its CUTLASS kernel needs a Hopper or newer GPU).

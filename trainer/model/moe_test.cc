@@ -146,6 +146,27 @@ TEST_CASE("GroupedLinear takes groups with no rows and the fp64 loop path") {
   CHECK(at::allclose(yf.to(at::kDouble), y, 1e-5, 1e-6));
 }
 
+TEST_CASE("GroupedLinear leaves zeros in the rows past the last group on the CPU") {
+  at::manual_seed(4);
+  const at::Tensor w = at::randn({2, 6, 8});
+  const at::Tensor x = at::randn({7, 8});
+  const at::Tensor y = GroupedLinear(x, w, at::tensor({1, 4}, at::kInt));
+  REQUIRE(y.sizes() == at::IntArrayRef({7, 6}));
+  CHECK(at::equal(y.narrow(0, 1, 3), Linear(x.narrow(0, 1, 3), w[1])));
+  CHECK(at::equal(y.narrow(0, 4, 3), at::zeros({3, 6})));
+}
+
+// Note [Fixed-capacity dispatch]: 8 experts, top-2, 10 tokens.
+TEST_CASE("DispatchCapacity: the worst case by default, a multiple of the mean below it") {
+  const ModelConfig c = MoeConfig(RouterKind::kSoftmax, 8, 2);
+  CHECK(DispatchCapacity(c, 10, 2, 0) == 20);   // 4 local experts: both of a token's rows
+  CHECK(DispatchCapacity(c, 10, 8, 0) == 10);   // 1 local expert: one row per token
+  CHECK(DispatchCapacity(c, 10, 2, 1.0) == 10);  // mean 10 * 2 / 2
+  CHECK(DispatchCapacity(c, 10, 4, 1.5) == 8);   // ceil(1.5 * 5)
+  CHECK(DispatchCapacity(c, 10, 2, 9.0) == 20);  // never above the worst case
+  CHECK(DispatchCapacity(c, 1, 8, 0.01) == 1);   // at least one slot
+}
+
 // Output and gradients of the grouped block, with `replay` replacing the router's choice.
 Grads RunReplay(const MoeWeights& weights, const ModelConfig& c, const at::Tensor& x0,
                 const at::Tensor& seed_grad, const at::Tensor& replay, at::Tensor* chosen) {

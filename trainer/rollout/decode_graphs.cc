@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "launch/check.h"
 
@@ -19,8 +20,10 @@ struct DecodeGraphs::Graph {
   at::Tensor logits;  // [batch, vocab], written by every replay
 };
 
-DecodeGraphs::DecodeGraphs(Step step, int64_t max_batch, at::Device device)
+DecodeGraphs::DecodeGraphs(Step step, int64_t max_batch, at::Device device,
+                           std::function<void()> wait)
     : step_(std::move(step)),
+      wait_(std::move(wait)),
       max_batch_(max_batch),
       device_(device),
       tokens_(at::zeros({max_batch, 1}, at::TensorOptions().dtype(at::kLong).device(device))),
@@ -46,20 +49,22 @@ at::Tensor DecodeGraphs::Run(const at::Tensor& tokens, int64_t key_length) {
   tokens_.narrow(0, 0, live).copy_(tokens);
   const int64_t batch = BatchBucket(live, max_batch_);
   auto it = graphs_.find({batch, key_length});
-  Graph& graph = it != graphs_.end() ? *it->second : Capture(batch, key_length);
-  graph.graph.replay();
-  return graph.logits.narrow(0, 0, live);
+  if (it == graphs_.end()) return Capture(batch, key_length).narrow(0, 0, live);
+  it->second->graph.replay();
+  return it->second->logits.narrow(0, 0, live);
 }
 
-DecodeGraphs::Graph& DecodeGraphs::Capture(int64_t batch, int64_t key_length) {
+at::Tensor DecodeGraphs::Capture(int64_t batch, int64_t key_length) {
   auto graph = std::make_unique<Graph>();
   const at::Tensor tokens = tokens_.narrow(0, 0, batch);
   // The warm-up and the capture run on a side stream (capture cannot use the default stream);
-  // device syncs order them after the work queued so far and the replays after them.
+  // device syncs order them after the work queued so far and the caller's work after them.
   c10::cuda::device_synchronize();
+  at::Tensor warm_up_logits;
   {
     const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device_.index()));
-    step_(tokens, key_length);  // warm-up: what the capture records, done once for real
+    warm_up_logits = step_(tokens, key_length);  // what the capture records, done once for real
+    if (wait_) wait_();
     graph->graph.capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
     try {
       graph->logits = step_(tokens, key_length);
@@ -77,9 +82,8 @@ DecodeGraphs::Graph& DecodeGraphs::Capture(int64_t batch, int64_t key_length) {
     }
   }
   c10::cuda::device_synchronize();
-  Graph& out = *graph;
   graphs_.emplace(std::make_pair(batch, key_length), std::move(graph));
-  return out;
+  return warm_up_logits;
 }
 
 }  // namespace rl::rollout

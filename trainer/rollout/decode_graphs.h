@@ -14,8 +14,12 @@
 //    4, 8, then multiples of 8 up to max_batch); the padding rows compute on whatever tokens the
 //    buffer holds, in cache rows nobody reads. The engine rounds key lengths up to blocks, so a
 //    handful of graphs serves a whole generation. Each is captured the first time it is needed
-//    (a warm-up run on the capture stream first, so that lazy initialisation such as cuBLAS
-//    workspaces happens outside the capture) and kept for the life of the engine.
+//    and kept for the life of the engine. That first time, the step runs eagerly on the capture
+//    stream (a warm-up, so that lazy initialisation such as cuBLAS workspaces happens outside the
+//    capture), the capture records it without running it, and Run returns the warm-up's logits:
+//    the step runs exactly once per Run, so a step with collectives (an expert-parallel decode
+//    step, Note [Fixed-capacity dispatch] in trainer/model/layers.h) makes the same collectives
+//    on every rank of its group, whether a rank captures or replays.
 //  - all graphs share one memory pool. That is safe because every Run's logits are consumed
 //    before the next Run replays anything (the engine reads the sampled tokens on the host every
 //    step): a graph may reuse memory another graph used for temporaries or for its output.
@@ -45,7 +49,11 @@ class DecodeGraphs {
   // step(tokens [batch, 1] int64 on the device, key_length) -> logits [batch, vocab].
   using Step = std::function<at::Tensor(const at::Tensor& tokens, int64_t key_length)>;
 
-  DecodeGraphs(Step step, int64_t max_batch, at::Device device);
+  // `wait`, when given, is called after the warm-up step, before the device is synchronised: a
+  // step that enqueues collectives waits for them there under their timeout (Note [Enqueued
+  // all-to-all] in launch/communicator.h).
+  DecodeGraphs(Step step, int64_t max_batch, at::Device device,
+               std::function<void()> wait = nullptr);
   ~DecodeGraphs();
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
@@ -62,9 +70,11 @@ class DecodeGraphs {
 
  private:
   struct Graph;
-  Graph& Capture(int64_t batch, int64_t key_length);
+  // Runs the step once for real (the warm-up), captures it, and returns the warm-up's logits.
+  at::Tensor Capture(int64_t batch, int64_t key_length);
 
   Step step_;
+  std::function<void()> wait_;
   int64_t max_batch_;
   at::Device device_;
   at::Tensor tokens_;  // [max_batch, 1] int64: the captured steps read their tokens here

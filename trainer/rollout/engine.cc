@@ -119,13 +119,14 @@ int64_t RolloutEngine::KvStorageBytes(const model::ModelConfig& config, at::Scal
 RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype,
                              at::Device device, int64_t max_batch, int64_t max_length,
                              const StorageAllocator& allocator, Records records,
-                             Communicator* expert_group)
+                             ExpertParallel expert)
     : config_(std::move(config)),
       dtype_(param_dtype),
       device_(device),
       max_batch_(max_batch),
       max_length_(max_length),
-      expert_group_(expert_group != nullptr && expert_group->size() > 1 ? expert_group : nullptr) {
+      expert_group_(expert.group != nullptr && expert.group->size() > 1 ? expert.group : nullptr),
+      capacity_factor_(expert.capacity_factor) {
   RL_CHECK(max_batch >= 1 && max_length >= 2, ConfigError,
            "rollout engine: max_batch must be >= 1 and max_length >= 2; got {} and {}", max_batch,
            max_length);
@@ -143,7 +144,12 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   // Note [Inference kernels]: fused on a GPU.
   decoder_ = std::make_unique<model::Decoder>(
       config_, weights_, device_.is_cuda() ? model::Kernels::kFused : model::Kernels::kLibTorch,
-      expert_group);
+      expert.group);
+  if (expert_group_ != nullptr) {  // Note [Fixed-capacity dispatch] in layers.h
+    dispatch_.capacity = model::DispatchCapacity(config_, max_batch_, expert_group_->size(),
+                                                 capacity_factor_);
+    dispatch_.overflow = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device_));
+  }
 
   const int64_t kv_elements = model::KvCache::NumElements(config_, max_batch_, max_length_);
   const int64_t kv_bytes = kv_elements * static_cast<int64_t>(c10::elementSize(dtype_));
@@ -191,9 +197,12 @@ void RolloutEngine::set_cuda_graphs(bool on) {
   if (!on || !device_.is_cuda() || !decoder_->decode_step_capturable()) return;
   graphs_ = std::make_unique<DecodeGraphs>(
       [this](const at::Tensor& tokens, int64_t key_length) {
-        return decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_);
+        return decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_,
+                                    decode_dispatch());
       },
-      max_batch_, device_);
+      max_batch_, device_, [this] {
+        if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
+      });
 }
 
 int64_t RolloutEngine::KeyLength(int64_t position) const {
@@ -216,8 +225,13 @@ void RolloutEngine::Record(ChoiceRecord& record, int64_t layer, const at::Tensor
 }
 
 at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_length) {
-  if (graphs_ != nullptr) return graphs_->Run(tokens, key_length);
-  return decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_);
+  const at::Tensor logits =
+      graphs_ != nullptr
+          ? graphs_->Run(tokens, key_length)
+          : decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_, decode_dispatch());
+  // Note [Enqueued all-to-all]: the sampler reads the logits on the host next.
+  if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
+  return logits;
 }
 
 void RolloutEngine::LoadWeights(const model::TensorMap& params) {
@@ -288,6 +302,7 @@ std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<in
     by_length[prompt.size()].push_back(i);
   }
   std::vector<Generation> out(prompts.size());
+  if (expert_group_ != nullptr) dispatch_.overflow.zero_();
   for (const auto& [length, rows] : by_length) {
     for (size_t begin = 0; begin < rows.size(); begin += static_cast<size_t>(max_batch_)) {
       const size_t end = std::min(rows.size(), begin + static_cast<size_t>(max_batch_));
@@ -296,29 +311,51 @@ std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<in
     }
   }
   // Note [Expert-parallel decode]: serve the group's other engines until every one is done.
-  while (ExpertGroupStep(false)) decoder_->IdleStep();
+  JoinGroupStep(StepKind::kNone);
   return out;
 }
 
 // Note [Expert-parallel decode]
 // Under expert parallelism every forward is a collective over the expert group (Note
 // [Expert-parallel MoE] in trainer/model/layers.h), but the engines of a group hold different
-// prompts, so they need different numbers of forwards (prefills of other lengths, rows that stop
-// at other steps). Before each of its forwards an engine joins a one-integer all-reduce (max) over
-// the group saying that it works; an engine whose Generate has nothing left joins it saying that
-// it does not, and while another engine still works it runs an idle step (Decoder::IdleStep:
-// each MoE layer serves the rows sent to its experts, with no tokens of its own). So every
-// engine makes the same sequence of collectives, a prefill on one rank may meet a decode step on
-// another (the exchange does not care which forward a row comes from), and the group leaves
-// Generate together when no engine works. The all-reduce reads its result on the host, one wait
-// per step; with the row exchange's own host reads this keeps such steps out of CUDA graphs
-// (decode_step_capturable() is false under expert parallelism).
-bool RolloutEngine::ExpertGroupStep(bool working) {
-  if (expert_group_ == nullptr) return working;
-  const at::Tensor flag =
-      at::full({1}, working ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat).device(device_));
-  expert_group_->AllReduce(flag, ReduceOp::kMax);
-  return flag.item<float>() > 0;
+// prompts, so they need different numbers and kinds of forwards (prefills of other lengths, rows
+// that stop at other steps). The prefill uses the exact exchange; a decode step uses the
+// fixed-capacity one (Note [Fixed-capacity dispatch]), so that it can be captured in a CUDA graph;
+// the two do not pair up, so the engines agree on the kind of every forward. Before each of its
+// forwards an engine joins a two-value all-reduce (max) over the group: the kind of the forward it
+// wants to run (prefill 2, decode 1, none 0) and its decode overflow flag. The largest kind runs:
+// an engine that wants it runs its forward; the others run an idle step of that kind
+// (Decoder::IdleStep: each MoE layer serves the rows sent to its experts, with no tokens of its
+// own) and ask again. So every engine makes the same sequence of collectives, prefills go first
+// (each prefilling engine progresses at once), decode steps run together, and the group leaves
+// Generate together when no engine wants anything. The all-reduce reads its result on the host,
+// one wait per step, outside the captured decode step. A flag set by any engine's decode step
+// (the capacity was too small) reaches every engine there, and every engine throws the same
+// error, so no engine is left waiting in a collective. The decode step's all-to-alls are only
+// enqueued; the engine waits for them under the group's timeout (Communicator::WaitEnqueued)
+// before it reads the logits on the host.
+void RolloutEngine::JoinGroupStep(StepKind mine) {
+  if (expert_group_ == nullptr) return;
+  const at::TensorOptions floats = at::TensorOptions().dtype(at::kFloat).device(device_);
+  while (true) {
+    // [kind, overflow flag x (group rank + 1)]: the max names the last rank that overflowed.
+    const at::Tensor proposal =
+        at::cat({at::full({1}, static_cast<int>(mine), floats),
+                 dispatch_.overflow.to(at::kFloat) * (expert_group_->rank() + 1)});
+    expert_group_->AllReduce(proposal, ReduceOp::kMax);
+    const at::Tensor agreed = proposal.cpu();
+    const auto kind = static_cast<StepKind>(static_cast<int>(agreed[0].item<float>()));
+    const int overflowed = static_cast<int>(agreed[1].item<float>());
+    RL_CHECK(overflowed == 0, Error,
+             "expert-parallel decode: a decode step of rank {} of the '{}' group sent one rank "
+             "more rows than the dispatch capacity of {} rows (--rollout-ep-capacity-factor {} "
+             "over a batch of {}); raise the factor, or set it to 0 for the worst case, which "
+             "never overflows",
+             overflowed - 1, expert_group_->name(), dispatch_.capacity, capacity_factor_,
+             max_batch_);
+    if (kind == mine) return;
+    decoder_->IdleStep(kind == StepKind::kDecode ? &dispatch_ : nullptr);
+  }
 }
 
 void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& prompts,
@@ -355,7 +392,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
   prefill_length_ = prompt_length;  // Note [Engine routing record]
   at::Tensor logits;
   try {
-    ExpertGroupStep(true);  // Note [Expert-parallel decode]
+    JoinGroupStep(StepKind::kPrefill);  // Note [Expert-parallel decode]
     logits = decoder_->ForwardStep(prompt_tokens, *cache_, 0).select(1, prompt_length - 1);
   } catch (...) {
     prefill_length_ = 0;
@@ -440,7 +477,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
     step_tokens = step_tokens.reshape({-1, 1});
     live = std::move(next_live);
     position_.fill_(position);
-    ExpertGroupStep(true);
+    JoinGroupStep(StepKind::kDecode);
     logits = DecodeLogits(step_tokens, KeyLength(position));
     ++position;
   }

@@ -31,7 +31,8 @@
 // The decode steps of a group run at a device-side position (Decoder::DecodeStep) over the first
 // KeyLength(position) cache positions: position + 1 rounded up to a block of kKeyBlock, so that
 // the step's shapes change only once per block. On a CUDA device, for a model whose decode step
-// never waits on the host (Decoder::decode_step_capturable: dense, or MoE in bf16), the steps
+// never waits on the host (Decoder::decode_step_capturable: dense, or MoE in bf16 on Hopper,
+// also under expert parallelism with its fixed-capacity dispatch), the steps
 // replay CUDA graphs (Note [Decode graphs] in decode_graphs.h) unless set_cuda_graphs(false);
 // elsewhere they run eagerly, computing the same. Masked cache positions must be finite, so each
 // group first zeroes the cache positions past its prompts (after WakeUp, or under --ci-test's
@@ -124,6 +125,16 @@ struct Records {
 // (kRolloutWeights or kKvCache).
 using StorageAllocator = std::function<at::Tensor(memory::RegionTag tag, int64_t num_bytes)>;
 
+// The expert-parallel group an engine decodes with (Note [Expert-parallel decode]).
+struct ExpertParallel {
+  // The group of config.expert_shard; null, or a group of one, when the model holds every expert.
+  Communicator* group = nullptr;
+  // The decode steps' dispatch capacity (Note [Fixed-capacity dispatch] in
+  // trainer/model/layers.h), as model::DispatchCapacity's factor over max_batch tokens: 0 for the
+  // worst case, which never overflows.
+  double capacity_factor = 0;
+};
+
 // An allocator of plain zero-filled tensors (tests and tools).
 StorageAllocator PlainAllocator(at::Device device);
 
@@ -133,12 +144,12 @@ class RolloutEngine {
   // storage then also holds the records of every cache row. A record the model has nothing for
   // (experts of a dense model, the indexer of a model without one) is not kept.
   //
-  // `expert_group`: the expert-parallel group of config.expert_shard, or null when the model holds
-  // every expert. The engines of a group then generate in lockstep (Note [Expert-parallel
-  // decode]): Generate is a collective over the group.
+  // `expert`: the expert-parallel group, when the model's experts are spread over one. The
+  // engines of the group then generate in lockstep (Note [Expert-parallel decode]): Generate is a
+  // collective over the group.
   RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype, at::Device device,
                 int64_t max_batch, int64_t max_length, const StorageAllocator& allocator,
-                Records records = {}, Communicator* expert_group = nullptr);
+                Records records = {}, ExpertParallel expert = {});
 
   RolloutEngine(const RolloutEngine&) = delete;
   RolloutEngine& operator=(const RolloutEngine&) = delete;
@@ -207,9 +218,18 @@ class RolloutEngine {
   };
   // Writes a forward's choice of model layer `layer` ([rows * len, k] or [rows, len, k]).
   void Record(ChoiceRecord& record, int64_t layer, const at::Tensor& ids);
-  // Note [Expert-parallel decode]: called before each forward with `working` true, and with false
-  // once this engine's Generate has nothing left; true while any engine of the group works.
-  bool ExpertGroupStep(bool working);
+  // What an engine of an expert group runs next (Note [Expert-parallel decode]); a larger kind
+  // goes first.
+  enum class StepKind { kNone = 0, kDecode = 1, kPrefill = 2 };
+  // Note [Expert-parallel decode]: called before each forward with its kind, and with kNone once
+  // this engine's Generate has nothing left; returns when the group agrees on `mine`, after
+  // serving the group's other forwards by idle steps. Throws rl::Error on every engine of the
+  // group when a decode step overflowed the dispatch capacity.
+  void JoinGroupStep(StepKind mine);
+  // The dispatch of the decode steps: null without expert parallelism.
+  const model::ExpertDispatch* decode_dispatch() const {
+    return expert_group_ != nullptr ? &dispatch_ : nullptr;
+  }
 
   model::ModelConfig config_;
   at::ScalarType dtype_;
@@ -221,6 +241,8 @@ class RolloutEngine {
   model::TensorMap weights_;   // HF-named views of weight_storage_
   at::Tensor kv_storage_;      // [NumElements] of dtype_, a view of the "kv_cache" bytes
   Communicator* expert_group_;  // null without expert parallelism
+  double capacity_factor_;      // ExpertParallel::capacity_factor, for messages
+  model::ExpertDispatch dispatch_;  // the decode steps' (capacity 0 without expert parallelism)
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<model::KvCache> cache_;  // max_batch rows; groups use rows [0, group size)
   model::RopeTable rope_;                  // every cache position [0, max_length)
