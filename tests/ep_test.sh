@@ -14,7 +14,11 @@
 #     check between actor and engine, the first step's ppo_kl, the routing replay check). At -np 4
 #     the recipes' 2 prompts leave two ranks without prompts; at EP 4 they share an EP group with
 #     the two that have them, and their engines only serve the others' experts (Note
-#     [Expert-parallel decode]).
+#     [Expert-parallel decode]). The first iteration's rollout (mean reward and response length)
+#     equals a -np 1 run's: the decode steps' fixed-capacity dispatch gives the same bits as
+#     every expert local (Note [Fixed-capacity dispatch]), and a row's tokens do not depend on
+#     the rank or batch it ran in. A dispatch capacity too small for a decode step ends every
+#     rank with the overflow error.
 #   resume TRAINER RECIPE
 #     a checkpoint saved at EP 2 resharded through EP 1 and EP 4 and back comes back bit for bit,
 #     and resumes at another DP size (see the mode below).
@@ -78,14 +82,22 @@ PY
   colocated)
     trainer="$1"
     shift
+    first_rollout() {  # the first metrics line's rollout figures, on one line
+      head -n 1 "$tmp/$1.jsonl" | grep -o '"\(reward_mean\|response_length_mean\)":[^,]*' |
+        tr '\n' ' '
+    }
     for recipe in "$@"; do
       name="$(basename "$recipe" .toml)"
+      run 1 "$name.np1" --config "$recipe" --num-rollout 1 || { fail "$name -np 1"; continue; }
       for layout in "2 2" "4 2" "4 4"; do
         read -r np ep <<< "$layout"
         run_name="$name.np$np.ep$ep"
         run "$np" "$run_name" --config "$recipe" --num-rollout 2 \
           --expert-model-parallel-size "$ep" ||
           { fail "$run_name"; continue; }
+        [[ "$(first_rollout "$run_name")" == "$(first_rollout "$name.np1")" ]] ||
+          fail "$run_name: first rollout $(first_rollout "$run_name")differs from -np 1's" \
+            "$(first_rollout "$name.np1")"
         checks=$(grep -c "weight update check: .* SHA256-equal" "$tmp/$run_name.log" || true)
         rebuilds=$(grep -c "rematerialize restore #.* SHA256-identical" "$tmp/$run_name.log" || true)
         replays=$(grep -c "routing replay check: 0 of [1-9]" "$tmp/$run_name.log" || true)
@@ -97,9 +109,19 @@ PY
         if grep -q "^use_rollout_routing_replay = true" "$recipe" && [[ $replays -ne 2 ]]; then
           fail "$run_name: $replays routing replay checks with 0 differing pairs (want 2)"
         fi
-        echo "$run_name: $checks weight checks, $rebuilds verified rebuilds, $replays replay checks"
+        echo "$run_name: $checks weight checks, $rebuilds verified rebuilds, $replays replay" \
+          "checks, first rollout $(first_rollout "$run_name")"
       done
     done
+    # One row slot per pair of ranks cannot hold a decode step's rows: every rank ends with the
+    # overflow error (no rank is left waiting in a collective).
+    if run 2 overflow --config "$1" --num-rollout 1 --expert-model-parallel-size 2 \
+        --rollout-ep-capacity-factor 0.01 > /dev/null; then
+      fail "a decode step over a capacity of 1 row ran"
+    fi
+    overflows=$(grep -c "more rows than the dispatch capacity of 1 rows" "$tmp/overflow.log" || true)
+    [[ $overflows -eq 2 ]] || fail "capacity overflow: $overflows ranks reported it (want 2)"
+    echo "capacity 1: both ranks end with the overflow error"
     ;;
   resume)
     # Save at -np 2 EP 2; load and save again (nothing left to run, so the loaded state is saved
