@@ -1,8 +1,13 @@
 // The NCCL backend's AllToAll and Split on GPU ranks, one GPU per rank, with the exact data of
 // tests/all_to_all_rows.h. Skips loudly when this host has fewer CUDA devices than ranks (NCCL
 // refuses two ranks on one device). On one GPU (mpirun -np 1) it still runs the split and
-// all-to-all paths: non-blocking ncclCommSplit, a group of send/receive to itself, empty rows.
+// all-to-all paths: non-blocking ncclCommSplit, a group of send/receive to itself, empty rows,
+// and the enqueue-only all-to-all captured in a CUDA graph, alone and inside a MoE block.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>
@@ -14,6 +19,8 @@
 #include "launch/mpi_session.h"
 #include "tests/all_to_all_rows.h"
 #include "tests/mpi_test_env.h"
+#include "trainer/model/layers.h"
+#include "trainer/model/model_config.h"
 
 namespace rl {
 namespace {
@@ -79,6 +86,107 @@ TEST_CASE("nccl all_to_all and split move exactly each source's rows") {
   CHECK(message.find("nccl all_to_all over 'ep'") != std::string::npos);
   CHECK_THROWS_AS(world->Split(rank == 0 ? -1 : 0, 0, "bad"), Error);
   ep->Barrier();
+  world->Barrier();
+}
+
+// Note [Enqueued all-to-all]: rank r's row i of block j is r * 1000 + j * 10 + i (+ the replay's
+// offset), so block j received here must be rank j's rows for this rank.
+TEST_CASE("nccl EnqueueAllToAll replays from a CUDA graph and WaitEnqueued waits for it") {
+  const MpiSession& session = testing::Session();
+  if (!HaveGpuPerRankOrWarn(session)) return;
+  const c10::Device device = DeviceOf(session);
+  const std::unique_ptr<Communicator> world =
+      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
+  const int rank = world->rank();
+  const int size = world->size();
+  constexpr int64_t kRows = 3;  // per block
+  const at::TensorOptions floats = at::TensorOptions().dtype(at::kFloat).device(device);
+  const auto rows_of = [&](int source, int block, double offset) {
+    return (at::arange(kRows, floats) + source * 1000 + block * 10 + offset).unsqueeze(1).expand(
+        {kRows, 4});
+  };
+  const at::Tensor send = at::empty({size * kRows, 4}, floats);
+  for (int j = 0; j < size; ++j) send.narrow(0, j * kRows, kRows).copy_(rows_of(rank, j, 0));
+  const at::Tensor recv = at::zeros_like(send);
+  const auto check = [&](double offset) {
+    for (int j = 0; j < size; ++j) {
+      INFO("block from rank " << j << ", offset " << offset);
+      CHECK(at::equal(recv.narrow(0, j * kRows, kRows).cpu(), rows_of(j, rank, offset).cpu()));
+    }
+  };
+  at::cuda::CUDAGraph graph;
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device.index()));
+    world->EnqueueAllToAll(send, recv);  // eager first: NCCL connects outside the capture
+    world->WaitEnqueued();
+    check(0);
+    graph.capture_begin();
+    world->EnqueueAllToAll(send, recv);
+    graph.capture_end();
+  }
+  send.add_(7);
+  recv.zero_();
+  graph.replay();
+  world->WaitEnqueued();
+  check(7);
+  world->Barrier();
+}
+
+// Note [Fixed-capacity dispatch] on a GPU: a bf16 MoE block whose experts are spread over the
+// world (one rank at -np 1: the exchange is a send to itself) is captured in a CUDA graph; its
+// replay computes the eager step's bits, and the exact exchange's results to bf16 rounding.
+TEST_CASE("A MoE block with a fixed-capacity dispatch replays from a CUDA graph bit for bit") {
+  const MpiSession& session = testing::Session();
+  if (!HaveGpuPerRankOrWarn(session)) return;
+  const c10::Device device = DeviceOf(session);
+  const std::unique_ptr<Communicator> world =
+      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
+  model::ModelConfig c;
+  c.model_type = model::ModelType::kQwen3Moe;
+  c.hidden_size = 64;
+  c.router = model::RouterKind::kSoftmax;
+  c.n_routed_experts = 8 * world->size();
+  c.num_experts_per_tok = 4;
+  c.moe_intermediate_size = 32;
+  c.norm_topk_prob = true;
+  const int64_t local = 8;
+  const at::TensorOptions bf16 = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  at::manual_seed(11);  // the same whole model on every rank
+  model::MoeWeights w;
+  w.router = at::randn({c.n_routed_experts, 64}, bf16) * 0.3;
+  w.gate_up = (at::randn({c.n_routed_experts, 64, 64}, bf16) * 0.2)
+                  .narrow(0, world->rank() * local, local)
+                  .contiguous();
+  w.down = (at::randn({c.n_routed_experts, 64, 32}, bf16) * 0.2)
+               .narrow(0, world->rank() * local, local)
+               .contiguous();
+  w.expert_group = world.get();
+  REQUIRE(model::MoeBlockSyncFree(w));
+  at::manual_seed(100 + world->rank());
+  const at::Tensor x = at::randn({16, 64}, bf16);
+  at::NoGradGuard no_grad;
+  const model::ExpertDispatch dispatch{model::DispatchCapacity(c, 16, world->size(), 0),
+                                       at::zeros({1}, bf16.dtype(at::kInt))};
+  const at::Tensor eager = model::MoeBlock(w, c, x, nullptr, {}, &dispatch);
+  world->WaitEnqueued();
+  at::cuda::CUDAGraph graph;
+  at::Tensor captured;
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device.index()));
+    model::MoeBlock(w, c, x, nullptr, {}, &dispatch);  // warm-up on the capture stream
+    world->WaitEnqueued();
+    graph.capture_begin();
+    captured = model::MoeBlock(w, c, x, nullptr, {}, &dispatch);
+    graph.capture_end();
+  }
+  graph.replay();
+  world->WaitEnqueued();
+  CHECK(at::equal(captured, eager));
+  CHECK(dispatch.overflow.item<int>() == 0);
+  const at::Tensor exact = model::MoeBlock(w, c, x);  // the exact exchange (or none at -np 1)
+  const double difference = (exact.to(at::kFloat) - eager.to(at::kFloat)).abs().max().item<double>();
+  INFO("max |fixed - exact| " << difference);
+  CHECK(difference <= 1e-2);
   world->Barrier();
 }
 
