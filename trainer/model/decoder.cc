@@ -23,8 +23,7 @@ std::vector<std::vector<std::vector<int64_t>>> CacheShapes(const ModelConfig& c,
       shapes.push_back({batch, c.num_key_value_heads, len, c.head_dim});  // key
       shapes.push_back({batch, c.num_key_value_heads, len, c.head_dim});  // value
     } else {
-      shapes.push_back({batch, len, c.kv_lora_rank});      // latent
-      shapes.push_back({batch, len, c.qk_rope_head_dim});  // k_pe
+      shapes.push_back({batch, len, c.kv_lora_rank + c.qk_rope_head_dim});  // latent, k_pe
       if (c.has_indexer() && c.indexer_types[l] == IndexerType::kFull) {
         shapes.push_back({batch, len, c.index_head_dim});  // index_key
       }
@@ -152,9 +151,10 @@ KvCache::KvCache(const ModelConfig& config, const at::Tensor& storage, int64_t m
       kv.key = take(shapes[0]);
       kv.value = take(shapes[1]);
     } else {
-      kv.latent = take(shapes[0]);
-      kv.k_pe = take(shapes[1]);
-      if (shapes.size() > 2) kv.index_key = take(shapes[2]);
+      kv.latent_pe = take(shapes[0]);
+      kv.latent = kv.latent_pe.narrow(-1, 0, config.kv_lora_rank);
+      kv.k_pe = kv.latent_pe.narrow(-1, config.kv_lora_rank, config.qk_rope_head_dim);
+      if (shapes.size() > 1) kv.index_key = take(shapes[1]);
     }
     layers_.push_back(std::move(kv));
   }

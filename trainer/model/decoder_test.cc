@@ -154,6 +154,45 @@ TEST_CASE("Fused projections on back-to-back weights give the plain decoder's lo
   }
 }
 
+// Note [MLA decode in the latent space]: an inference Decoder's decode steps (host-side and
+// device-side positions, the DSA fixture's sparse selection included) attend over the cached
+// latents with absorbed up-projections; the logits equal the expanded attention's, fp32.
+TEST_CASE("MLA decode steps in the latent space give the full forward's logits") {
+  int64_t mla_fixtures = 0;
+  for (const std::string& name : FixtureNames()) {
+    testing::LoadedModel m = LoadFixture(name);
+    if (m.config.attention_kind() != AttentionKind::kMla) continue;
+    ++mla_fixtures;
+    INFO("fixture " << name);
+    const Decoder plain(m.config, m.params);
+    const Decoder latent(m.config, m.params, Kernels::kFused);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    const at::Tensor full = plain.Logits(tokens);  // [2, 16, V]
+    const int64_t seq = tokens.size(1);
+    const int64_t key_block = 20;
+    KvCache host = KvCache::Allocate(m.config, 2, seq, at::kFloat, at::kCPU);
+    KvCache device = KvCache::Allocate(m.config, 2, key_block, at::kFloat, at::kCPU);
+    const RopeTable rope = MakeRopeTable(m.config, 0, key_block, at::kFloat, at::kCPU);
+    std::vector<at::Tensor> by_host = {latent.ForwardStep(tokens.narrow(1, 0, 5), host, 0)};
+    std::vector<at::Tensor> by_device = {latent.ForwardStep(tokens.narrow(1, 0, 5), device, 0)};
+    for (int64_t p = 5; p < seq; ++p) {
+      by_host.push_back(latent.ForwardStep(tokens.narrow(1, p, 1), host, p));
+      by_device.push_back(latent
+                              .DecodeStep(tokens.narrow(1, p, 1), at::full({1}, p, at::kLong),
+                                          key_block, rope, device)
+                              .unsqueeze(1));
+    }
+    const double host_diff = MaxAbsDiff(at::cat(by_host, 1), full);
+    const double device_diff = MaxAbsDiff(at::cat(by_device, 1), full);
+    fmt::print("{:20s} latent-space decode vs full forward max|diff| {:.3g} (host positions), "
+               "{:.3g} (device positions)\n",
+               name, host_diff, device_diff);
+    CHECK(host_diff <= 1e-5 * std::max(1.0, full.abs().max().item<double>()));
+    CHECK(device_diff <= 1e-5 * std::max(1.0, full.abs().max().item<double>()));
+  }
+  CHECK(mla_fixtures >= 3);  // deepseek_v3, glm4_moe_lite, glm_moe_dsa
+}
+
 TEST_CASE("A decoder with fused inference kernels refuses params that require grad") {
   testing::LoadedModel m = LoadFixture("qwen3");
   m.params.at("model.norm.weight").requires_grad_(true);

@@ -141,6 +141,61 @@ at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Ten
       enable_gqa);
 }
 
+// Note [MLA decode in the latent space]
+// MLA's keys and values are up-projections of a per-position latent c (kv_lora_rank values) by
+// kv_b_proj, per head h: k_nope = W_uk[h] c, v = W_uv[h] c; the RoPE part of the key, k_pe, is
+// shared by the heads. Expanding every cached position each decode step costs T x kv_lora_rank x
+// heads x (nope + v) multiply-adds and a [B, heads, T, nope + rope] key per layer. Decode steps
+// of an inference Decoder (Kernels::kFused) instead absorb the up-projections into the query and
+// the output, as DeepSeek's own inference does:
+//   q_nope . k_nope = (W_uk[h]^T q_nope) . c,   sum_t p_t v_t = W_uv[h] (sum_t p_t c_t),
+// so the step attends like multi-query attention with one head of kv_lora_rank + rope dims over
+// the cache as it is stored ([latent | k_pe] per position, LayerKv::latent_pe): scores are one
+// GEMM per sequence of the absorbed queries of every head against the cached rows, the softmax
+// in fp32, the weighted sum of latents one GEMM, and W_uv one batched GEMM over the heads. Equal
+// to the expanded attention up to rounding (another order of products; //trainer/model:
+// decoder_test checks fp32 within 1e-5). Training and the CPU engine (kLibTorch) keep the
+// expanded form, which the batch-invariant CPU attention needs.
+//
+// q_pass [B, H, S, nope], q_rot [B, H, S, rope], cached [B, T, kv_lora_rank + rope] -> the
+// attention output [B, S, H * v_head_dim] before o_proj.
+at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::Tensor& q_pass,
+                           const at::Tensor& q_rot, const at::Tensor& cached,
+                           const Visibility& visible, const at::Tensor& selected) {
+  const int64_t b = q_pass.size(0);
+  const int64_t heads = q_pass.size(1);
+  const int64_t s = q_pass.size(2);
+  const int64_t t = cached.size(1);
+  const int64_t nope = c.qk_nope_head_dim;
+  const int64_t rank = c.kv_lora_rank;
+  const int64_t vd = c.v_head_dim;
+  const at::Tensor w_kv = w.kv_b_proj.view({heads, nope + vd, rank});
+  // Absorbed queries: per head, q_nope W_uk[h] ([heads, B * S, rank]).
+  const at::Tensor q_latent = at::bmm(q_pass.permute({1, 0, 2, 3}).reshape({heads, b * s, nope}),
+                                      w_kv.narrow(1, 0, nope));
+  const at::Tensor query =
+      at::cat({q_latent.view({heads, b, s, rank}).permute({1, 0, 2, 3}), q_rot}, -1)
+          .reshape({b, heads * s, rank + q_rot.size(-1)});
+  at::Tensor scores = AtLeastFloat(at::bmm(query, cached.transpose(1, 2)))
+                          .mul(c.attention_scale())
+                          .view({b, heads, s, t});
+  at::Tensor mask = visible.causal ? CausalMask(0, s, t, cached.device()) : visible.mask;
+  if (mask.defined()) mask = mask.unsqueeze(0);  // [1, S, T]
+  if (selected.defined()) mask = mask.defined() ? at::logical_and(mask, selected) : selected;
+  if (mask.defined()) {
+    scores = scores.masked_fill(mask.logical_not().unsqueeze(1),
+                                -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor probs =
+      at::softmax(scores, -1).to(cached.scalar_type()).view({b, heads * s, t});
+  const at::Tensor out_latent = at::bmm(probs, cached.narrow(-1, 0, rank));  // [B, H * S, rank]
+  const at::Tensor out =
+      at::bmm(out_latent.view({b, heads, s, rank}).permute({1, 0, 2, 3}).reshape(
+                  {heads, b * s, rank}),
+              w_kv.narrow(1, nope, vd).transpose(1, 2));  // [heads, B * S, vd]
+  return out.view({heads, b, s, vd}).permute({1, 2, 0, 3}).reshape({b, s, heads * vd});
+}
+
 // Writes `value` (the S new positions on axis `dim`) into rows [0, B) of the cache tensor `cache`
 // and returns those rows' cached positions [0, T) (Note [Decode at a device position]).
 at::Tensor AppendToCache(const at::Tensor& cache, int64_t dim, const at::Tensor& value,
@@ -370,11 +425,6 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
     k_rot = AppendToCache(ctx.cache->k_pe, 1, k_rot, ctx);
   }
   const int64_t t = latent.size(1);
-  at::Tensor kv = Linear(latent, w.kv_b_proj).view({b, t, heads, nope + vd}).transpose(1, 2);
-  at::Tensor k_nope = kv.narrow(-1, 0, nope);
-  at::Tensor v = kv.narrow(-1, nope, vd);
-  at::Tensor key = at::cat({k_nope, k_rot.unsqueeze(1).expand({b, heads, t, rope})}, -1);
-  at::Tensor query = at::cat({q_pass, q_rot}, -1);
 
   at::Tensor selected;
   if (indexer_type == IndexerType::kFull) {
@@ -384,9 +434,20 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
     selected = at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
                    .scatter_(-1, topk, true);
   }
-  at::Tensor out =
-      AttentionCore(query, key, v, c.attention_scale(), Visible(ctx, s, t, x.device()), selected);
-  out = out.transpose(1, 2).reshape({b, s, heads * vd});
+  const Visibility visible = Visible(ctx, s, t, x.device());
+  at::Tensor out;  // [B, S, heads * vd]
+  if (ctx.cache != nullptr && s == 1 && ctx.kernels == Kernels::kFused) {
+    const at::Tensor cached = ctx.cache->latent_pe.narrow(0, 0, b).narrow(1, 0, t);
+    out = LatentAttention(w, c, q_pass, q_rot, cached, visible, selected);
+  } else {
+    at::Tensor kv = Linear(latent, w.kv_b_proj).view({b, t, heads, nope + vd}).transpose(1, 2);
+    at::Tensor k_nope = kv.narrow(-1, 0, nope);
+    at::Tensor v = kv.narrow(-1, nope, vd);
+    at::Tensor key = at::cat({k_nope, k_rot.unsqueeze(1).expand({b, heads, t, rope})}, -1);
+    at::Tensor query = at::cat({q_pass, q_rot}, -1);
+    out = AttentionCore(query, key, v, c.attention_scale(), visible, selected);
+    out = out.transpose(1, 2).reshape({b, s, heads * vd});
+  }
   return Linear(out, w.o_proj, w.o_bias);
 }
 

@@ -67,8 +67,11 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 struct LayerKv {
   at::Tensor key;        // GQA [max_batch, kv_heads, max_len, head_dim]
   at::Tensor value;      // GQA [max_batch, kv_heads, max_len, head_dim]
-  at::Tensor latent;     // MLA [max_batch, max_len, kv_lora_rank] (after kv_a_layernorm)
-  at::Tensor k_pe;       // MLA [max_batch, max_len, qk_rope_head_dim] (after RoPE)
+  // MLA: per position the normalised latent and the rotated shared key, side by side, as the
+  // latent-space decode reads them (Note [MLA decode in the latent space] in layers.cc).
+  at::Tensor latent_pe;  // MLA [max_batch, max_len, kv_lora_rank + qk_rope_head_dim]
+  at::Tensor latent;     // MLA [max_batch, max_len, kv_lora_rank]: latent_pe's first part
+  at::Tensor k_pe;       // MLA [max_batch, max_len, qk_rope_head_dim]: latent_pe's last part
   at::Tensor index_key;  // DSA [max_batch, max_len, index_head_dim] (after k_norm and RoPE)
 };
 
@@ -140,6 +143,8 @@ struct AttentionContext {
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
                         const AttentionContext& ctx);
 
+// A decode step with a cache (one new position) and Kernels::kFused attends in the latent space
+// (Note [MLA decode in the latent space] in layers.cc).
 // `topk` carries the DSA selection between layers: a layer with its own indexer overwrites it, a
 // shared layer reads it. It stays undefined while every key is selected (T <= index_topk), in
 // which case DSA equals dense causal attention and no mask is built.

@@ -43,8 +43,7 @@ std::vector<std::pair<at::Tensor, int64_t>> CacheTensors(model::LayerKv& kv) {
   std::vector<std::pair<at::Tensor, int64_t>> out;
   if (kv.key.defined()) out.emplace_back(kv.key, 2);              // [B, kv_heads, L, head_dim]
   if (kv.value.defined()) out.emplace_back(kv.value, 2);          // [B, kv_heads, L, head_dim]
-  if (kv.latent.defined()) out.emplace_back(kv.latent, 1);        // [B, L, kv_lora]
-  if (kv.k_pe.defined()) out.emplace_back(kv.k_pe, 1);            // [B, L, rope]
+  if (kv.latent_pe.defined()) out.emplace_back(kv.latent_pe, 1);  // [B, L, kv_lora + rope]
   if (kv.index_key.defined()) out.emplace_back(kv.index_key, 1);  // [B, L, index_head_dim]
   return out;
 }
