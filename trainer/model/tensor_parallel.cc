@@ -1,0 +1,121 @@
+#include "trainer/model/tensor_parallel.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+#include "launch/check.h"
+#include "trainer/model/layers.h"
+
+namespace rl::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels as an integer (autograd's saved data holds IValues).
+Communicator& GroupOf(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt());
+}
+void SaveGroup(AutogradContext* ctx, Communicator* group) {
+  ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+}
+
+at::Tensor AllReduced(const at::Tensor& x, Communicator& group) {
+  at::Tensor out = x.contiguous().clone();
+  group.AllReduce(out, ReduceOp::kSum);
+  return out;
+}
+
+// x [n, ...] -> [P * n, ...]: the flat all-gather is a concatenation along dim 0.
+at::Tensor Gathered(const at::Tensor& x, Communicator& group) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] *= group.size();
+  at::Tensor out = at::empty(shape, x.options());
+  group.AllGather(x.contiguous().view({-1}), out.view({-1}));
+  return out;
+}
+
+// x [P * n, ...] -> [n, ...]: this rank's rows of the sum over the group.
+at::Tensor ReduceScattered(const at::Tensor& x, Communicator& group) {
+  RL_CHECK(x.size(0) % group.size() == 0, Error,
+           "sequence parallelism over '{}': {} token rows do not split over {} ranks (pad the "
+           "tokens to a multiple)",
+           group.name(), x.size(0), group.size());
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] /= group.size();
+  at::Tensor out = at::empty(shape, x.options());
+  group.ReduceScatter(x.contiguous().view({-1}), out.view({-1}), ReduceOp::kSum);
+  return out;
+}
+
+class CopyTo : public torch::autograd::Function<CopyTo> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* group) {
+    SaveGroup(ctx, group);
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {AllReduced(grad[0], GroupOf(ctx)), at::Tensor()};
+  }
+};
+
+class ReduceFrom : public torch::autograd::Function<ReduceFrom> {
+ public:
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, Communicator* group) {
+    return AllReduced(x, *group);
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) {
+    return {grad[0], at::Tensor()};
+  }
+};
+
+class GatherFromSequence : public torch::autograd::Function<GatherFromSequence> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* group) {
+    SaveGroup(ctx, group);
+    return Gathered(x, *group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {ReduceScattered(grad[0], GroupOf(ctx)), at::Tensor()};
+  }
+};
+
+class ScatterToSequence : public torch::autograd::Function<ScatterToSequence> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* group) {
+    SaveGroup(ctx, group);
+    return ReduceScattered(x, *group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {Gathered(grad[0], GroupOf(ctx)), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor CopyToTensorParallel(const at::Tensor& x, Communicator& group) {
+  return CopyTo::apply(x, &group);
+}
+at::Tensor ReduceFromTensorParallel(const at::Tensor& x, Communicator& group) {
+  return ReduceFrom::apply(x, &group);
+}
+at::Tensor GatherFromSequenceParallel(const at::Tensor& x, Communicator& group) {
+  return GatherFromSequence::apply(x, &group);
+}
+at::Tensor ScatterToSequenceParallel(const at::Tensor& x, Communicator& group) {
+  return ScatterToSequence::apply(x, &group);
+}
+
+at::Tensor TensorParallelMlp(const at::Tensor& gate_proj, const at::Tensor& up_proj,
+                             const at::Tensor& down_proj, const at::Tensor& x,
+                             Communicator& group, bool sequence_parallel) {
+  const at::Tensor input = sequence_parallel ? GatherFromSequenceParallel(x, group)
+                                             : CopyToTensorParallel(x, group);
+  const at::Tensor partial =
+      Linear(at::silu(Linear(input, gate_proj)) * Linear(input, up_proj), down_proj);
+  return sequence_parallel ? ScatterToSequenceParallel(partial, group)
+                           : ReduceFromTensorParallel(partial, group);
+}
+
+}  // namespace rl::model

@@ -1,0 +1,53 @@
+// The communication of tensor parallelism (TP) as autograd functions, in Megatron's terms, and the
+// tensor-parallel dense MLP built on them.
+//
+// Note [Tensor-parallel mappings]
+// A column-parallel layer holds rows [r * N / P, (r + 1) * N / P) of its weight (its output
+// features) on rank r of a TP group of P; a row-parallel layer holds the matching columns (its
+// input features), so a column-parallel layer followed by a row-parallel one needs no
+// communication in between, and the row-parallel layer's partial outputs are summed over the
+// group. Four mappings carry activations in and out of such a pair:
+//  - without sequence parallelism, every rank holds every token:
+//      CopyToTensorParallel: identity forward, all-reduce (sum) of the gradient backward
+//        (each rank's input gradient covers only its features);
+//      ReduceFromTensorParallel: all-reduce (sum) forward, identity backward;
+//  - with sequence parallelism (--sequence-parallel), rank r holds tokens [r * T / P, ...) of
+//    the residual stream, where norms, residual adds and the router run on 1/P of the tokens:
+//      GatherFromSequenceParallel: all-gather of the token rows forward, reduce-scatter (sum)
+//        of the gradient backward;
+//      ScatterToSequenceParallel: reduce-scatter (sum) of the row-parallel partial outputs
+//        forward, all-gather of the gradient backward.
+// Tokens are dim 0 of a contiguous [T, ...] tensor (the caller flattens batch and sequence);
+// with sequence parallelism T must divide by P (the caller pads). Every rank of the group calls
+// each mapping, forward and backward, in the same order: they are collectives over the group.
+//
+// A parameter replicated over TP (a norm, a bias of a row-parallel layer) receives a partial
+// gradient on each rank under sequence parallelism (its tokens only); the optimizer sums those
+// over TP. Column-parallel parameters' gradients are complete on their rank.
+#ifndef RL_TRAINER_MODEL_TENSOR_PARALLEL_H_
+#define RL_TRAINER_MODEL_TENSOR_PARALLEL_H_
+
+#include <ATen/ATen.h>
+
+#include "launch/communicator.h"
+
+namespace rl::model {
+
+at::Tensor CopyToTensorParallel(const at::Tensor& x, Communicator& group);
+at::Tensor ReduceFromTensorParallel(const at::Tensor& x, Communicator& group);
+// x [T / P, ...] -> [T, ...], rank order.
+at::Tensor GatherFromSequenceParallel(const at::Tensor& x, Communicator& group);
+// x [T, ...] (a partial sum) -> this rank's rows [T / P, ...] of the sum over the group.
+at::Tensor ScatterToSequenceParallel(const at::Tensor& x, Communicator& group);
+
+// The dense SwiGLU MLP with gate and up column-parallel ([I / P, H] each) and down row-parallel
+// ([H, I / P]): x [T, H] on every rank (sequence_parallel false), or this rank's [T / P, H]
+// (true); returns the same layout. Equal to the whole MLP on the whole x up to the order of the
+// sums over I (//tests:tensor_parallel_test).
+at::Tensor TensorParallelMlp(const at::Tensor& gate_proj, const at::Tensor& up_proj,
+                             const at::Tensor& down_proj, const at::Tensor& x,
+                             Communicator& group, bool sequence_parallel);
+
+}  // namespace rl::model
+
+#endif  // RL_TRAINER_MODEL_TENSOR_PARALLEL_H_

@@ -1,0 +1,47 @@
+// Token log-probs and entropy over a vocabulary split across the ranks of a tensor-parallel group,
+// without gathering the logits (the vocabulary-parallel LM head's loss side).
+//
+// Note [Vocabulary-parallel log-probs]
+// Rank r of the group holds the logits of vocabulary ids [vocab_start, vocab_start + V_r) of every
+// position ([N, V_r]; V_r may differ between ranks and be 0). For a position with logits l over
+// the whole vocabulary and target y:
+//   m = max_j l_j                  (all-reduce max of the local maxima; treated as a constant)
+//   Z = sum_j exp(l_j - m)         (all-reduce sum of the local sums)
+//   log p(y) = l_y - m - log Z     (l_y from the rank that holds y, all-reduce sum of l_y or 0)
+//   H = m + log Z - sum_j p_j l_j  (the entropy; the sum all-reduced)
+// so the forward makes three all-reduces of [N] fp32 values (max; then the sum of exponentials,
+// the target logit and the weighted logit sum together as one [3, N]). The backward needs no
+// communication: every term is local once m, log Z and H are known,
+//   d log p(y) / d l_j = [j == y] - p_j,   d H / d l_j = -p_j (log p_j + H),
+// and the gradient of the logits stays on the rank that holds them (what flows back into the
+// LM head's input is the column-parallel layer's business: an all-reduce over the group there).
+// Arithmetic in fp32 (fp64 for fp64 logits), as the full log_softmax of the training path. The
+// results equal log_softmax over the gathered logits up to the order of the sums
+// (//tests:vocab_parallel_test, 2 and 4 ranks).
+//
+// A collective over `group`: every rank calls it with the same N. Targets must be valid global
+// ids on every rank (not checked on the device).
+#ifndef RL_TRAINER_MODEL_VOCAB_PARALLEL_H_
+#define RL_TRAINER_MODEL_VOCAB_PARALLEL_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "launch/communicator.h"
+
+namespace rl::model {
+
+struct VocabParallelStats {
+  at::Tensor log_probs;  // [N] log p(target), fp32 (fp64 for fp64 logits)
+  at::Tensor entropy;    // [N] entropy of each position's distribution
+};
+
+// `logits` [N, V_r] (this rank's vocabulary ids [vocab_start, vocab_start + V_r)), `targets` [N]
+// int64 global ids. Differentiable in `logits` (both outputs).
+VocabParallelStats VocabParallelLogProbs(const at::Tensor& logits, const at::Tensor& targets,
+                                         int64_t vocab_start, Communicator& group);
+
+}  // namespace rl::model
+
+#endif  // RL_TRAINER_MODEL_VOCAB_PARALLEL_H_
