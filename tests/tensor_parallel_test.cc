@@ -14,6 +14,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "launch/mpi_communicator.h"
 #include "tests/mpi_test_env.h"
@@ -83,6 +85,112 @@ TEST_CASE("The tensor-parallel MLP equals the whole MLP, with and without sequen
       CHECK(Scaled(g.grad(), whole.gate.narrow(0, rank * inter, inter)) <= tolerance);
       CHECK(Scaled(u.grad(), whole.up.narrow(0, rank * inter, inter)) <= tolerance);
       CHECK(Scaled(d.grad(), whole.down.narrow(1, rank * inter, inter)) <= tolerance);
+    }
+  }
+}
+
+// Note [Tensor-parallel attention]: 8 query heads over 2 key/value heads, so at 4 ranks each
+// key/value head is replicated on 2 ranks; with q/k norms (Qwen3) and with q/k/v/o biases. The
+// key/value gradients of the ranks that share a head are summed before the comparison, as the
+// optimizer sums them.
+TEST_CASE("Tensor-parallel GQA attention equals the whole attention, forward and gradients") {
+  MpiCommunicator world(testing::Session(), kOptions);
+  const int rank = world.rank();
+  constexpr int64_t kBatch = 2;
+  constexpr int64_t kSeq = 6;
+  constexpr int64_t kHeadDim = 8;
+  ModelConfig c;
+  c.hidden_size = kHidden;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = kHeadDim;
+  const int64_t heads = c.num_attention_heads / world.size();
+  const HeadRange kv = KvHeadsOf(c.num_key_value_heads, rank, world.size());
+  for (const bool biases : {false, true}) {
+    c.use_qk_norm = !biases;
+    at::Generator gen = at::detail::createCPUGenerator(5);
+    const auto normal = [&](std::vector<int64_t> shape, double std) {
+      return at::empty(shape, at::kDouble).normal_(0, std, gen);
+    };
+    GqaWeights w;
+    w.q_proj = normal({8 * kHeadDim, kHidden}, 0.2);
+    w.k_proj = normal({2 * kHeadDim, kHidden}, 0.2);
+    w.v_proj = normal({2 * kHeadDim, kHidden}, 0.2);
+    w.o_proj = normal({kHidden, 8 * kHeadDim}, 0.2);
+    if (biases) {
+      w.q_bias = normal({8 * kHeadDim}, 0.1);
+      w.k_bias = normal({2 * kHeadDim}, 0.1);
+      w.v_bias = normal({2 * kHeadDim}, 0.1);
+      w.o_bias = normal({kHidden}, 0.1);
+    } else {
+      w.q_norm = 1 + normal({kHeadDim}, 0.1);
+      w.k_norm = 1 + normal({kHeadDim}, 0.1);
+    }
+    const at::Tensor x0 = normal({kBatch, kSeq, kHidden}, 1.0);
+    const at::Tensor out_grad = normal({kBatch, kSeq, kHidden}, 1.0);
+    const RopeTable rope = MakeRopeTable(c, 0, kSeq, at::kDouble, at::kCPU);
+    AttentionContext ctx;
+    ctx.config = &c;
+    ctx.rope = &rope;
+
+    const auto trainable = [](const at::Tensor& t) {
+      return t.defined() ? t.clone().requires_grad_() : at::Tensor();
+    };
+    GqaWeights full = w;
+    for (at::Tensor* t : {&full.q_proj, &full.k_proj, &full.v_proj, &full.o_proj, &full.k_bias}) {
+      *t = trainable(*t);
+    }
+    const at::Tensor x_full = x0.clone().requires_grad_();
+    const at::Tensor want = GqaAttention(full, x_full, ctx);
+    want.backward(out_grad);
+
+    for (const bool sequence_parallel : {false, true}) {
+      INFO("rank " << rank << " of " << world.size() << (biases ? ", biases" : ", q/k norms")
+                   << (sequence_parallel ? ", sequence parallel" : ""));
+      const int64_t q_rows = heads * kHeadDim;
+      const int64_t kv_first = kv.first * kHeadDim;
+      const int64_t kv_rows = kv.count * kHeadDim;
+      GqaWeights local = w;
+      local.q_proj = trainable(w.q_proj.narrow(0, rank * q_rows, q_rows));
+      local.k_proj = trainable(w.k_proj.narrow(0, kv_first, kv_rows));
+      local.v_proj = trainable(w.v_proj.narrow(0, kv_first, kv_rows));
+      local.o_proj = trainable(w.o_proj.narrow(1, rank * q_rows, q_rows));
+      if (biases) {
+        local.q_bias = w.q_bias.narrow(0, rank * q_rows, q_rows);
+        local.k_bias = trainable(w.k_bias.narrow(0, kv_first, kv_rows));
+        local.v_bias = w.v_bias.narrow(0, kv_first, kv_rows);
+      }
+      const int64_t rows = kBatch * kSeq / world.size();
+      const at::Tensor x =
+          (sequence_parallel ? x0.view({-1, kHidden}).narrow(0, rank * rows, rows) : x0)
+              .clone()
+              .requires_grad_();
+      const at::Tensor out =
+          TensorParallelGqaAttention(local, x, ctx, world, sequence_parallel, kBatch);
+      const at::Tensor flat_grad = out_grad.reshape({-1, kHidden});
+      out.backward(sequence_parallel ? flat_grad.narrow(0, rank * rows, rows) : out_grad);
+      const at::Tensor want_out = sequence_parallel
+                                      ? want.detach().reshape({-1, kHidden}).narrow(0, rank * rows, rows)
+                                      : want.detach();
+      const at::Tensor want_x = sequence_parallel
+                                    ? x_full.grad().reshape({-1, kHidden}).narrow(0, rank * rows, rows)
+                                    : x_full.grad();
+      CHECK(Scaled(out.detach(), want_out) <= 1e-12);
+      CHECK(Scaled(x.grad(), want_x) <= 1e-12);
+      CHECK(Scaled(local.q_proj.grad(), full.q_proj.grad().narrow(0, rank * q_rows, q_rows)) <=
+            1e-12);
+      CHECK(Scaled(local.o_proj.grad(), full.o_proj.grad().narrow(1, rank * q_rows, q_rows)) <=
+            1e-12);
+      // Key/value heads: each rank's partial gradient in its heads' rows, summed over the world.
+      for (const auto& [mine, whole] :
+           {std::pair{local.k_proj, full.k_proj}, std::pair{local.v_proj, full.v_proj},
+            std::pair{local.k_bias, full.k_bias}}) {
+        if (!mine.defined()) continue;
+        at::Tensor summed = at::zeros_like(whole);
+        summed.narrow(0, kv_first, kv_rows).copy_(mine.grad());
+        world.AllReduce(summed, ReduceOp::kSum);
+        CHECK(Scaled(summed, whole.grad()) <= 1e-12);
+      }
     }
   }
 }

@@ -118,4 +118,48 @@ at::Tensor TensorParallelMlp(const at::Tensor& gate_proj, const at::Tensor& up_p
                            : ReduceFromTensorParallel(partial, group);
 }
 
+HeadRange KvHeadsOf(int64_t kv_heads, int rank, int tp_size) {
+  if (kv_heads % tp_size == 0) return {rank * kv_heads / tp_size, kv_heads / tp_size};
+  RL_CHECK(tp_size % kv_heads == 0, ConfigError,
+           "tensor parallelism: {} key/value heads neither divide nor are divided by the TP size "
+           "{}",
+           kv_heads, tp_size);
+  return {rank * kv_heads / tp_size, 1};
+}
+
+at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor& x,
+                                      const AttentionContext& ctx, Communicator& group,
+                                      bool sequence_parallel, int64_t batch) {
+  const ModelConfig& whole = *ctx.config;
+  RL_CHECK(ctx.cache == nullptr && !local.qkv_proj.defined(), Error,
+           "tensor-parallel attention runs training forwards: no KV cache, separate q/k/v");
+  ModelConfig shard = whole;  // this rank's heads
+  shard.num_attention_heads = local.q_proj.size(0) / whole.head_dim;
+  shard.num_key_value_heads = local.k_proj.size(0) / whole.head_dim;
+  RL_CHECK(shard.num_attention_heads * group.size() == whole.num_attention_heads &&
+               shard.num_key_value_heads ==
+                   KvHeadsOf(whole.num_key_value_heads, group.rank(), group.size()).count,
+           Error,
+           "tensor-parallel attention over '{}': {} query and {} key/value heads on rank {} of "
+           "{} do not shard {} and {} (Note [Tensor-parallel attention])",
+           group.name(), shard.num_attention_heads, shard.num_key_value_heads, group.rank(),
+           group.size(), whole.num_attention_heads, whole.num_key_value_heads);
+  at::Tensor input;
+  if (sequence_parallel) {
+    const at::Tensor gathered = GatherFromSequenceParallel(x, group);  // [B * S, hidden]
+    input = gathered.view({batch, gathered.size(0) / batch, gathered.size(1)});
+  } else {
+    input = CopyToTensorParallel(x, group);
+  }
+  GqaWeights partial = local;
+  partial.o_bias = at::Tensor();  // added once, after the sum
+  AttentionContext shard_ctx = ctx;
+  shard_ctx.config = &shard;
+  const at::Tensor out = GqaAttention(partial, input, shard_ctx);  // [B, S, hidden], partial
+  const at::Tensor summed = sequence_parallel
+                                ? ScatterToSequenceParallel(out.reshape({-1, out.size(-1)}), group)
+                                : ReduceFromTensorParallel(out, group);
+  return local.o_bias.defined() ? summed + local.o_bias : summed;
+}
+
 }  // namespace rl::model

@@ -30,6 +30,8 @@
 #include <ATen/ATen.h>
 
 #include "launch/communicator.h"
+#include "trainer/model/layers.h"
+#include "trainer/model/model_config.h"
 
 namespace rl::model {
 
@@ -47,6 +49,29 @@ at::Tensor ScatterToSequenceParallel(const at::Tensor& x, Communicator& group);
 at::Tensor TensorParallelMlp(const at::Tensor& gate_proj, const at::Tensor& up_proj,
                              const at::Tensor& down_proj, const at::Tensor& x,
                              Communicator& group, bool sequence_parallel);
+
+// Note [Tensor-parallel attention]
+// GQA attention with q, k and v column-parallel by heads and o_proj row-parallel: rank r of P
+// holds query heads [r * H / P, (r + 1) * H / P) (q_proj rows, their biases) and the key/value
+// heads those read: KV / P heads [r * KV / P, ...) when P divides KV, else the one head
+// r * KV / P (KV < P: each key/value head replicated on P / KV ranks, whose partial gradients of
+// it the optimizer sums). The q/k norms are per head dim, replicated. o_proj holds the matching
+// columns; its bias is added once, after the partial outputs are summed.
+// KvHeadsOf gives the first key/value head and the count a rank holds.
+struct HeadRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+HeadRange KvHeadsOf(int64_t kv_heads, int rank, int tp_size);
+
+// `local`: this rank's shards as above (q_proj [H / P * D, hidden] ...; o_proj [hidden, H / P * D]
+// and o_bias whole). x [B, S, hidden] on every rank (sequence_parallel false), or this rank's
+// token rows [B * S / P, hidden] of the flattened batch (true; `batch` = B then); returns the
+// same layout. Training forwards (no KV cache). Equal to GqaAttention over the whole weights up
+// to the order of o_proj's sums (//tests:tensor_parallel_test).
+at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor& x,
+                                      const AttentionContext& ctx, Communicator& group,
+                                      bool sequence_parallel, int64_t batch);
 
 }  // namespace rl::model
 
