@@ -4,6 +4,9 @@
 // that weighs both outputs, for the rank's own logits. Shards of unequal widths, one rank with no
 // vocabulary in the second split. Runs at 2 ranks (vocab_parallel_test) and 4 (_np4).
 //
+// The embedding and LM head (the rest of the vocabulary-parallel pair) are checked through the
+// same log-probs.
+//
 // Tolerances: the sums over the vocabulary are split by rank (a different order), so fp64 within
 // 1e-12 and fp32 within 1e-5 of the largest magnitude.
 #include <ATen/ATen.h>
@@ -95,6 +98,60 @@ TEST_CASE("Vocabulary-parallel log-probs, entropy and gradients equal the full l
       CHECK(Scaled(got.entropy, want.entropy) <= tolerance);
       REQUIRE(got.grad.sizes() == want.grad.sizes());
       CHECK(Scaled(got.grad, want.grad) <= tolerance);
+    }
+  }
+}
+
+// The embedding, a per-token function, the LM head and the log-probs, whole against
+// vocabulary-parallel: the gradients of this rank's rows of the embedding and of the head (one
+// table when tied), with and without sequence parallelism, fp64.
+TEST_CASE("Vocabulary-parallel embedding and LM head give the whole model's log-probs and "
+          "gradients, tied or not") {
+  MpiCommunicator world(testing::Session(), kOptions);
+  constexpr int64_t kHidden = 6;
+  constexpr int64_t kTokens = 12;  // a multiple of 2 and 4 ranks
+  for (const bool tied : {false, true}) {
+    for (const bool sequence_parallel : {false, true}) {
+      for (const bool first_empty : {false, true}) {
+        INFO("rank " << world.rank() << " of " << world.size() << (tied ? ", tied" : "")
+                     << (sequence_parallel ? ", sequence parallel" : "")
+                     << (first_empty ? ", rank 0 without vocabulary" : ""));
+        at::Generator gen = at::detail::createCPUGenerator(9);
+        const at::Tensor embed = at::empty({kVocab, kHidden}, at::kDouble).normal_(0, 1, gen);
+        const at::Tensor head = at::empty({kVocab, kHidden}, at::kDouble).normal_(0, 1, gen);
+        const at::Tensor tokens = at::randint(kVocab, {kTokens}, gen, at::kLong);
+        const at::Tensor targets = at::randint(kVocab, {kTokens}, gen, at::kLong);
+        const at::Tensor g_lp = at::empty({kTokens}, at::kDouble).normal_(0, 1, gen);
+        const at::Tensor g_h = at::empty({kTokens}, at::kDouble).normal_(0, 1, gen);
+        const Shard shard = ShardOf(world.rank(), world.size(), first_empty);
+
+        const at::Tensor e_full = embed.clone().requires_grad_();
+        const at::Tensor h_full = tied ? e_full : head.clone().requires_grad_();
+        const at::Tensor log_p = at::log_softmax(
+            at::matmul(at::tanh(at::embedding(e_full, tokens)), h_full.t()), -1);
+        const at::Tensor lp = log_p.gather(1, targets.unsqueeze(1)).squeeze(1);
+        const at::Tensor entropy = -(log_p.exp() * log_p).sum(-1);
+        ((lp * g_lp).sum() + (entropy * g_h).sum()).backward();
+
+        const at::Tensor e = embed.narrow(0, shard.start, shard.width).clone().requires_grad_();
+        const at::Tensor h =
+            tied ? e : head.narrow(0, shard.start, shard.width).clone().requires_grad_();
+        const at::Tensor hidden =
+            at::tanh(VocabParallelEmbedding(e, tokens, shard.start, world, sequence_parallel));
+        const at::Tensor logits = VocabParallelLmHead(hidden, h, world, sequence_parallel);
+        REQUIRE(logits.sizes() == at::IntArrayRef({kTokens, shard.width}));
+        const VocabParallelStats stats =
+            VocabParallelLogProbs(logits, targets, shard.start, world);
+        ((stats.log_probs * g_lp).sum() + (stats.entropy * g_h).sum()).backward();
+        CHECK(Scaled(stats.log_probs.detach(), lp.detach()) <= 1e-12);
+        CHECK(Scaled(stats.entropy.detach(), entropy.detach()) <= 1e-12);
+        if (shard.width > 0) {
+          CHECK(Scaled(e.grad(), e_full.grad().narrow(0, shard.start, shard.width)) <= 1e-12);
+          if (!tied) {
+            CHECK(Scaled(h.grad(), h_full.grad().narrow(0, shard.start, shard.width)) <= 1e-12);
+          }
+        }
+      }
     }
   }
 }

@@ -3,8 +3,11 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
+#include <vector>
 
 #include "launch/check.h"
+#include "trainer/model/layers.h"
+#include "trainer/model/tensor_parallel.h"
 
 namespace rl::model {
 namespace {
@@ -88,6 +91,32 @@ VocabParallelStats VocabParallelLogProbs(const at::Tensor& logits, const at::Ten
            vocab_start);
   const variable_list out = VocabParallelFn::apply(logits, targets, vocab_start, &group);
   return {out[0], out[1]};
+}
+
+at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& tokens,
+                                  int64_t vocab_start, Communicator& group,
+                                  bool sequence_parallel) {
+  const int64_t local = weight.size(0);
+  const at::Tensor in_shard = tokens.ge(vocab_start).logical_and(tokens.lt(vocab_start + local));
+  std::vector<int64_t> shape = tokens.sizes().vec();
+  shape.push_back(weight.size(1));
+  const at::Tensor rows =
+      local > 0 ? at::embedding(weight, (tokens - vocab_start).clamp(0, local - 1)) *
+                      in_shard.unsqueeze(-1).to(weight.scalar_type())
+                // No rows here: zeros that still depend on the (empty) weight, so that this
+                // rank's backward runs the collectives of the other ranks' backward too.
+                : at::zeros(shape, weight.options()) + weight.sum();
+  if (sequence_parallel) {
+    return ScatterToSequenceParallel(rows.reshape({-1, weight.size(1)}), group);
+  }
+  return ReduceFromTensorParallel(rows, group);
+}
+
+at::Tensor VocabParallelLmHead(const at::Tensor& hidden, const at::Tensor& weight,
+                               Communicator& group, bool sequence_parallel) {
+  const at::Tensor input = sequence_parallel ? GatherFromSequenceParallel(hidden, group)
+                                             : CopyToTensorParallel(hidden, group);
+  return Linear(input, weight);
 }
 
 }  // namespace rl::model

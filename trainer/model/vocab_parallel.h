@@ -42,6 +42,23 @@ struct VocabParallelStats {
 VocabParallelStats VocabParallelLogProbs(const at::Tensor& logits, const at::Tensor& targets,
                                          int64_t vocab_start, Communicator& group);
 
+// The vocabulary-parallel embedding: rank r holds rows [vocab_start, vocab_start + V_r) of the
+// table (`weight` [V_r, hidden]); each rank looks up the tokens it holds (zeros for the others)
+// and the rows are summed over the group: by an all-reduce, giving every token's row on every
+// rank, or with `sequence_parallel` by a reduce-scatter over the flattened tokens, giving this
+// rank's [T / P, hidden] (Note [Tensor-parallel mappings] in tensor_parallel.h). `tokens` [...]
+// int64 global ids; returns [..., hidden], or [T / P, hidden]. Differentiable in `weight`.
+at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& tokens,
+                                  int64_t vocab_start, Communicator& group,
+                                  bool sequence_parallel);
+
+// The vocabulary-parallel LM head, a column-parallel layer: this rank's logits [..., V_r] of
+// hidden states [..., hidden] on every rank (or this rank's tokens [T / P, hidden] with
+// `sequence_parallel`, gathered first, giving [T, V_r]). `weight` [V_r, hidden] may be the
+// embedding's own shard (tied embeddings): the gradients of both uses add up.
+at::Tensor VocabParallelLmHead(const at::Tensor& hidden, const at::Tensor& weight,
+                               Communicator& group, bool sequence_parallel);
+
 }  // namespace rl::model
 
 #endif  // RL_TRAINER_MODEL_VOCAB_PARALLEL_H_
