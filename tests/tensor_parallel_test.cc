@@ -1,6 +1,7 @@
 // The tensor-parallel mappings (Note [Tensor-parallel mappings], trainer/model/tensor_parallel.h)
 // on CPU ranks, through the dense SwiGLU MLP with gate/up column-parallel and down row-parallel,
-// against the whole MLP on one rank: the output, the input gradient and each rank's slice of the
+// and through GQA and MLA attention (heads column-parallel, o_proj row-parallel), against the whole
+// layers on one rank: the output, the input gradient and each rank's slice of the
 // weight gradients, with and without sequence parallelism, fp64 and fp32. Every rank draws the
 // whole weights, input and output gradient from one seed. Runs at 2 ranks (tensor_parallel_test)
 // and 4 (_np4).
@@ -188,6 +189,111 @@ TEST_CASE("Tensor-parallel GQA attention equals the whole attention, forward and
         if (!mine.defined()) continue;
         at::Tensor summed = at::zeros_like(whole);
         summed.narrow(0, kv_first, kv_rows).copy_(mine.grad());
+        world.AllReduce(summed, ReduceOp::kSum);
+        CHECK(Scaled(summed, whole.grad()) <= 1e-12);
+      }
+    }
+  }
+}
+
+// MLA (DeepSeek-V3-like, with and without a q LoRA): 4 heads, 1 per rank at 4 ranks. The
+// replicated down projections' and norms' gradients are partial per rank; their sum over the
+// world must be the whole one.
+TEST_CASE("Tensor-parallel MLA attention equals the whole attention, forward and gradients") {
+  MpiCommunicator world(testing::Session(), kOptions);
+  const int rank = world.rank();
+  constexpr int64_t kBatch = 2;
+  constexpr int64_t kSeq = 6;
+  ModelConfig c;
+  c.model_type = ModelType::kDeepseekV3;
+  c.hidden_size = kHidden;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.kv_lora_rank = 12;
+  c.qk_nope_head_dim = 8;
+  c.qk_rope_head_dim = 4;
+  c.head_dim = 4;
+  c.v_head_dim = 8;
+  const int64_t heads = c.num_attention_heads / world.size();
+  const int64_t q_width = c.qk_head_dim();
+  const int64_t kv_width = c.qk_nope_head_dim + c.v_head_dim;
+  for (const bool q_lora : {true, false}) {
+    c.q_lora_rank = q_lora ? 16 : 0;
+    at::Generator gen = at::detail::createCPUGenerator(13);
+    const auto normal = [&](std::vector<int64_t> shape, double std) {
+      return at::empty(shape, at::kDouble).normal_(0, std, gen);
+    };
+    MlaWeights w;
+    if (q_lora) {
+      w.q_a_proj = normal({16, kHidden}, 0.2);
+      w.q_a_norm = 1 + normal({16}, 0.1);
+      w.q_b_proj = normal({4 * q_width, 16}, 0.2);
+    } else {
+      w.q_proj = normal({4 * q_width, kHidden}, 0.2);
+    }
+    w.kv_a_proj = normal({12 + 4, kHidden}, 0.2);
+    w.kv_a_norm = 1 + normal({12}, 0.1);
+    w.kv_b_proj = normal({4 * kv_width, 12}, 0.2);
+    w.o_proj = normal({kHidden, 4 * c.v_head_dim}, 0.2);
+    const at::Tensor x0 = normal({kBatch, kSeq, kHidden}, 1.0);
+    const at::Tensor out_grad = normal({kBatch, kSeq, kHidden}, 1.0);
+    const RopeTable rope = MakeRopeTable(c, 0, kSeq, at::kDouble, at::kCPU);
+    AttentionContext ctx;
+    ctx.config = &c;
+    ctx.rope = &rope;
+    const auto trainable = [](const at::Tensor& t) {
+      return t.defined() ? t.clone().requires_grad_() : at::Tensor();
+    };
+    MlaWeights full = w;
+    for (at::Tensor* t : {&full.q_a_proj, &full.q_a_norm, &full.q_b_proj, &full.q_proj,
+                          &full.kv_a_proj, &full.kv_a_norm, &full.kv_b_proj, &full.o_proj}) {
+      *t = trainable(*t);
+    }
+    const at::Tensor x_full = x0.clone().requires_grad_();
+    at::Tensor topk;
+    const at::Tensor want = MlaAttention(full, IndexerType::kNone, x_full, ctx, topk);
+    want.backward(out_grad);
+
+    for (const bool sequence_parallel : {false, true}) {
+      INFO("rank " << rank << " of " << world.size() << (q_lora ? ", q LoRA" : ", q_proj")
+                   << (sequence_parallel ? ", sequence parallel" : ""));
+      MlaWeights local = w;
+      for (at::Tensor* t : {&local.q_a_proj, &local.q_a_norm, &local.kv_a_proj, &local.kv_a_norm}) {
+        *t = trainable(*t);  // replicated
+      }
+      at::Tensor& q_up = q_lora ? local.q_b_proj : local.q_proj;
+      q_up = trainable(q_up.narrow(0, rank * heads * q_width, heads * q_width));
+      local.kv_b_proj = trainable(w.kv_b_proj.narrow(0, rank * heads * kv_width, heads * kv_width));
+      local.o_proj = trainable(
+          w.o_proj.narrow(1, rank * heads * c.v_head_dim, heads * c.v_head_dim));
+      const int64_t rows = kBatch * kSeq / world.size();
+      const at::Tensor x =
+          (sequence_parallel ? x0.view({-1, kHidden}).narrow(0, rank * rows, rows) : x0)
+              .clone()
+              .requires_grad_();
+      const at::Tensor out =
+          TensorParallelMlaAttention(local, x, ctx, world, sequence_parallel, kBatch);
+      const at::Tensor flat_grad = out_grad.reshape({-1, kHidden});
+      out.backward(sequence_parallel ? flat_grad.narrow(0, rank * rows, rows) : out_grad);
+      const auto mine = [&](const at::Tensor& t) {
+        return sequence_parallel ? t.reshape({-1, kHidden}).narrow(0, rank * rows, rows) : t;
+      };
+      CHECK(Scaled(out.detach(), mine(want.detach())) <= 1e-12);
+      CHECK(Scaled(x.grad(), mine(x_full.grad())) <= 1e-12);
+      const at::Tensor& full_q_up = q_lora ? full.q_b_proj : full.q_proj;
+      CHECK(Scaled(q_up.grad(), full_q_up.grad().narrow(0, rank * heads * q_width,
+                                                         heads * q_width)) <= 1e-12);
+      CHECK(Scaled(local.kv_b_proj.grad(),
+                   full.kv_b_proj.grad().narrow(0, rank * heads * kv_width, heads * kv_width)) <=
+            1e-12);
+      CHECK(Scaled(local.o_proj.grad(), full.o_proj.grad().narrow(1, rank * heads * c.v_head_dim,
+                                                                  heads * c.v_head_dim)) <= 1e-12);
+      for (const auto& [mine_param, whole] :
+           {std::pair{local.q_a_proj, full.q_a_proj}, std::pair{local.q_a_norm, full.q_a_norm},
+            std::pair{local.kv_a_proj, full.kv_a_proj},
+            std::pair{local.kv_a_norm, full.kv_a_norm}}) {
+        if (!mine_param.defined()) continue;
+        at::Tensor summed = mine_param.grad().clone();
         world.AllReduce(summed, ReduceOp::kSum);
         CHECK(Scaled(summed, whole.grad()) <= 1e-12);
       }

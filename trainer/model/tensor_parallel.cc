@@ -127,23 +127,13 @@ HeadRange KvHeadsOf(int64_t kv_heads, int rank, int tp_size) {
   return {rank * kv_heads / tp_size, 1};
 }
 
-at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor& x,
-                                      const AttentionContext& ctx, Communicator& group,
-                                      bool sequence_parallel, int64_t batch) {
-  const ModelConfig& whole = *ctx.config;
-  RL_CHECK(ctx.cache == nullptr && !local.qkv_proj.defined(), Error,
-           "tensor-parallel attention runs training forwards: no KV cache, separate q/k/v");
-  ModelConfig shard = whole;  // this rank's heads
-  shard.num_attention_heads = local.q_proj.size(0) / whole.head_dim;
-  shard.num_key_value_heads = local.k_proj.size(0) / whole.head_dim;
-  RL_CHECK(shard.num_attention_heads * group.size() == whole.num_attention_heads &&
-               shard.num_key_value_heads ==
-                   KvHeadsOf(whole.num_key_value_heads, group.rank(), group.size()).count,
-           Error,
-           "tensor-parallel attention over '{}': {} query and {} key/value heads on rank {} of "
-           "{} do not shard {} and {} (Note [Tensor-parallel attention])",
-           group.name(), shard.num_attention_heads, shard.num_key_value_heads, group.rank(),
-           group.size(), whole.num_attention_heads, whole.num_key_value_heads);
+namespace {
+
+// Note [Tensor-parallel attention]: the input mapping, `attend` over this rank's heads (a partial
+// output without o_proj's bias), the output mapping, then the bias.
+template <typename Attend>
+at::Tensor HeadParallel(const at::Tensor& x, Communicator& group, bool sequence_parallel,
+                        int64_t batch, const at::Tensor& o_bias, Attend attend) {
   at::Tensor input;
   if (sequence_parallel) {
     const at::Tensor gathered = GatherFromSequenceParallel(x, group);  // [B * S, hidden]
@@ -151,15 +141,71 @@ at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor&
   } else {
     input = CopyToTensorParallel(x, group);
   }
+  const at::Tensor out = attend(input);  // [B, S, hidden], partial
+  const at::Tensor summed = sequence_parallel
+                                ? ScatterToSequenceParallel(out.reshape({-1, out.size(-1)}), group)
+                                : ReduceFromTensorParallel(out, group);
+  return o_bias.defined() ? summed + o_bias : summed;
+}
+
+// The config of this rank's `heads` query heads (and `kv_heads` key/value heads), checked.
+ModelConfig HeadShard(const ModelConfig& whole, int64_t heads, int64_t kv_heads,
+                      Communicator& group) {
+  const int64_t want_kv = whole.attention_kind() == AttentionKind::kGqa
+                              ? KvHeadsOf(whole.num_key_value_heads, group.rank(), group.size()).count
+                              : heads;
+  RL_CHECK(heads * group.size() == whole.num_attention_heads && kv_heads == want_kv, Error,
+           "tensor-parallel attention over '{}': {} query and {} key/value heads on rank {} of "
+           "{} do not shard {} and {} (Note [Tensor-parallel attention])",
+           group.name(), heads, kv_heads, group.rank(), group.size(), whole.num_attention_heads,
+           whole.num_key_value_heads);
+  ModelConfig shard = whole;
+  shard.num_attention_heads = heads;
+  shard.num_key_value_heads = kv_heads;
+  return shard;
+}
+
+}  // namespace
+
+at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor& x,
+                                      const AttentionContext& ctx, Communicator& group,
+                                      bool sequence_parallel, int64_t batch) {
+  RL_CHECK(ctx.cache == nullptr && !local.qkv_proj.defined(), Error,
+           "tensor-parallel attention runs training forwards: no KV cache, separate q/k/v");
+  const int64_t d = ctx.config->head_dim;
+  const ModelConfig shard =
+      HeadShard(*ctx.config, local.q_proj.size(0) / d, local.k_proj.size(0) / d, group);
   GqaWeights partial = local;
   partial.o_bias = at::Tensor();  // added once, after the sum
   AttentionContext shard_ctx = ctx;
   shard_ctx.config = &shard;
-  const at::Tensor out = GqaAttention(partial, input, shard_ctx);  // [B, S, hidden], partial
-  const at::Tensor summed = sequence_parallel
-                                ? ScatterToSequenceParallel(out.reshape({-1, out.size(-1)}), group)
-                                : ReduceFromTensorParallel(out, group);
-  return local.o_bias.defined() ? summed + local.o_bias : summed;
+  return HeadParallel(x, group, sequence_parallel, batch, local.o_bias,
+                      [&](const at::Tensor& input) {
+                        return GqaAttention(partial, input, shard_ctx);
+                      });
+}
+
+at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor& x,
+                                      const AttentionContext& ctx, Communicator& group,
+                                      bool sequence_parallel, int64_t batch) {
+  RL_CHECK(ctx.cache == nullptr && !local.has_indexer, Error,
+           "tensor-parallel MLA runs training forwards without a DSA indexer (not taken yet)");
+  const ModelConfig& whole = *ctx.config;
+  const at::Tensor& q_up = local.q_b_proj.defined() ? local.q_b_proj : local.q_proj;
+  const int64_t heads = q_up.size(0) / whole.qk_head_dim();
+  RL_CHECK(local.kv_b_proj.size(0) == heads * (whole.qk_nope_head_dim + whole.v_head_dim), Error,
+           "tensor-parallel MLA over '{}': kv_b_proj has {} rows for {} local heads",
+           group.name(), local.kv_b_proj.size(0), heads);
+  const ModelConfig shard = HeadShard(whole, heads, heads, group);
+  MlaWeights partial = local;
+  partial.o_bias = at::Tensor();
+  AttentionContext shard_ctx = ctx;
+  shard_ctx.config = &shard;
+  return HeadParallel(x, group, sequence_parallel, batch, local.o_bias,
+                      [&](const at::Tensor& input) {
+                        at::Tensor topk;
+                        return MlaAttention(partial, IndexerType::kNone, input, shard_ctx, topk);
+                      });
 }
 
 }  // namespace rl::model

@@ -73,6 +73,16 @@ at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor&
                                       const AttentionContext& ctx, Communicator& group,
                                       bool sequence_parallel, int64_t batch);
 
+// MLA (Note [Tensor-parallel attention] for the heads): the down projections q_a_proj and
+// kv_a_proj and their norms are replicated on every rank (each rank's gradient of them is partial:
+// its heads' share, summed over TP by the optimizer); the up projections q_b_proj (or q_proj)
+// and kv_b_proj are column-parallel by heads (rows [r * H / P * d, ...) with d = qk_head_dim,
+// resp. qk_nope_head_dim + v_head_dim); o_proj is row-parallel. Layers with a DSA indexer are not
+// taken yet. Same layouts of x and the result as TensorParallelGqaAttention.
+at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor& x,
+                                      const AttentionContext& ctx, Communicator& group,
+                                      bool sequence_parallel, int64_t batch);
+
 }  // namespace rl::model
 
 #endif  // RL_TRAINER_MODEL_TENSOR_PARALLEL_H_
