@@ -40,6 +40,48 @@ double Scaled(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).abs().max().item<double>() / std::max(1.0, want.abs().max().item<double>());
 }
 
+at::Tensor Trainable(const at::Tensor& t) {
+  return t.defined() ? t.clone().requires_grad_() : at::Tensor();
+}
+
+// An attention layer's input and output gradient [B, S, hidden] and its RoPE table, drawn alike
+// on every rank.
+struct AttentionInputs {
+  at::Tensor x0, out_grad;
+  RopeTable rope;
+};
+AttentionInputs DrawInputs(const ModelConfig& c, at::Generator& gen, int64_t batch, int64_t seq) {
+  AttentionInputs in;
+  in.x0 = at::empty({batch, seq, kHidden}, at::kDouble).normal_(0, 1.0, gen);
+  in.out_grad = at::empty({batch, seq, kHidden}, at::kDouble).normal_(0, 1.0, gen);
+  in.rope = MakeRopeTable(c, 0, seq, at::kDouble, at::kCPU);
+  return in;
+}
+
+// This rank's part of a [B, S, hidden] tensor: all of it, or its token rows of the flattened
+// batch under sequence parallelism.
+at::Tensor Mine(const at::Tensor& t, bool sequence_parallel, const Communicator& group) {
+  if (!sequence_parallel) return t;
+  const int64_t rows = t.numel() / kHidden / group.size();
+  return t.reshape({-1, kHidden}).narrow(0, group.rank() * rows, rows);
+}
+
+// `layer` on this rank's part of in.x0, backpropagated from this rank's part of in.out_grad:
+// the output and the input (with its gradient).
+struct Sharded {
+  at::Tensor out, x;
+};
+template <typename Layer>
+Sharded RunSharded(const AttentionInputs& in, bool sequence_parallel, const Communicator& group,
+                   Layer layer) {
+  Sharded run;
+  run.x = Mine(in.x0, sequence_parallel, group).clone().requires_grad_();
+  run.out = layer(run.x);
+  run.out.backward(Mine(in.out_grad, sequence_parallel, group));
+  run.out = run.out.detach();
+  return run;
+}
+
 TEST_CASE("The tensor-parallel MLP equals the whole MLP, with and without sequence parallelism") {
   MpiCommunicator world(testing::Session(), kOptions);
   const int64_t rank = world.rank();
@@ -127,23 +169,16 @@ TEST_CASE("Tensor-parallel GQA attention equals the whole attention, forward and
       w.q_norm = 1 + normal({kHeadDim}, 0.1);
       w.k_norm = 1 + normal({kHeadDim}, 0.1);
     }
-    const at::Tensor x0 = normal({kBatch, kSeq, kHidden}, 1.0);
-    const at::Tensor out_grad = normal({kBatch, kSeq, kHidden}, 1.0);
-    const RopeTable rope = MakeRopeTable(c, 0, kSeq, at::kDouble, at::kCPU);
+    const AttentionInputs in = DrawInputs(c, gen, kBatch, kSeq);
     AttentionContext ctx;
     ctx.config = &c;
-    ctx.rope = &rope;
-
-    const auto trainable = [](const at::Tensor& t) {
-      return t.defined() ? t.clone().requires_grad_() : at::Tensor();
-    };
+    ctx.rope = &in.rope;
     GqaWeights full = w;
     for (at::Tensor* t : {&full.q_proj, &full.k_proj, &full.v_proj, &full.o_proj, &full.k_bias}) {
-      *t = trainable(*t);
+      *t = Trainable(*t);
     }
-    const at::Tensor x_full = x0.clone().requires_grad_();
-    const at::Tensor want = GqaAttention(full, x_full, ctx);
-    want.backward(out_grad);
+    const Sharded want =
+        RunSharded(in, false, world, [&](const at::Tensor& x) { return GqaAttention(full, x, ctx); });
 
     for (const bool sequence_parallel : {false, true}) {
       INFO("rank " << rank << " of " << world.size() << (biases ? ", biases" : ", q/k norms")
@@ -152,32 +187,20 @@ TEST_CASE("Tensor-parallel GQA attention equals the whole attention, forward and
       const int64_t kv_first = kv.first * kHeadDim;
       const int64_t kv_rows = kv.count * kHeadDim;
       GqaWeights local = w;
-      local.q_proj = trainable(w.q_proj.narrow(0, rank * q_rows, q_rows));
-      local.k_proj = trainable(w.k_proj.narrow(0, kv_first, kv_rows));
-      local.v_proj = trainable(w.v_proj.narrow(0, kv_first, kv_rows));
-      local.o_proj = trainable(w.o_proj.narrow(1, rank * q_rows, q_rows));
+      local.q_proj = Trainable(w.q_proj.narrow(0, rank * q_rows, q_rows));
+      local.k_proj = Trainable(w.k_proj.narrow(0, kv_first, kv_rows));
+      local.v_proj = Trainable(w.v_proj.narrow(0, kv_first, kv_rows));
+      local.o_proj = Trainable(w.o_proj.narrow(1, rank * q_rows, q_rows));
       if (biases) {
         local.q_bias = w.q_bias.narrow(0, rank * q_rows, q_rows);
-        local.k_bias = trainable(w.k_bias.narrow(0, kv_first, kv_rows));
+        local.k_bias = Trainable(w.k_bias.narrow(0, kv_first, kv_rows));
         local.v_bias = w.v_bias.narrow(0, kv_first, kv_rows);
       }
-      const int64_t rows = kBatch * kSeq / world.size();
-      const at::Tensor x =
-          (sequence_parallel ? x0.view({-1, kHidden}).narrow(0, rank * rows, rows) : x0)
-              .clone()
-              .requires_grad_();
-      const at::Tensor out =
-          TensorParallelGqaAttention(local, x, ctx, world, sequence_parallel, kBatch);
-      const at::Tensor flat_grad = out_grad.reshape({-1, kHidden});
-      out.backward(sequence_parallel ? flat_grad.narrow(0, rank * rows, rows) : out_grad);
-      const at::Tensor want_out = sequence_parallel
-                                      ? want.detach().reshape({-1, kHidden}).narrow(0, rank * rows, rows)
-                                      : want.detach();
-      const at::Tensor want_x = sequence_parallel
-                                    ? x_full.grad().reshape({-1, kHidden}).narrow(0, rank * rows, rows)
-                                    : x_full.grad();
-      CHECK(Scaled(out.detach(), want_out) <= 1e-12);
-      CHECK(Scaled(x.grad(), want_x) <= 1e-12);
+      const Sharded got = RunSharded(in, sequence_parallel, world, [&](const at::Tensor& x) {
+        return TensorParallelGqaAttention(local, x, ctx, world, sequence_parallel, kBatch);
+      });
+      CHECK(Scaled(got.out, Mine(want.out, sequence_parallel, world)) <= 1e-12);
+      CHECK(Scaled(got.x.grad(), Mine(want.x.grad(), sequence_parallel, world)) <= 1e-12);
       CHECK(Scaled(local.q_proj.grad(), full.q_proj.grad().narrow(0, rank * q_rows, q_rows)) <=
             1e-12);
       CHECK(Scaled(local.o_proj.grad(), full.o_proj.grad().narrow(1, rank * q_rows, q_rows)) <=
@@ -235,51 +258,37 @@ TEST_CASE("Tensor-parallel MLA attention equals the whole attention, forward and
     w.kv_a_norm = 1 + normal({12}, 0.1);
     w.kv_b_proj = normal({4 * kv_width, 12}, 0.2);
     w.o_proj = normal({kHidden, 4 * c.v_head_dim}, 0.2);
-    const at::Tensor x0 = normal({kBatch, kSeq, kHidden}, 1.0);
-    const at::Tensor out_grad = normal({kBatch, kSeq, kHidden}, 1.0);
-    const RopeTable rope = MakeRopeTable(c, 0, kSeq, at::kDouble, at::kCPU);
+    const AttentionInputs in = DrawInputs(c, gen, kBatch, kSeq);
     AttentionContext ctx;
     ctx.config = &c;
-    ctx.rope = &rope;
-    const auto trainable = [](const at::Tensor& t) {
-      return t.defined() ? t.clone().requires_grad_() : at::Tensor();
-    };
+    ctx.rope = &in.rope;
     MlaWeights full = w;
     for (at::Tensor* t : {&full.q_a_proj, &full.q_a_norm, &full.q_b_proj, &full.q_proj,
                           &full.kv_a_proj, &full.kv_a_norm, &full.kv_b_proj, &full.o_proj}) {
-      *t = trainable(*t);
+      *t = Trainable(*t);
     }
-    const at::Tensor x_full = x0.clone().requires_grad_();
-    at::Tensor topk;
-    const at::Tensor want = MlaAttention(full, IndexerType::kNone, x_full, ctx, topk);
-    want.backward(out_grad);
+    const Sharded want = RunSharded(in, false, world, [&](const at::Tensor& x) {
+      at::Tensor topk;
+      return MlaAttention(full, IndexerType::kNone, x, ctx, topk);
+    });
 
     for (const bool sequence_parallel : {false, true}) {
       INFO("rank " << rank << " of " << world.size() << (q_lora ? ", q LoRA" : ", q_proj")
                    << (sequence_parallel ? ", sequence parallel" : ""));
       MlaWeights local = w;
       for (at::Tensor* t : {&local.q_a_proj, &local.q_a_norm, &local.kv_a_proj, &local.kv_a_norm}) {
-        *t = trainable(*t);  // replicated
+        *t = Trainable(*t);  // replicated
       }
       at::Tensor& q_up = q_lora ? local.q_b_proj : local.q_proj;
-      q_up = trainable(q_up.narrow(0, rank * heads * q_width, heads * q_width));
-      local.kv_b_proj = trainable(w.kv_b_proj.narrow(0, rank * heads * kv_width, heads * kv_width));
-      local.o_proj = trainable(
+      q_up = Trainable(q_up.narrow(0, rank * heads * q_width, heads * q_width));
+      local.kv_b_proj = Trainable(w.kv_b_proj.narrow(0, rank * heads * kv_width, heads * kv_width));
+      local.o_proj = Trainable(
           w.o_proj.narrow(1, rank * heads * c.v_head_dim, heads * c.v_head_dim));
-      const int64_t rows = kBatch * kSeq / world.size();
-      const at::Tensor x =
-          (sequence_parallel ? x0.view({-1, kHidden}).narrow(0, rank * rows, rows) : x0)
-              .clone()
-              .requires_grad_();
-      const at::Tensor out =
-          TensorParallelMlaAttention(local, x, ctx, world, sequence_parallel, kBatch);
-      const at::Tensor flat_grad = out_grad.reshape({-1, kHidden});
-      out.backward(sequence_parallel ? flat_grad.narrow(0, rank * rows, rows) : out_grad);
-      const auto mine = [&](const at::Tensor& t) {
-        return sequence_parallel ? t.reshape({-1, kHidden}).narrow(0, rank * rows, rows) : t;
-      };
-      CHECK(Scaled(out.detach(), mine(want.detach())) <= 1e-12);
-      CHECK(Scaled(x.grad(), mine(x_full.grad())) <= 1e-12);
+      const Sharded got = RunSharded(in, sequence_parallel, world, [&](const at::Tensor& x) {
+        return TensorParallelMlaAttention(local, x, ctx, world, sequence_parallel, kBatch);
+      });
+      CHECK(Scaled(got.out, Mine(want.out, sequence_parallel, world)) <= 1e-12);
+      CHECK(Scaled(got.x.grad(), Mine(want.x.grad(), sequence_parallel, world)) <= 1e-12);
       const at::Tensor& full_q_up = q_lora ? full.q_b_proj : full.q_proj;
       CHECK(Scaled(q_up.grad(), full_q_up.grad().narrow(0, rank * heads * q_width,
                                                          heads * q_width)) <= 1e-12);
