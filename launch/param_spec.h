@@ -22,6 +22,11 @@ struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   ParamRole role = ParamRole::kDense;
+  // Under tensor parallelism: the dim along which `shape` is this rank's slice of the whole param,
+  // and where along it the slice starts (Note [Tensor shard], trainer/model/model_config.h);
+  // -1 for a param every rank holds whole.
+  int64_t tp_dim = -1;
+  int64_t tp_start = 0;
 
   int64_t numel() const {
     int64_t n = 1;

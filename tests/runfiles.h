@@ -1,6 +1,6 @@
 // Where a test finds a file of the repository: under `bazel test` in the runfiles tree
 // ($TEST_SRCDIR/$TEST_WORKSPACE/<path>), else relative to the working directory (a test binary
-// run by hand from the repository root). Part of //tests:catch_main, which every test links.
+// run by hand from the repository root). //tests:runfiles; every test links it.
 #ifndef RL_TESTS_RUNFILES_H_
 #define RL_TESTS_RUNFILES_H_
 

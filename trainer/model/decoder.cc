@@ -9,6 +9,8 @@
 
 #include "launch/check.h"
 #include "trainer/kernels/fused_ops.h"
+#include "trainer/model/tensor_parallel.h"
+#include "trainer/model/vocab_parallel.h"
 
 namespace rl::model {
 namespace {
@@ -168,9 +170,19 @@ KvCache KvCache::Allocate(const ModelConfig& config, int64_t max_batch, int64_t 
 }
 
 Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels,
-                 Communicator* expert_group)
-    : config_(std::move(config)), kernels_(kernels), dtype_(at::kFloat), device_(at::kCPU) {
+                 Communicator* expert_group, Communicator* tensor_group, bool sequence_parallel)
+    : config_(std::move(config)),
+      kernels_(kernels),
+      tensor_group_(tensor_group != nullptr && tensor_group->size() > 1 ? tensor_group : nullptr),
+      sequence_parallel_(tensor_group_ != nullptr && sequence_parallel),
+      dtype_(at::kFloat),
+      device_(at::kCPU) {
   CheckParams(ListParams(config_), params);
+  RL_CHECK((tensor_group_ != nullptr ? tensor_group_->size() : 1) == config_.tensor_shard.size,
+           Error, "Decoder: the model is sharded over {} tensor-parallel ranks, but the group has {}",
+           config_.tensor_shard.size, tensor_group_ != nullptr ? tensor_group_->size() : 1);
+  vocab_start_ =
+      VocabSlice(config_.vocab_size, config_.tensor_shard.rank, config_.tensor_shard.size).first;
   const int64_t group_size = expert_group != nullptr ? expert_group->size() : 1;
   RL_CHECK(group_size == config_.expert_shard.size, Error,
            "Decoder: the model's experts are sharded over {} ranks, but the expert group has {}",
@@ -280,18 +292,37 @@ at::Tensor Decoder::Hidden(const at::Tensor& tokens, KvCache* cache, int64_t sta
   ctx.config = &config_;
   ctx.rope = &rope;
   ctx.start = start;
-  return Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, cache);
+  if (tensor_group_ == nullptr) {
+    return Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, cache);
+  }
+  RL_CHECK(cache == nullptr, Error, "a tensor-parallel Decoder runs no KV-cache forwards yet");
+  return Layers(VocabParallelEmbedding(embed_tokens_, tokens.to(device_), vocab_start_,
+                                       *tensor_group_, sequence_parallel_),
+                ctx, nullptr, nullptr, batch);
+}
+
+void Decoder::RefuseTensorParallel(std::string_view what) const {
+  RL_CHECK(tensor_group_ == nullptr, Error,
+           "{} does not run under tensor parallelism yet (a tensor-parallel Decoder runs training "
+           "forwards: Logits, TokenLogProbs)",
+           what);
 }
 
 at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
-                           const ExpertDispatch* dispatch) const {
+                           const ExpertDispatch* dispatch, int64_t batch) const {
   ctx.kernels = kernels_;
   at::Tensor topk;  // DSA selection of the last full indexer layer
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
     at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps);
-    if (config_.attention_kind() == AttentionKind::kGqa) {
+    if (tensor_group_ != nullptr) {  // Note [Tensor-parallel attention]
+      h = config_.attention_kind() == AttentionKind::kGqa
+              ? TensorParallelGqaAttention(layer.gqa, h, ctx, *tensor_group_, sequence_parallel_,
+                                           batch)
+              : TensorParallelMlaAttention(layer.mla, h, ctx, *tensor_group_, sequence_parallel_,
+                                           batch);
+    } else if (config_.attention_kind() == AttentionKind::kGqa) {
       h = GqaAttention(layer.gqa, h, ctx);
     } else {
       IndexerType indexer = layer.indexer_type;
@@ -313,7 +344,10 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
     x = x + h;
     h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
     if (layer.mlp_type == MlpType::kDense) {
-      h = DenseMlp(layer.mlp, h);
+      h = tensor_group_ != nullptr
+              ? TensorParallelMlp(layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, h,
+                                  *tensor_group_, sequence_parallel_)
+              : DenseMlp(layer.mlp, h);
     } else {
       at::Tensor chosen;
       const at::Tensor replay =
@@ -328,7 +362,10 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
 }
 
 at::Tensor Decoder::Logits(const at::Tensor& tokens) const {
-  return Linear(Hidden(tokens, nullptr, 0), lm_head_);
+  if (tensor_group_ == nullptr) return Linear(Hidden(tokens, nullptr, 0), lm_head_);
+  return VocabParallelLmHead(Hidden(tokens, nullptr, 0), lm_head_, *tensor_group_,
+                             sequence_parallel_)
+      .view({tokens.size(0), tokens.size(1), lm_head_.size(0)});
 }
 
 TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& targets,
@@ -344,6 +381,13 @@ TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& ta
   if (temperature != 1.0) logits.div_(temperature);
   const at::Tensor ids = targets.to(device_).to(at::kLong);
   TokenStats out;
+  if (tensor_group_ != nullptr) {  // Note [Vocabulary-parallel log-probs]
+    const VocabParallelStats stats = VocabParallelLogProbs(
+        logits.view({-1, logits.size(-1)}), ids.reshape({-1}), vocab_start_, *tensor_group_);
+    out.log_probs = stats.log_probs.view(ids.sizes());
+    if (with_entropy) out.entropy = stats.entropy.view(ids.sizes());
+    return out;
+  }
   if (kernels::Supported(logits)) {  // Note [Inference kernels]: on CUDA, always
     kernels::TokenLogProbStats stats = kernels::TokenLogProbs(logits, ids);
     out.log_probs = std::move(stats.log_probs);
@@ -358,6 +402,7 @@ TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& ta
 
 at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
                                 int64_t start_position) const {
+  RefuseTensorParallel("ForwardStep");
   at::NoGradGuard no_grad;
   return Linear(Hidden(tokens, &cache, start_position), lm_head_);
 }
@@ -365,6 +410,7 @@ at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
 at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& position,
                               int64_t key_length, const RopeTable& rope, KvCache& cache,
                               const ExpertDispatch* dispatch) const {
+  RefuseTensorParallel("DecodeStep");
   at::NoGradGuard no_grad;
   CheckTokens(tokens);
   RL_CHECK(tokens.size(1) == 1 && tokens.size(0) <= cache.max_batch() && key_length >= 1 &&

@@ -31,6 +31,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trainer/model/layers.h"
@@ -89,8 +90,17 @@ class Decoder {
   // Checks `params` against ListParams(config) and keeps handles to them. `expert_group`: the
   // expert-parallel group of config.expert_shard (Note [Expert-parallel MoE] in layers.h; null
   // when the model holds every expert). Every forward is then a collective over the group.
+  //
+  // `tensor_group`: the tensor-parallel group of config.tensor_shard (Note [Tensor shard] in
+  // model_config.h), or null without TP. The layers then run tensor-parallel (Note
+  // [Tensor-parallel mappings] in tensor_parallel.h), with `sequence_parallel` the residual
+  // stream on 1/TP of the tokens (batch x seq must then divide by TP); Logits() returns this
+  // rank's vocabulary slice [batch, seq, V_r] (VocabSlice), TokenLogProbs() the whole
+  // distribution's values on every rank. Only training forwards (no KV cache) take TP so far;
+  // every forward is then a collective over the group.
   Decoder(ModelConfig config, const TensorMap& params, Kernels kernels = Kernels::kLibTorch,
-          Communicator* expert_group = nullptr);
+          Communicator* expert_group = nullptr, Communicator* tensor_group = nullptr,
+          bool sequence_parallel = false);
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }
@@ -180,11 +190,18 @@ class Decoder {
   void CheckTokens(const at::Tensor& tokens) const;
   // The layers and the final norm over embedded tokens x [batch, seq, hidden]; `ctx` without
   // its per-layer cache, which comes from `cache` when given.
+  // `batch`: the batch size, which the tensor-parallel attention needs under sequence
+  // parallelism (x is then this rank's [batch * seq / TP, hidden] token rows).
   at::Tensor Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
-                    const ExpertDispatch* dispatch = nullptr) const;
+                    const ExpertDispatch* dispatch = nullptr, int64_t batch = 0) const;
+  // Throws rl::Error under tensor parallelism, for the forwards that do not take it yet.
+  void RefuseTensorParallel(std::string_view what) const;
 
   ModelConfig config_;
   Kernels kernels_;
+  Communicator* tensor_group_ = nullptr;  // null without TP
+  bool sequence_parallel_ = false;
+  int64_t vocab_start_ = 0;  // the first vocabulary id of this rank's embedding and LM head rows
   int64_t fused_projections_ = 0;
   at::ScalarType dtype_;
   at::Device device_;

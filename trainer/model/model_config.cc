@@ -90,4 +90,18 @@ std::vector<int64_t> LayerOrdinals(const std::vector<int64_t>& layers, int64_t n
   return ordinal;
 }
 
+HeadRange KvHeadsOf(int64_t kv_heads, int64_t rank, int64_t tp_size) {
+  if (kv_heads % tp_size == 0) return {rank * kv_heads / tp_size, kv_heads / tp_size};
+  RL_CHECK(tp_size % kv_heads == 0, ConfigError,
+           "tensor parallelism: {} key/value heads neither divide nor are divided by the TP size "
+           "{}",
+           kv_heads, tp_size);
+  return {rank * kv_heads / tp_size, 1};
+}
+
+HeadRange VocabSlice(int64_t vocab, int64_t rank, int64_t tp_size) {
+  const int64_t each = vocab / tp_size;
+  return {rank * each, rank == tp_size - 1 ? vocab - rank * each : each};
+}
+
 }  // namespace rl::model

@@ -119,6 +119,19 @@ struct ModelConfig {
   int64_t local_experts() const { return n_routed_experts / expert_shard.size; }
   int64_t first_local_expert() const { return expert_shard.rank * local_experts(); }
 
+  // Note [Tensor shard]
+  // Under tensor parallelism (TP, Note [Tensor-parallel mappings] in tensor_parallel.h) a model
+  // instance holds rank `rank`'s slice of every column- or row-parallel param: ListParams gives
+  // the local shapes, and each ParamSpec says along which dim (tp_dim) and from which index of the
+  // whole tensor (tp_start) its slice lies; replicated params have tp_dim -1. Query heads,
+  // intermediate features and MLA heads split evenly (TP must divide them); key/value heads as
+  // KvHeadsOf; the vocabulary as VocabSlice. Not part of config.json. {0, 1}: no TP.
+  struct TensorShard {
+    int64_t rank = 0;
+    int64_t size = 1;
+  };
+  TensorShard tensor_shard;
+
   // DSA indexer.
   int64_t index_n_heads = 0;
   int64_t index_head_dim = 0;
@@ -157,6 +170,20 @@ struct ModelConfig {
 
 // For each of `num_layers` model layers, its position in `layers` (a subset, in order), or -1.
 std::vector<int64_t> LayerOrdinals(const std::vector<int64_t>& layers, int64_t num_layers);
+
+// A run of `count` items (heads, vocabulary ids) from `first`.
+struct HeadRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+// The key/value heads TP rank `rank` of `tp_size` holds (Note [Tensor-parallel attention] in
+// tensor_parallel.h): kv_heads / tp_size of them when that divides, else the one head
+// rank * kv_heads / tp_size, replicated on tp_size / kv_heads ranks. Throws ConfigError when
+// neither divides the other.
+HeadRange KvHeadsOf(int64_t kv_heads, int64_t rank, int64_t tp_size);
+// The vocabulary ids rank `rank` of `tp_size` holds: vocab / tp_size each, the remainder on the
+// last rank.
+HeadRange VocabSlice(int64_t vocab, int64_t rank, int64_t tp_size);
 
 }  // namespace rl::model
 

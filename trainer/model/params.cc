@@ -57,9 +57,27 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
                     ParamRole role = ParamRole::kDense) {
     out.push_back({std::move(name), std::move(shape), role});
   };
+  // Note [Tensor shard]: `whole` shape, this rank's `slice` of it along `dim`.
+  const int64_t tp = c.tensor_shard.size;
+  auto add_split = [&](std::string name, std::vector<int64_t> whole, int64_t dim, HeadRange slice) {
+    if (tp > 1) whole[static_cast<size_t>(dim)] = slice.count;
+    add(std::move(name), std::move(whole));
+    if (tp > 1) {
+      out.back().tp_dim = dim;
+      out.back().tp_start = slice.first;
+    }
+  };
+  // An even split of `count` units (heads, features) of `unit` elements each.
+  auto even = [&](int64_t count, int64_t unit, std::string_view what) -> HeadRange {
+    RL_CHECK(count % tp == 0, ConfigError,
+             "tensor parallelism: {} {} do not divide over --tensor-model-parallel-size {}", count,
+             what, tp);
+    return {c.tensor_shard.rank * count / tp * unit, count / tp * unit};
+  };
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads;
-  add("model.embed_tokens.weight", {c.vocab_size, h});
+  const HeadRange vocab = VocabSlice(c.vocab_size, c.tensor_shard.rank, tp);
+  add_split("model.embed_tokens.weight", {c.vocab_size, h}, 0, vocab);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     add(p + "input_layernorm.weight", {h});
@@ -67,17 +85,20 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
     if (c.attention_kind() == AttentionKind::kGqa) {
       const int64_t d = c.head_dim;
       const int64_t kv = c.num_key_value_heads;
-      add(a + "q_proj.weight", {heads * d, h});
-      if (c.attention_bias) add(a + "q_proj.bias", {heads * d});
-      add(a + "k_proj.weight", {kv * d, h});
-      if (c.attention_bias) add(a + "k_proj.bias", {kv * d});
-      add(a + "v_proj.weight", {kv * d, h});
-      if (c.attention_bias) add(a + "v_proj.bias", {kv * d});
+      const HeadRange q_rows = even(heads, d, "attention heads");
+      const HeadRange kv_heads = KvHeadsOf(kv, c.tensor_shard.rank, tp);
+      const HeadRange kv_rows{kv_heads.first * d, kv_heads.count * d};
+      add_split(a + "q_proj.weight", {heads * d, h}, 0, q_rows);
+      if (c.attention_bias) add_split(a + "q_proj.bias", {heads * d}, 0, q_rows);
+      add_split(a + "k_proj.weight", {kv * d, h}, 0, kv_rows);
+      if (c.attention_bias) add_split(a + "k_proj.bias", {kv * d}, 0, kv_rows);
+      add_split(a + "v_proj.weight", {kv * d, h}, 0, kv_rows);
+      if (c.attention_bias) add_split(a + "v_proj.bias", {kv * d}, 0, kv_rows);
       if (c.use_qk_norm) {
         add(a + "q_norm.weight", {d});
         add(a + "k_norm.weight", {d});
       }
-      add(a + "o_proj.weight", {h, heads * d});
+      add_split(a + "o_proj.weight", {h, heads * d}, 1, q_rows);
       // Qwen3's o_proj follows attention_bias; GLM-4.5's never has a bias.
       if (c.attention_bias && c.model_type != ModelType::kGlm4Moe) add(a + "o_proj.bias", {h});
     } else {
@@ -87,16 +108,22 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
         add(a + "q_a_proj.weight", {r, h});
         if (c.attention_bias) add(a + "q_a_proj.bias", {r});
         add(a + "q_a_layernorm.weight", {r});
-        add(a + "q_b_proj.weight", {heads * qk, r});
+        add_split(a + "q_b_proj.weight", {heads * qk, r}, 0, even(heads, qk, "attention heads"));
       } else {
-        add(a + "q_proj.weight", {heads * qk, h});
+        add_split(a + "q_proj.weight", {heads * qk, h}, 0, even(heads, qk, "attention heads"));
       }
       add(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h});
       if (c.attention_bias)
         add(a + "kv_a_proj_with_mqa.bias", {c.kv_lora_rank + c.qk_rope_head_dim});
       add(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
-      add(a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+      add_split(a + "kv_b_proj.weight",
+                {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, 0,
+                even(heads, c.qk_nope_head_dim + c.v_head_dim, "attention heads"));
       if (c.has_indexer() && c.indexer_types[l] == IndexerType::kFull) {
+        RL_CHECK(tp == 1, ConfigError,
+                 "tensor parallelism does not take the DSA indexer yet (--tensor-model-parallel-"
+                 "size {})",
+                 tp);
         const std::string ix = a + "indexer.";
         add(ix + "wq_b.weight", {c.index_n_heads * c.index_head_dim, *c.q_lora_rank});
         add(ix + "wk.weight", {c.index_head_dim, h});
@@ -104,15 +131,17 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
         add(ix + "k_norm.bias", {c.index_head_dim});
         add(ix + "weights_proj.weight", {c.index_n_heads, h});
       }
-      add(a + "o_proj.weight", {h, heads * c.v_head_dim});
+      add_split(a + "o_proj.weight", {h, heads * c.v_head_dim}, 1,
+                even(heads, c.v_head_dim, "attention heads"));
       if (c.attention_bias) add(a + "o_proj.bias", {h});
     }
     add(p + "post_attention_layernorm.weight", {h});
     const std::string m = p + "mlp.";
     if (c.mlp_layer_types[l] == MlpType::kDense) {
-      add(m + "gate_proj.weight", {c.intermediate_size, h});
-      add(m + "up_proj.weight", {c.intermediate_size, h});
-      add(m + "down_proj.weight", {h, c.intermediate_size});
+      const HeadRange features = even(c.intermediate_size, 1, "intermediate features");
+      add_split(m + "gate_proj.weight", {c.intermediate_size, h}, 0, features);
+      add_split(m + "up_proj.weight", {c.intermediate_size, h}, 0, features);
+      add_split(m + "down_proj.weight", {h, c.intermediate_size}, 1, features);
       continue;
     }
     const int64_t e = c.n_routed_experts;
@@ -132,7 +161,22 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
     }
   }
   add("model.norm.weight", {h});
-  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h});
+  if (!c.tie_word_embeddings) add_split("lm_head.weight", {c.vocab_size, h}, 0, vocab);
+  return out;
+}
+
+TensorMap ShardTensorParallel(const std::vector<ParamSpec>& specs, const TensorMap& whole) {
+  TensorMap out;
+  for (const ParamSpec& spec : specs) {
+    const auto it = whole.find(spec.name);
+    RL_CHECK(it != whole.end(), Error, "ShardTensorParallel: no param {} in the whole model",
+             spec.name);
+    out.emplace(spec.name,
+                spec.tp_dim < 0
+                    ? it->second
+                    : it->second.narrow(spec.tp_dim, spec.tp_start,
+                                        spec.shape[static_cast<size_t>(spec.tp_dim)]));
+  }
   return out;
 }
 

@@ -125,6 +125,11 @@ void SaveHfCheckpointPart(const std::string& dir, const ModelConfig& config,
 void FinishHfCheckpointParts(const std::string& dir, const ModelConfig& config,
                              const TensorMap& params, int64_t max_shard_bytes = int64_t{5} << 30);
 
+// Note [Tensor shard] (model_config.h): this rank's slices (views) of the whole model's params
+// `whole`, for the specs of ListParams at the rank's tensor shard. Throws rl::Error naming a
+// param `whole` lacks.
+TensorMap ShardTensorParallel(const std::vector<ParamSpec>& specs, const TensorMap& whole);
+
 }  // namespace rl::model
 
 #endif  // RL_TRAINER_MODEL_PARAMS_H_

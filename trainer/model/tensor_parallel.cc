@@ -118,15 +118,6 @@ at::Tensor TensorParallelMlp(const at::Tensor& gate_proj, const at::Tensor& up_p
                            : ReduceFromTensorParallel(partial, group);
 }
 
-HeadRange KvHeadsOf(int64_t kv_heads, int rank, int tp_size) {
-  if (kv_heads % tp_size == 0) return {rank * kv_heads / tp_size, kv_heads / tp_size};
-  RL_CHECK(tp_size % kv_heads == 0, ConfigError,
-           "tensor parallelism: {} key/value heads neither divide nor are divided by the TP size "
-           "{}",
-           kv_heads, tp_size);
-  return {rank * kv_heads / tp_size, 1};
-}
-
 namespace {
 
 // Note [Tensor-parallel attention]: the input mapping, `attend` over this rank's heads (a partial

@@ -57,12 +57,7 @@ at::Tensor TensorParallelMlp(const at::Tensor& gate_proj, const at::Tensor& up_p
 // r * KV / P (KV < P: each key/value head replicated on P / KV ranks, whose partial gradients of
 // it the optimizer sums). The q/k norms are per head dim, replicated. o_proj holds the matching
 // columns; its bias is added once, after the partial outputs are summed.
-// KvHeadsOf gives the first key/value head and the count a rank holds.
-struct HeadRange {
-  int64_t first = 0;
-  int64_t count = 0;
-};
-HeadRange KvHeadsOf(int64_t kv_heads, int rank, int tp_size);
+// KvHeadsOf (model_config.h) gives the key/value heads a rank holds.
 
 // `local`: this rank's shards as above (q_proj [H / P * D, hidden] ...; o_proj [hidden, H / P * D]
 // and o_bias whole). x [B, S, hidden] on every rank (sequence_parallel false), or this rank's
