@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The train/rollout log-prob mismatch on the GPU machine, in bf16 (with .gpu/trainer built here):
-# tools/gpu_fidelity_check.sh OUT_DIR [ITERATIONS] [--wide]
+# tools/gpu_fidelity_check.sh OUT_DIR [ITERATIONS] [--wide] [ONLY]
 # Runs the embedded default (dense Qwen3) and three MoE CI recipes on one GPU in bf16, decoding by
 # CUDA graphs, each without replay and with rollout routing replay (R3; for GLM-5 also with the
 # indexer's top-k replayed), and prints per run the mean over iterations of
@@ -8,11 +8,12 @@
 # --wide: the same 4-layer models at the widths of the real ones (Qwen3-0.6B for the dense model;
 # Qwen3-30B-A3B and GLM-4.7-Flash for the MoE ones; GLM-5's would not fit one GPU: hidden size, heads, experts, top-k),
 # with the CI vocabulary kept so that the toy task's tokenizer still fits, and 32 samples an
-# iteration.
+# iteration. ONLY (a bash pattern, e.g. 'glm47*') runs only the runs whose names match it.
 set -uo pipefail
 out="$1"
 iterations="${2:-5}"
 wide="${3:-}"
+only="${4:-*}"
 widen() {  # widen NAME CONFIG: writes $out/NAME.json, the CI model of CONFIG at the real widths
   python3 - "$2" "$1" "$out/$1.json" <<'PY'
 import json, re, sys
@@ -35,6 +36,8 @@ PY
 run() {
   local name="$1" config="$2"
   shift 2
+  # shellcheck disable=SC2053
+  [[ "$name" == $only ]] || return 0
   if [[ "$wide" == --wide ]]; then
     widen "${name%%_r3*}" "$config"
     set -- --model-config "$out/${name%%_r3*}.json" --rollout-batch-size 8 \
