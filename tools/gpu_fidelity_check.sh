@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The train/rollout log-prob mismatch on the GPU machine, in bf16 (with .gpu/trainer built here):
-# tools/gpu_fidelity_check.sh OUT_DIR [ITERATIONS] [--wide] [ONLY]
+# tools/gpu_fidelity_check.sh OUT_DIR [ITERATIONS] [--wide] [ONLY] [TRAINER_FLAG...]
 # Runs the embedded default (dense Qwen3) and three MoE CI recipes on one GPU in bf16, decoding by
 # CUDA graphs, each without replay and with rollout routing replay (R3; for GLM-5 also with the
 # indexer's top-k replayed), and prints per run the mean over iterations of
@@ -8,12 +8,14 @@
 # --wide: the same 4-layer models at the widths of the real ones (Qwen3-0.6B for the dense model;
 # Qwen3-30B-A3B and GLM-4.7-Flash for the MoE ones; GLM-5's would not fit one GPU: hidden size, heads, experts, top-k),
 # with the CI vocabulary kept so that the toy task's tokenizer still fits, and 32 samples an
-# iteration. ONLY (a bash pattern, e.g. 'glm47*') runs only the runs whose names match it.
+# iteration. ONLY (a bash pattern, e.g. 'glm47*') runs only the runs whose names match it; the
+# flags after it are passed to every run (e.g. --no-rollout-mla-latent-decode).
 set -uo pipefail
 out="$1"
 iterations="${2:-5}"
 wide="${3:-}"
 only="${4:-*}"
+extra=("${@:5}")
 widen() {  # widen NAME CONFIG: writes $out/NAME.json, the CI model of CONFIG at the real widths
   python3 - "$2" "$1" "$out/$1.json" <<'PY'
 import json, re, sys
@@ -45,7 +47,7 @@ run() {
   fi
   mpirun --allow-run-as-root -np 1 .gpu/trainer --config "$config" --device cuda \
     --actor-num-gpus-per-node 1 --params-dtype bf16 --num-rollout "$iterations" \
-    --rollout-max-response-len 16 --metrics-out "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
+    --rollout-max-response-len 16 --metrics-out "$out/$name.jsonl" "$@" "${extra[@]}" > "$out/$name.log" 2>&1
   echo "$name rc $? $(grep -h 'routing replay check' "$out/$name.log" | tail -1 | cut -c1-120)"
 }
 run dense configs/default.toml

@@ -90,6 +90,7 @@ class EngineRollout final : public Rollout {
     RL_CHECK(!c.rl.use_rollout_indexer_replay || !model.indexer_types.empty(), ConfigError,
              "--use-rollout-indexer-replay needs a model with a DSA indexer (GLM-5, GLM-5.2)");
     engine_->set_cuda_graphs(c.rollout.rollout_cuda_graphs);
+    engine_->set_latent_mla_decode(c.rollout.rollout_mla_latent_decode);
     engine_->SetMemoryHooks(
         [this] {
           regions_.Pause(RegionTag::kKvCache);

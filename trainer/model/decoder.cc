@@ -311,6 +311,7 @@ void Decoder::RefuseTensorParallel(std::string_view what) const {
 at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
                            const ExpertDispatch* dispatch, int64_t batch) const {
   ctx.kernels = kernels_;
+  ctx.latent_mla_decode = latent_mla_decode_;
   at::Tensor topk;  // DSA selection of the last full indexer layer
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];

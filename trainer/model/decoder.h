@@ -140,6 +140,11 @@ class Decoder {
   // either hold every expert or are given a fixed-capacity dispatch.
   bool decode_step_capturable() const;
 
+  // With Kernels::kFused, MLA decode steps attend in the latent space (the default; Note [MLA
+  // decode in the latent space] in layers.cc) or, when off, over expanded keys and values as
+  // training does: slower, with a smaller train/rollout log-prob mismatch.
+  void set_latent_mla_decode(bool on) { latent_mla_decode_ = on; }
+
   // Under expert parallelism: this rank's part of a forward in which it has no tokens, serving
   // the other ranks' rows to its experts in every MoE layer (ExpertGroupIdle), through
   // `dispatch` when the forward it joins uses one. No-op otherwise.
@@ -199,6 +204,7 @@ class Decoder {
 
   ModelConfig config_;
   Kernels kernels_;
+  bool latent_mla_decode_ = true;
   Communicator* tensor_group_ = nullptr;  // null without TP
   bool sequence_parallel_ = false;
   int64_t vocab_start_ = 0;  // the first vocabulary id of this rank's embedding and LM head rows

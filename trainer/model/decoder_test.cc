@@ -193,6 +193,31 @@ TEST_CASE("MLA decode steps in the latent space give the full forward's logits")
   CHECK(mla_fixtures >= 3);  // deepseek_v3, glm4_moe_lite, glm_moe_dsa
 }
 
+// Decoder::set_latent_mla_decode(false): the decode steps of an inference Decoder attend over
+// expanded keys and values, the same ops as a training Decoder's steps (the CPU has none of the
+// fused kernels), so the logits are bit-identical.
+TEST_CASE("MLA decode steps with the latent space turned off equal a training decoder's") {
+  for (const std::string& name : FixtureNames()) {
+    testing::LoadedModel m = LoadFixture(name);
+    if (m.config.attention_kind() != AttentionKind::kMla) continue;
+    INFO("fixture " << name);
+    const Decoder plain(m.config, m.params);
+    Decoder expanded(m.config, m.params, Kernels::kFused);
+    expanded.set_latent_mla_decode(false);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    const int64_t seq = tokens.size(1);
+    KvCache plain_cache = KvCache::Allocate(m.config, 2, seq, at::kFloat, at::kCPU);
+    KvCache expanded_cache = KvCache::Allocate(m.config, 2, seq, at::kFloat, at::kCPU);
+    plain.ForwardStep(tokens.narrow(1, 0, 5), plain_cache, 0);
+    expanded.ForwardStep(tokens.narrow(1, 0, 5), expanded_cache, 0);
+    for (int64_t p = 5; p < seq; ++p) {
+      const at::Tensor step = tokens.narrow(1, p, 1);
+      CHECK(at::equal(expanded.ForwardStep(step, expanded_cache, p),
+                      plain.ForwardStep(step, plain_cache, p)));
+    }
+  }
+}
+
 TEST_CASE("A decoder with fused inference kernels refuses params that require grad") {
   testing::LoadedModel m = LoadFixture("qwen3");
   m.params.at("model.norm.weight").requires_grad_(true);

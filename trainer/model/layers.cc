@@ -436,7 +436,7 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   }
   const Visibility visible = Visible(ctx, s, t, x.device());
   at::Tensor out;  // [B, S, heads * vd]
-  if (ctx.cache != nullptr && s == 1 && ctx.kernels == Kernels::kFused) {
+  if (ctx.cache != nullptr && s == 1 && ctx.kernels == Kernels::kFused && ctx.latent_mla_decode) {
     const at::Tensor cached = ctx.cache->latent_pe.narrow(0, 0, b).narrow(1, 0, t);
     out = LatentAttention(w, c, q_pass, q_rot, cached, visible, selected);
   } else {

@@ -138,13 +138,16 @@ struct AttentionContext {
   at::Tensor position;              // device-side position: Note [Decode at a device position]
   at::Tensor key_mask;              // [1, T] bool, with `position`
   Kernels kernels = Kernels::kLibTorch;  // the Decoder's (Note [Inference kernels]): RoPE
+  // With Kernels::kFused: MLA decode steps attend in the latent space (Note [MLA decode in the
+  // latent space] in layers.cc); false keeps the expanded keys and values of training.
+  bool latent_mla_decode = true;
 };
 
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
                         const AttentionContext& ctx);
 
-// A decode step with a cache (one new position) and Kernels::kFused attends in the latent space
-// (Note [MLA decode in the latent space] in layers.cc).
+// A decode step with a cache (one new position), Kernels::kFused and ctx.latent_mla_decode attends
+// in the latent space (Note [MLA decode in the latent space] in layers.cc).
 // `topk` carries the DSA selection between layers: a layer with its own indexer overwrites it, a
 // shared layer reads it. It stays undefined while every key is selected (T <= index_topk), in
 // which case DSA equals dense causal attention and no mask is built.

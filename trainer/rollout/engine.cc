@@ -191,6 +191,11 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   set_cuda_graphs(true);
 }
 
+void RolloutEngine::set_latent_mla_decode(bool on) {
+  decoder_->set_latent_mla_decode(on);
+  set_cuda_graphs(uses_cuda_graphs());
+}
+
 void RolloutEngine::set_cuda_graphs(bool on) {
   graphs_.reset();
   if (!on || !device_.is_cuda() || !decoder_->decode_step_capturable()) return;

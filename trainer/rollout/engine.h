@@ -172,6 +172,9 @@ class RolloutEngine {
   void set_cuda_graphs(bool on);
   // True when the next decode steps replay CUDA graphs.
   bool uses_cuda_graphs() const { return graphs_ != nullptr; }
+  // MLA models: decode steps in the latent space (on by default) or over expanded keys and values
+  // (model::Decoder::set_latent_mla_decode); graphs captured so far are dropped.
+  void set_latent_mla_decode(bool on);
 
   // Cache positions a decode step at `position` attends over (Note [Rollout decode steps]).
   static constexpr int64_t kKeyBlock = 64;
