@@ -27,6 +27,11 @@ struct ParamSpec {
   // -1 for a param every rank holds whole.
   int64_t tp_dim = -1;
   int64_t tp_start = 0;
+  // How many TP ranks hold these same values (1 for a slice of its own; TP for a replicated param;
+  // TP / kv_heads for key/value heads fewer than TP), and whether a lower TP rank among them does:
+  // the gradient norm counts such values once, on the lowest.
+  int64_t tp_replicas = 1;
+  bool tp_duplicate = false;
 
   int64_t numel() const {
     int64_t n = 1;

@@ -82,9 +82,16 @@ std::map<RegionTag, int64_t> DistributedOptimizer::StorageBytes(
 DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_in_use_order,
                                            Communicator& comm, at::ScalarType param_dtype,
                                            c10::Device device, AdamOptions options,
-                                           const Allocator& allocate, Communicator* expert_comm)
-    : comm_(comm), device_(device), options_(options), allocate_(allocate) {
+                                           const Allocator& allocate, Communicator* expert_comm,
+                                           Communicator* tensor_comm)
+    : comm_(comm),
+      tensor_comm_(tensor_comm != nullptr && tensor_comm->size() > 1 ? tensor_comm : nullptr),
+      device_(device),
+      options_(options),
+      allocate_(allocate) {
   const at::ScalarType grad_dtype = param_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  std::unordered_map<std::string, bool> duplicate;  // Note [Tensor-parallel grad norm]
+  for (const ParamSpec& p : params_in_use_order) duplicate[p.name] = p.tp_duplicate;
   int64_t state_numel = 0;
   for (BufferKind kind : kBufferKinds) {
     Buffer& buffer = buffers_[Index(kind)];
@@ -102,6 +109,16 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_
           data, entry.shape, [owner](void*) {}, owner.options());
       view.set_requires_grad(true);
       params_.emplace(entry.name, view);
+    }
+    for (const ShardSegment& segment : buffer.segments) {
+      if (tensor_comm_ == nullptr || !duplicate.at(buffer.layout.entries[segment.entry].name)) {
+        continue;
+      }
+      if (!buffer.norm_mask.defined()) {
+        buffer.norm_mask = at::ones({buffer.layout.shard_numel()},
+                                    at::TensorOptions().dtype(grad_dtype).device(device_));
+      }
+      buffer.norm_mask.narrow(0, segment.shard_offset, segment.numel).zero_();
     }
   }
   state_ = allocate_(RegionTag::kOptimizer, state_numel, grad_dtype);
@@ -132,6 +149,16 @@ void DistributedOptimizer::InitMastersFromParams() {
     state[2].zero_();
   }
   step_ = 0;
+}
+
+at::Tensor DistributedOptimizer::grad(const std::string& name) const {
+  for (const Buffer& buffer : buffers_) {
+    for (const BufferEntry& entry : buffer.layout.entries) {
+      if (entry.name == name) return buffer.grads.narrow(0, entry.offset, entry.numel).view(entry.shape);
+    }
+  }
+  RL_CHECK(false, Error, "optimizer: no trained param {}", name);
+  return {};
 }
 
 void DistributedOptimizer::AccumulateGrads() {
@@ -186,11 +213,13 @@ StepStats DistributedOptimizer::Step() {
   const bool fused = options_.fused.value_or(device_.is_cuda());
   at::Tensor sum_sq = at::zeros({1}, state_.options().dtype(at::kDouble));
   for (Buffer& buffer : buffers_) {
-    const at::Tensor grad = Shard(buffer.grads, buffer);
+    at::Tensor grad = Shard(buffer.grads, buffer);
+    if (buffer.norm_mask.defined()) grad = grad * buffer.norm_mask;
     sum_sq += fused ? at::linalg_vector_norm(grad, 2).to(at::kDouble).square()
                     : grad.to(at::kDouble).square().sum();
   }
   comm_.AllReduce(sum_sq, ReduceOp::kSum);
+  if (tensor_comm_ != nullptr) tensor_comm_->AllReduce(sum_sq, ReduceOp::kSum);
   const at::Tensor grad_norm = sum_sq.sqrt();
   StepStats stats;
   ++step_;

@@ -19,6 +19,14 @@
 // scaling, so a run at EP > 1 trains as the same run at EP = 1. The grad norm adds both buffers'
 // squares over the world: every element of both is owned by exactly one rank.
 //
+// Note [Tensor-parallel grad norm]
+// Under tensor parallelism the optimizer of a rank holds its TP rank's params (slices, and the
+// params every TP rank holds whole) and is sharded over the DP group of that TP rank. The grad
+// norm sums the squares over DP, then over TP, counting each value once: a param held by several
+// TP ranks (ParamSpec::tp_duplicate) is left out on all but the lowest, as Megatron does. Their
+// gradients must already be equal over those ranks (the caller sums the partial ones first: Note
+// [Tensor-parallel gradients] in trainer/model/tensor_parallel.h).
+//
 // One step (Step()): reduce-scatter the grad buffers (mean over DP) into the owned shard; global
 // grad norm (all-reduce of the sum of squares) and clipping; AdamW on the owned shard (torch's
 // AdamW arithmetic: decoupled weight decay, bias-corrected moments; no weight decay for biases
@@ -115,10 +123,12 @@ class DistributedOptimizer {
   // rl::Error). `param_dtype`: dtype of the param buffers (the model's compute dtype).
   // `comm`: the data-parallel group (every rank of the job while TP = PP = CP = 1).
   // `expert_comm`: the expert data-parallel group of the routed-expert buffer (Note [Expert
-  // gradients]); null: `comm`.
+  // gradients]); null: `comm`. `tensor_comm`: the tensor-parallel group the grad norm also sums
+  // over (Note [Tensor-parallel grad norm]); null without TP.
   DistributedOptimizer(const std::vector<ParamSpec>& params_in_use_order, Communicator& comm,
                        at::ScalarType param_dtype, c10::Device device, AdamOptions options,
-                       const Allocator& allocate, Communicator* expert_comm = nullptr);
+                       const Allocator& allocate, Communicator* expert_comm = nullptr,
+                       Communicator* tensor_comm = nullptr);
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
@@ -141,6 +151,10 @@ class DistributedOptimizer {
 
   // Masters := the owned slice of the param buffer, in fp32 (fresh runs, after loading weights).
   void InitMastersFromParams();
+
+  // The fp32 gradient of param `name` in its grad buffer, a view to read or update in place
+  // (meaningful after AccumulateGrads: Note [Lazy grad zeroing]).
+  at::Tensor grad(const std::string& name) const;
 
   // Adds each param's .grad into the grad buffer (fp32) and clears .grad. Call after every
   // micro-batch's backward.
@@ -194,6 +208,9 @@ class DistributedOptimizer {
     std::vector<ShardSegment> segments;  // of this rank's shard
     at::Tensor params;                   // [numel] param dtype
     at::Tensor grads;                    // [numel] fp32
+    // [shard] fp32, 0 over the elements the grad norm leaves to another TP rank and 1 elsewhere
+    // (Note [Tensor-parallel grad norm]); undefined when it counts every element.
+    at::Tensor norm_mask;
   };
   static size_t Index(BufferKind kind) { return static_cast<size_t>(kind); }
   at::Tensor Shard(const at::Tensor& flat, const Buffer& buffer) const;
@@ -206,6 +223,7 @@ class DistributedOptimizer {
   void ApplyFusedAdamW(double lr, const std::optional<at::Tensor>& grad_scale);
 
   Communicator& comm_;
+  Communicator* tensor_comm_ = nullptr;  // null without TP
   c10::Device device_;
   AdamOptions options_;
   Allocator allocate_;

@@ -31,14 +31,8 @@ weight_tol=1e-6
 norm_tol=1e-5
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
-run() {  # run NP NAME FLAGS...: true when the trainer exits 0
-  local np="$1" name="$2"
-  shift 2
-  "$here/mpi_run.sh" "$np" "$trainer" --metrics-out "$tmp/$name.jsonl" \
-    --actor-num-gpus-per-node "$np" "$@" > "$tmp/$name.log" 2>&1 ||
-    { tail -n 30 "$tmp/$name.log"; return 1; }
-}
-grad_norms() { sed -n 's/.*"grad_norm":\([-0-9.e+]*\).*/\1/p' "$tmp/$1.jsonl"; }
+# shellcheck source=tests/parallel_train_compare.sh
+. "$here/parallel_train_compare.sh"
 
 case "$mode" in
   train)
@@ -58,24 +52,7 @@ case "$mode" in
           continue
         fi
         grep -q "parallel layout: EP $ep" "$tmp/$run_name.log" || fail "$run_name: no EP layout"
-        if ! "$compare" "$tmp/$name.np1" "$tmp/$run_name" --tolerance "$weight_tol" \
-            > "$tmp/$run_name.compare"; then
-          tail -n 5 "$tmp/$run_name.compare"
-          fail "$run_name: weights differ from -np 1 by more than $weight_tol"
-        fi
-        if ! python3 - "$norm_tol" <(grad_norms "$name.np1") <(grad_norms "$run_name") <<'PY'
-import sys
-tol = float(sys.argv[1])
-a = [float(x) for x in open(sys.argv[2])]
-b = [float(x) for x in open(sys.argv[3])]
-worst = max((abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b)), default=float("inf"))
-print(f"grad norms {a} vs {b}: largest relative difference {worst:.2e}")
-sys.exit(0 if len(a) == len(b) == 3 and worst <= tol else 1)
-PY
-        then
-          fail "$run_name: grad norms differ from -np 1"
-        fi
-        echo "$run_name: $(tail -n 1 "$tmp/$run_name.compare")"
+        compare_with_np1 "$name.np1" "$run_name"
       done
     done
     ;;

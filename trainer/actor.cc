@@ -62,8 +62,9 @@ double LogProbTemperature(const config::Config& c) {
   return c.rollout.rollout_temperature > 0 ? c.rollout.rollout_temperature : 1.0;
 }
 
+// `multiple`: the forward's positions (max_len - 1) are padded to a multiple of it.
 MicroBatch Pack(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
-                c10::Device device) {
+                c10::Device device, int64_t multiple) {
   MicroBatch mb;
   int64_t max_len = 0;
   for (int64_t i : indices) {
@@ -73,6 +74,7 @@ MicroBatch Pack(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& 
     max_len = std::max<int64_t>(max_len, s.tokens.size());
     mb.max_response = std::max(mb.max_response, s.response_length);
   }
+  max_len = 1 + (max_len - 1 + multiple - 1) / multiple * multiple;
   at::Tensor tokens = at::zeros({static_cast<int64_t>(indices.size()), max_len}, at::kLong);
   for (size_t row = 0; row < indices.size(); ++row) {
     const rl_algo::Sample& s = batch.samples[indices[row]];
@@ -197,9 +199,25 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
                trained_numel, split.trained.size(), split.extras.size(), split.frozen.size(),
                config::NameOf(c.model.params_dtype));
   optimizer_ = std::make_unique<optimizer::DistributedOptimizer>(
-      split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate, &groups.expert_dp());
+      split.trained, comm_, dtype_, device_, AdamOptionsFrom(c), allocate, &groups.expert_dp(),
+      groups.tp());
+  // Megatron runs MoE layers under TP with sequence parallelism only.
+  const bool sequence_parallel =
+      groups.tp() != nullptr && (c.parallel.sequence_parallel || model_.is_moe());
+  RL_CHECK(!sequence_parallel || !c.rl.use_routing_replay, ConfigError,
+           "--use-routing-replay / --use-rollout-routing-replay do not run under sequence "
+           "parallelism yet (--tensor-model-parallel-size {} with {})",
+           groups.tp_size(), model_.is_moe() ? "an MoE model" : "--sequence-parallel");
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors(), model::Kernels::kLibTorch,
-                                              groups.ep());
+                                              groups.ep(), groups.tp(), sequence_parallel);
+  if (groups.tp() != nullptr) {
+    tp_grads_ = std::make_unique<model::TensorParallelGrads>(split.trained, sequence_parallel,
+                                                             *groups.tp());
+    if (sequence_parallel) seq_multiple_ = groups.tp_size();
+    spdlog::info("actor: tensor parallel {}{}; {} params' partial gradients summed over TP",
+                 groups.tp_size(), sequence_parallel ? " with sequence parallelism" : "",
+                 tp_grads_->size());
+  }
   RL_CHECK(!resolved_.config.rl.use_routing_replay || !model_.moe_layers().empty(), ConfigError,
            "--use-routing-replay / --use-rollout-routing-replay need a model with MoE layers");
 }
@@ -237,8 +255,7 @@ void Actor::LoadInitialWeights() {
   const config::ModelOptions& m = resolved_.config.model;
   model::TensorMap all = AllTensors();
   if (m.init == config::InitMode::kRandom) {
-    model::InitParamsRandom(specs_, all, static_cast<uint64_t>(resolved_.config.run.seed),
-                            model_.expert_shard);
+    model::InitParamsRandom(model_, all, static_cast<uint64_t>(resolved_.config.run.seed));
   } else {
     model::LoadParams(model::CheckpointReader::Open(m.hf_checkpoint), model_, all);
   }
@@ -257,7 +274,7 @@ PerMicroBatch Actor::ComputeLogProbs(const rl_algo::RolloutBatch& batch, const T
   if (record != nullptr) record->clear();
   for (const auto& step : plan.steps) {
     for (const std::vector<int64_t>& indices : step) {
-      const MicroBatch mb = Pack(batch, indices, device_);
+      const MicroBatch mb = Pack(batch, indices, device_, seq_multiple_);
       const int64_t len = mb.tokens.size(1);
       LayerRouting recorded;
       {
@@ -340,7 +357,7 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
 
     at::Tensor metric_sums;
     for (const std::vector<int64_t>& indices : step) {
-      const MicroBatch mb = Pack(batch, indices, device_);
+      const MicroBatch mb = Pack(batch, indices, device_, seq_multiple_);
       const int64_t width = mb.max_response;
       const at::Tensor loss_mask =
           PackField<int>(batch, indices, width, [](const rl_algo::Sample& s) -> const auto& {
@@ -419,6 +436,9 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
     }
     metric_sums = metric_sums.to(device_);
     comm_.AllReduce(metric_sums, ReduceOp::kSum);
+    if (tp_grads_ != nullptr) {
+      tp_grads_->Sum([this](const std::string& name) { return optimizer_->grad(name); });
+    }
     const optimizer::StepStats step_stats = optimizer_->Step();
     const rl_algo::LossMetrics metrics = rl_algo::SummarizeLossMetrics(metric_sums.cpu());
     if (result.steps == 0) result.first_step_metrics = metrics;
@@ -449,6 +469,14 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
 
 void Actor::WriteHfCheckpoint(const std::string& dir) const {
   const model::TensorMap all = AllTensors();
+  if (groups_.tp() != nullptr) {
+    // Every rank of each TP group gathers the whole tensors; world rank 0 writes them.
+    const model::TensorMap whole = GatherTensorParallel(all);
+    model::ModelConfig whole_config = model_;
+    whole_config.tensor_shard = {};
+    if (groups_.world().rank() == 0) model::SaveHfCheckpoint(dir, whole_config, whole);
+    return;
+  }
   if (groups_.ep() == nullptr) {
     if (comm_.rank() == 0) model::SaveHfCheckpoint(dir, model_, all);
     return;
@@ -467,10 +495,61 @@ std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size) const {
       .trained;
 }
 
+model::TensorMap Actor::GatherTensorParallel(const model::TensorMap& local) const {
+  Communicator& group = *groups_.tp();
+  // Each TP rank's slice of every param (Note [Tensor shard]).
+  std::vector<std::unordered_map<std::string, ParamSpec>> by_rank(group.size());
+  for (int r = 0; r < group.size(); ++r) {
+    model::ModelConfig config = model_;
+    config.tensor_shard = {r, group.size()};
+    for (ParamSpec& spec : model::ListParams(config)) by_rank[r].emplace(spec.name, spec);
+  }
+  model::TensorMap whole;
+  for (const ParamSpec& spec : specs_) {
+    const at::Tensor& mine = local.at(spec.name);
+    if (spec.tp_dim < 0) {
+      whole.emplace(spec.name, mine);
+      continue;
+    }
+    // An all-gather of equal blocks: each slice padded along tp_dim to the longest (the
+    // vocabulary's last slice holds the remainder), then the ranks' slices put back in place,
+    // once each (key/value heads shared by several ranks come from the lowest of them).
+    const auto dim = static_cast<size_t>(spec.tp_dim);
+    int64_t longest = 0;
+    int64_t extent = 0;
+    for (const auto& specs : by_rank) {
+      const ParamSpec& s = specs.at(spec.name);
+      longest = std::max(longest, s.shape[dim]);
+      extent = std::max(extent, s.tp_start + s.shape[dim]);
+    }
+    std::vector<int64_t> block_shape = spec.shape;
+    block_shape[dim] = longest;
+    at::Tensor block = at::zeros(block_shape, mine.options());
+    block.narrow(spec.tp_dim, 0, spec.shape[dim]).copy_(mine);
+    at::Tensor blocks = at::empty({group.size() * block.numel()}, mine.options());
+    group.AllGather(block.view({-1}), blocks);
+    std::vector<int64_t> whole_shape = spec.shape;
+    whole_shape[dim] = extent;
+    at::Tensor out = at::empty(whole_shape, mine.options());
+    for (int r = 0; r < group.size(); ++r) {
+      const ParamSpec& s = by_rank[r].at(spec.name);
+      if (s.tp_duplicate) continue;
+      const at::Tensor theirs = blocks.narrow(0, r * block.numel(), block.numel())
+                                    .view(block_shape)
+                                    .narrow(spec.tp_dim, 0, s.shape[dim]);
+      out.narrow(spec.tp_dim, s.tp_start, s.shape[dim]).copy_(theirs);
+    }
+    whole.emplace(spec.name, out);
+  }
+  return whole;
+}
+
 void Actor::SaveHf(const std::string& dir) const {
   WriteHfCheckpoint(dir);
-  if (comm_.rank() == 0) spdlog::info("saved the actor as a Hugging Face checkpoint in {}", dir);
-  comm_.Barrier();
+  if (groups_.world().rank() == 0) {
+    spdlog::info("saved the actor as a Hugging Face checkpoint in {}", dir);
+  }
+  groups_.world().Barrier();
 }
 
 }  // namespace rl

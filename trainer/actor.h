@@ -35,6 +35,7 @@
 #include "trainer/model/decoder.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/params.h"
+#include "trainer/model/tensor_parallel.h"
 #include "trainer/parallel_groups.h"
 #include "trainer/rl/losses.h"
 #include "trainer/rl/rollout_data.h"
@@ -97,8 +98,11 @@ class Actor {
                                                    const model::ModelConfig& model, int dp_size,
                                                    int expert_dp_size = 0);
 
-  // `model` holds this rank's experts (model.expert_shard, Note [Expert shard]) and `groups` has
-  // the matching expert groups; forwards are collectives over the EP group.
+  // `model` holds this rank's experts (model.expert_shard, Note [Expert shard]) and slices
+  // (model.tensor_shard, Note [Tensor shard]), and `groups` has the matching groups; forwards are
+  // collectives over the EP or TP group. Under TP the ranks of a TP group train on the same
+  // samples (their DP rank's), with sequence parallelism when --sequence-parallel or the model is
+  // MoE.
   Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
         const ParallelGroups& groups, c10::Device device, const optimizer::Allocator& allocate);
 
@@ -117,8 +121,9 @@ class Actor {
   // Every model tensor by name, this rank's experts only (the backuper's, the engine's).
   model::TensorMap AllTensors() const;
   // Writes the weights into `dir` as a Hugging Face checkpoint of the whole model (config.json
-  // included, every expert): rank 0 alone, or under expert parallelism the ranks together (Note
-  // [Expert-parallel saves] in trainer/model/params.h). Collective over the DP group.
+  // included, every expert): rank 0 alone, under expert parallelism the ranks together (Note
+  // [Expert-parallel saves] in trainer/model/params.h), under tensor parallelism rank 0 after
+  // gathering the slices over TP. Collective over the world.
   void WriteHfCheckpoint(const std::string& dir) const;
   // The trained params, in use order, of this model with its experts spread over `ep_size` ranks
   // (what the optimizer of such a job lays out; for resharding checkpoints).
@@ -150,6 +155,9 @@ class Actor {
   void SaveHf(const std::string& dir) const;
 
  private:
+  // Under TP: every param whole, its slices gathered from the TP group. Collective over it.
+  model::TensorMap GatherTensorParallel(const model::TensorMap& local) const;
+
   const config::ResolvedConfig& resolved_;
   model::ModelConfig model_;
   const ParallelGroups& groups_;
@@ -161,6 +169,11 @@ class Actor {
   model::TensorMap extras_;
   model::TensorMap frozen_;
   std::unique_ptr<model::Decoder> decoder_;
+  // Under TP: the partial gradients summed before each step (Note [Tensor-parallel gradients]).
+  std::unique_ptr<model::TensorParallelGrads> tp_grads_;
+  // Under sequence parallelism the micro-batch's positions (batch x seq) must divide by TP:
+  // sequences are right-padded to a multiple of this.
+  int64_t seq_multiple_ = 1;
   rl_algo::LossOptions loss_options_;
 };
 

@@ -100,6 +100,7 @@ class ColocatedCycle {
       : resolved_(resolved),
         c_(resolved.config),
         comm_(groups.dp()),
+        world_(groups.world()),
         regions_(regions),
         rollout_(std::move(rollout)),
         train_only_data_(rollout_ ? nullptr : MakeReplayRollout(resolved)),
@@ -131,7 +132,7 @@ class ColocatedCycle {
       SyncWeights();
       rollout_->WakeKvCache();
     }
-    if (comm_.rank() == 0 && !c_.logging.metrics_out.empty()) {
+    if (world_.rank() == 0 && !c_.logging.metrics_out.empty()) {
       // A resumed run continues the file of the run it resumes.
       metrics_ =
           MetricsWriter(c_.logging.metrics_out, c_.logging.load.empty() ? MetricsFileMode::kTruncate
@@ -146,7 +147,7 @@ class ColocatedCycle {
   void RunIteration(int64_t iteration) {
     phase_seconds_.clear();
     spdlog::info("iteration {} / {}", iteration + 1, c_.run.num_rollout);
-    SetFaultContext(comm_.rank(), iteration + 1);  // Note [Fault injection]
+    SetFaultContext(world_.rank(), iteration + 1);  // Note [Fault injection]
     const rl_algo::RolloutBatch batch = Phase("rollout", [&] { return Generate(iteration); });
     if (colocated()) {
       Phase("rollout_sleep", [&] { rollout_->Sleep(); });
@@ -179,7 +180,7 @@ class ColocatedCycle {
           if (r2 && !r3) replay.experts = std::move(recorded);
           return log_probs;
         });
-    MaybeInjectFault(FaultPoint::kTrain, comm_.rank(), iteration + 1);
+    MaybeInjectFault(FaultPoint::kTrain, world_.rank(), iteration + 1);
     const TrainResult result = Phase(
         "train", [&] { return actor_.Train(batch, plan, old_log_probs, ref_log_probs, &replay); });
     CheckFirstStepKl(result);
@@ -197,7 +198,7 @@ class ColocatedCycle {
 
   // --save-debug-rollout-data and --save-hf.
   void Finish() {
-    if (!c_.data.save_debug_rollout_data.empty() && comm_.rank() == 0) {
+    if (!c_.data.save_debug_rollout_data.empty() && world_.rank() == 0) {
       rl_algo::WriteRolloutData(c_.data.save_debug_rollout_data, recorded_);
     }
     if (c_.logging.save_hf.empty()) return;
@@ -206,7 +207,7 @@ class ColocatedCycle {
       backuper_->Restore(backup::kActorTag);
     }
     actor_.SaveHf(c_.logging.save_hf);
-    if (comm_.rank() == 0) {
+    if (world_.rank() == 0) {
       // The resolved config travels with the weights it produced.
       WriteFileAtomically(c_.logging.save_hf + "/trainer_config.toml", config::DumpToml(c_));
     }
@@ -400,7 +401,8 @@ class ColocatedCycle {
 
   const config::ResolvedConfig& resolved_;
   const config::Config& c_;
-  Communicator& comm_;
+  Communicator& comm_;   // the data-parallel group
+  Communicator& world_;  // every rank: its rank 0 writes the files
   memory::RegionManager& regions_;
   std::unique_ptr<Rollout> rollout_;          // null with --debug-train-only
   std::unique_ptr<Rollout> train_only_data_;  // the recorded data, with --debug-train-only only

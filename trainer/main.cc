@@ -134,16 +134,24 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
            "--device cuda but this host has no CUDA device; use --device auto or cpu");
   std::unique_ptr<Communicator> comm = CreateCommunicator(
       session, device, CommOptions{std::chrono::seconds(cfg.parallel.comm_timeout_s)});
-  // Checked here, before any rank generates: every rank trains on an equal share of each step.
-  RL_CHECK(cfg.rollout.global_batch_size % comm->size() == 0, ConfigError,
-           "--global-batch-size {} is not a multiple of the {} data-parallel ranks (mpirun -np)",
-           cfg.rollout.global_batch_size, comm->size());
   const std::vector<RankInfo> layout = GatherRankLayout(session, device);
   spdlog::info("rank layout ({} ranks, backend {}):\n{}", session.world_size(), comm->backend(),
                FormatRankLayout(layout));
-  // Note [Rank grid]: the expert groups, and this rank's experts.
-  const ParallelGroups groups(*comm, static_cast<int>(cfg.parallel.expert_model_parallel_size));
+  // Note [Rank grid]: the tensor- and expert-parallel groups, and this rank's slices and experts.
+  const ParallelGroups groups(*comm, static_cast<int>(cfg.parallel.tensor_model_parallel_size),
+                              static_cast<int>(cfg.parallel.expert_model_parallel_size));
+  // Checked here, before any rank generates: every DP rank trains on an equal share of each step.
+  RL_CHECK(cfg.rollout.global_batch_size % groups.dp().size() == 0, ConfigError,
+           "--global-batch-size {} is not a multiple of the {} data-parallel ranks (mpirun -np / "
+           "--tensor-model-parallel-size)",
+           cfg.rollout.global_batch_size, groups.dp().size());
   model::ModelConfig model = LoadArchitecture(cfg.model);
+  if (groups.tp_size() > 1) {
+    // Note [Tensor shard]: ListParams checks that the heads and features divide.
+    model.tensor_shard = groups.tensor_shard();
+    spdlog::info("parallel layout: {}; this rank holds tensor-parallel slice {} of {}",
+                 groups.Describe(), groups.tp_rank(), groups.tp_size());
+  }
   if (groups.ep_size() > 1) {
     RL_CHECK(model.is_moe() && model.n_routed_experts % groups.ep_size() == 0, ConfigError,
              "--expert-model-parallel-size {} needs an MoE model whose expert count it divides; "

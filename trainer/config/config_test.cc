@@ -154,22 +154,36 @@ TEST_CASE("options that validate but cannot run yet: marked in --help, listed by
   std::ostringstream out;
   ParseCommandLine({"--help"}, out);
   const std::string help = out.str();
-  const size_t tp = help.find("--tensor-model-parallel-size");
-  REQUIRE(tp != std::string::npos);
-  CHECK(help.find("only the default runs yet", tp) < help.find("--pipeline-model-parallel-size"));
+  const size_t pp = help.find("--pipeline-model-parallel-size");
+  REQUIRE(pp != std::string::npos);
+  CHECK(help.find("only the default runs yet", pp) < help.find("--decoder-last-pipeline-num-layers"));
   CHECK(Contains(help, "One of: auto, cuda, cpu."));
 
   CHECK(NotRunnable(Config{}).empty());
   Config c;
-  c.parallel.tensor_model_parallel_size = 8;
+  c.parallel.pipeline_model_parallel_size = 8;
   c.optimizer.optimizer_cpu_offload = true;
   c.rl.compute_advantages_and_returns = false;
   c.rollout.rollout_batch_size = 3;  // runnable with any value
   const std::vector<std::string> expected = {
-      "--tensor-model-parallel-size 8: only 1 runs yet",
+      "--pipeline-model-parallel-size 8: only 1 runs yet",
       "--optimizer-cpu-offload true: only false runs yet",
       "--compute-advantages-and-returns false: only true runs yet"};
   CHECK(NotRunnable(c) == expected);
+}
+
+TEST_CASE("tensor parallelism runs --debug-train-only without trainer checkpoints, by NotRunnable") {
+  Config c;
+  c.parallel.tensor_model_parallel_size = 2;
+  c.colocate.debug_train_only = true;
+  CHECK(NotRunnable(c).empty());
+  c.logging.save = "ckpt";
+  REQUIRE(NotRunnable(c).size() == 1);
+  CHECK(Contains(NotRunnable(c)[0], "--tensor-model-parallel-size 2 with --save / --load"));
+  c.logging.save.clear();
+  c.colocate.debug_train_only = false;
+  REQUIRE(NotRunnable(c).size() == 1);
+  CHECK(Contains(NotRunnable(c)[0], "runs with --debug-train-only only yet"));
 }
 
 TEST_CASE("the removed --disable-weights-backuper fails and says what replaced it") {

@@ -73,7 +73,7 @@ const char* NameOf(Enum value) {
 // run with any value other than their default yet. --help marks them; the trainer refuses to
 // run with them (NotRunnable in trainer/config/config.h).
 inline constexpr const char* kNotRunnableYet[] = {
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+    "pipeline_model_parallel_size", "context_parallel_size",
     "expert_tensor_parallel_size", "lora_rank",
     "overlap_param_gather", "use_distributed_optimizer", "use_precision_aware_optimizer",
     "optimizer_cpu_offload", "debug_disable_optimizer", "debug_rollout_only", "keep_old_actor",
@@ -105,6 +105,7 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(int64_t, context_parallel_size, 1, "Context parallel size (CP).")                              \
   X(int64_t, expert_model_parallel_size, 1, "Expert parallel size (EP).")                          \
   X(int64_t, expert_tensor_parallel_size, 1, "Expert tensor parallel size (ETP).")                 \
+  X(bool, sequence_parallel, false, "Under TP: norms, residuals and the router on 1/TP of the tokens (all-gather before, reduce-scatter after the tensor-parallel layers); always on for MoE models at TP > 1.") \
   X(bool, use_distributed_optimizer, true, "ZeRO-1: shard fp32 masters and Adam moments over DP.") \
   X(bool, overlap_param_gather, false, "Overlap the param all-gather with the next forward.")      \
   X(int64_t, comm_timeout_s, 600, "Timeout of every collective, seconds; a late rank ends the job.")

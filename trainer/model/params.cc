@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "launch/atomic_file.h"
@@ -53,15 +54,21 @@ constexpr std::string_view kDownSuffix = ".experts.down_proj";
 
 std::vector<ParamSpec> ListParams(const ModelConfig& c) {
   std::vector<ParamSpec> out;
-  auto add = [&out](std::string name, std::vector<int64_t> shape,
-                    ParamRole role = ParamRole::kDense) {
-    out.push_back({std::move(name), std::move(shape), role});
-  };
-  // Note [Tensor shard]: `whole` shape, this rank's `slice` of it along `dim`.
+  // Note [Tensor shard]: a param every TP rank holds whole.
   const int64_t tp = c.tensor_shard.size;
-  auto add_split = [&](std::string name, std::vector<int64_t> whole, int64_t dim, HeadRange slice) {
+  auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role = ParamRole::kDense) {
+    out.push_back({std::move(name), std::move(shape), role});
+    out.back().tp_replicas = tp;
+    out.back().tp_duplicate = c.tensor_shard.rank > 0;
+  };
+  // `whole` shape, this rank's `slice` of it along `dim`, held by `replicas` TP ranks (key/value
+  // heads fewer than TP).
+  auto add_split = [&](std::string name, std::vector<int64_t> whole, int64_t dim, HeadRange slice,
+                       int64_t replicas = 1) {
     if (tp > 1) whole[static_cast<size_t>(dim)] = slice.count;
     add(std::move(name), std::move(whole));
+    out.back().tp_replicas = replicas;
+    out.back().tp_duplicate = c.tensor_shard.rank % replicas != 0;
     if (tp > 1) {
       out.back().tp_dim = dim;
       out.back().tp_start = slice.first;
@@ -88,12 +95,13 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
       const HeadRange q_rows = even(heads, d, "attention heads");
       const HeadRange kv_heads = KvHeadsOf(kv, c.tensor_shard.rank, tp);
       const HeadRange kv_rows{kv_heads.first * d, kv_heads.count * d};
+      const int64_t kv_replicas = kv % tp == 0 ? 1 : tp / kv;
       add_split(a + "q_proj.weight", {heads * d, h}, 0, q_rows);
       if (c.attention_bias) add_split(a + "q_proj.bias", {heads * d}, 0, q_rows);
-      add_split(a + "k_proj.weight", {kv * d, h}, 0, kv_rows);
-      if (c.attention_bias) add_split(a + "k_proj.bias", {kv * d}, 0, kv_rows);
-      add_split(a + "v_proj.weight", {kv * d, h}, 0, kv_rows);
-      if (c.attention_bias) add_split(a + "v_proj.bias", {kv * d}, 0, kv_rows);
+      add_split(a + "k_proj.weight", {kv * d, h}, 0, kv_rows, kv_replicas);
+      if (c.attention_bias) add_split(a + "k_proj.bias", {kv * d}, 0, kv_rows, kv_replicas);
+      add_split(a + "v_proj.weight", {kv * d, h}, 0, kv_rows, kv_replicas);
+      if (c.attention_bias) add_split(a + "v_proj.bias", {kv * d}, 0, kv_rows, kv_replicas);
       if (c.use_qk_norm) {
         add(a + "q_norm.weight", {d});
         add(a + "k_norm.weight", {d});
@@ -237,33 +245,53 @@ TensorMap AllocateParams(const std::vector<ParamSpec>& specs, at::ScalarType dty
   return out;
 }
 
-void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed,
-                      const ModelConfig::ExpertShard& shard) {
+namespace {
+
+// The values InitParamsRandom gives the whole param `s`, drawn from `gen` for matrices.
+at::Tensor InitialValues(const ParamSpec& s, at::Generator& gen) {
+  const bool norm_weight = EndsWith(s.name, "norm.weight");
+  const bool bias = EndsWith(s.name, ".bias") || EndsWith(s.name, "e_score_correction_bias");
+  if (norm_weight) return at::ones(s.shape, at::kFloat);
+  if (bias || s.shape.size() < 2) return at::zeros(s.shape, at::kFloat);
+  at::Tensor values = at::empty(s.shape, at::kFloat);
+  values.normal_(0.0, 0.02, gen);
+  return values;
+}
+
+at::Tensor& TensorFor(TensorMap& params, const std::string& name) {
+  auto it = params.find(name);
+  RL_CHECK(it != params.end(), Error, "InitParamsRandom: no tensor for parameter {}", name);
+  return it->second;
+}
+
+}  // namespace
+
+void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  for (const ParamSpec& s : specs) {
-    auto it = params.find(s.name);
-    RL_CHECK(it != params.end(), Error, "InitParamsRandom: no tensor for parameter {}", s.name);
-    at::Tensor& t = it->second;
-    const bool norm_weight = EndsWith(s.name, "norm.weight");
-    const bool bias = EndsWith(s.name, ".bias") || EndsWith(s.name, "e_score_correction_bias");
-    at::NoGradGuard no_grad;
-    if (norm_weight) {
-      t.fill_(1.0);
-    } else if (bias || s.shape.size() < 2) {
-      t.zero_();
-    } else if (s.role == ParamRole::kRoutedExpert && shard.size > 1) {
-      // Every expert's values are drawn, so that the generator advances as for the whole model
-      // and this shard's rows equal those rows of the whole model's (Note [Expert shard]).
-      std::vector<int64_t> whole = s.shape;
-      whole[0] *= shard.size;
-      at::Tensor values = at::empty(whole, at::kFloat);
-      values.normal_(0.0, 0.02, gen);
-      t.copy_(values.narrow(0, shard.rank * s.shape[0], s.shape[0]));
-    } else {
-      at::Tensor values = at::empty(s.shape, at::kFloat);
-      values.normal_(0.0, 0.02, gen);
-      t.copy_(values);
+  at::NoGradGuard no_grad;
+  for (const ParamSpec& s : specs) TensorFor(params, s.name).copy_(InitialValues(s, gen));
+}
+
+void InitParamsRandom(const ModelConfig& config, TensorMap& params, uint64_t seed) {
+  ModelConfig whole = config;
+  whole.expert_shard = {};
+  whole.tensor_shard = {};
+  std::unordered_map<std::string, ParamSpec> local;
+  for (ParamSpec& s : ListParams(config)) local.emplace(s.name, std::move(s));
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::NoGradGuard no_grad;
+  // Every whole param is drawn, so that the generator advances as for the whole model and each
+  // slice equals those values of the whole model's (Note [Expert shard], Note [Tensor shard]).
+  for (const ParamSpec& w : ListParams(whole)) {
+    const ParamSpec& s = local.at(w.name);
+    at::Tensor values = InitialValues(w, gen);
+    if (s.role == ParamRole::kRoutedExpert) {
+      values = values.narrow(0, config.first_local_expert(), s.shape[0]);
     }
+    if (s.tp_dim >= 0) {
+      values = values.narrow(s.tp_dim, s.tp_start, s.shape[static_cast<size_t>(s.tp_dim)]);
+    }
+    TensorFor(params, s.name).copy_(values);
   }
 }
 

@@ -85,11 +85,12 @@ TensorMap AllocateParams(const std::vector<ParamSpec>& specs, at::ScalarType dty
 
 // Fills every tensor: normal(0, 0.02) for matrices, ones for norm weights, zeros for biases and
 // e_score_correction_bias. Values are drawn on the CPU in fp32 from one generator seeded with
-// `seed`, in ListParams order, so they do not depend on the device or the dtype's layout. Under
-// an expert `shard`, the stacked experts get their rows of the whole model's values, so the
-// values do not depend on the EP layout either.
-void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed,
-                      const ModelConfig::ExpertShard& shard = {});
+// `seed`, in ListParams order, so they do not depend on the device or the dtype's layout.
+// `specs` are a model's without expert or tensor shards.
+void InitParamsRandom(const std::vector<ParamSpec>& specs, TensorMap& params, uint64_t seed);
+// The params of `config`'s expert and tensor shards (ListParams(config)) get their slices of the
+// whole model's values, drawn as above: the values do not depend on the EP or TP layout either.
+void InitParamsRandom(const ModelConfig& config, TensorMap& params, uint64_t seed);
 
 // Checks that `params` holds exactly the tensors of `specs`, with the right shapes; that the
 // trained ones share one floating dtype and device and the extras are fp32 or fp64. Throws

@@ -289,8 +289,27 @@ TEST_CASE("InitParamsRandom under an expert shard gives the whole model's rows o
       REQUIRE(config.first_local_expert() == rank * 4);
       const std::vector<ParamSpec> specs = ListParams(config);
       TensorMap shard = AllocateParams(specs, at::kFloat, at::kCPU);
-      InitParamsRandom(specs, shard, 42, config.expert_shard);
+      InitParamsRandom(config, shard, 42);
       CheckSameTensors(shard, RowsOfShard(config, whole));
+    }
+  }
+}
+
+TEST_CASE("InitParamsRandom under a tensor shard gives the whole model's slices") {
+  for (const std::string& fixture : FixtureNames()) {
+    const ModelConfig whole_config = LoadModelConfig(FixturePath(fixture));
+    if (whole_config.has_indexer()) continue;  // not taken under TP yet
+    const std::vector<ParamSpec> whole_specs = ListParams(whole_config);
+    TensorMap whole = AllocateParams(whole_specs, at::kFloat, at::kCPU);
+    InitParamsRandom(whole_specs, whole, 42);
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      INFO(fixture << ", TP rank " << rank << " of 2");
+      ModelConfig config = whole_config;
+      config.tensor_shard = {rank, 2};
+      const std::vector<ParamSpec> specs = ListParams(config);
+      TensorMap shard = AllocateParams(specs, at::kFloat, at::kCPU);
+      InitParamsRandom(config, shard, 42);
+      CheckSameTensors(shard, ShardTensorParallel(specs, whole));
     }
   }
 }

@@ -199,4 +199,67 @@ at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor&
                       });
 }
 
+bool TensorParallelPartialGrad(const ParamSpec& spec, bool sequence_parallel) {
+  if (spec.tp_replicas <= 1) return false;  // a slice of its own
+  if (spec.tp_dim >= 0 || sequence_parallel) return true;
+  // Replicated, without sequence parallelism: partial inside the head-parallel attention only.
+  const bool attention = spec.name.find(".self_attn.") != std::string::npos;
+  const bool after_sum = spec.name.find(".o_proj.") != std::string::npos;
+  return attention && !after_sum;
+}
+
+TensorParallelGrads::TensorParallelGrads(const std::vector<ParamSpec>& trained,
+                                         bool sequence_parallel, Communicator& group)
+    : group_(group) {
+  for (const ParamSpec& spec : trained) {
+    if (!TensorParallelPartialGrad(spec, sequence_parallel)) continue;
+    if (spec.tp_dim < 0) {
+      whole_group_.push_back(spec.name);
+      continue;
+    }
+    RL_CHECK(group.size() % spec.tp_replicas == 0, Error,
+             "{} is held by {} of the {} TP ranks, which does not divide them", spec.name,
+             spec.tp_replicas, group.size());
+    shared_.emplace_back(spec.name, group.rank() / spec.tp_replicas);
+    shared_rows_ = group.size() / spec.tp_replicas;
+  }
+}
+
+void TensorParallelGrads::Sum(const std::function<at::Tensor(const std::string&)>& grad_of) const {
+  if (!whole_group_.empty()) {
+    std::vector<at::Tensor> grads;
+    for (const std::string& name : whole_group_) grads.push_back(grad_of(name));
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& g : grads) flat.push_back(g.reshape({-1}));
+    at::Tensor sum = at::cat(flat);
+    group_.AllReduce(sum, ReduceOp::kSum);
+    int64_t offset = 0;
+    for (at::Tensor& g : grads) {
+      g.copy_(sum.narrow(0, offset, g.numel()).view(g.sizes()));
+      offset += g.numel();
+    }
+  }
+  if (!shared_.empty()) {
+    std::vector<at::Tensor> grads;
+    int64_t numel = 0;
+    for (const auto& [name, row] : shared_) {
+      grads.push_back(grad_of(name));
+      numel += grads.back().numel();
+    }
+    at::Tensor rows = at::zeros({shared_rows_, numel}, grads.front().options());
+    int64_t offset = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      rows[shared_[i].second].narrow(0, offset, grads[i].numel()).copy_(grads[i].reshape({-1}));
+      offset += grads[i].numel();
+    }
+    group_.AllReduce(rows, ReduceOp::kSum);
+    offset = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i].copy_(rows[shared_[i].second].narrow(0, offset, grads[i].numel()).view(
+          grads[i].sizes()));
+      offset += grads[i].numel();
+    }
+  }
+}
+
 }  // namespace rl::model

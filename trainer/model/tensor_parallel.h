@@ -22,14 +22,21 @@
 // each mapping, forward and backward, in the same order: they are collectives over the group.
 //
 // A parameter replicated over TP (a norm, a bias of a row-parallel layer) receives a partial
-// gradient on each rank under sequence parallelism (its tokens only); the optimizer sums those
-// over TP. Column-parallel parameters' gradients are complete on their rank.
+// gradient on each rank under sequence parallelism (its tokens only), summed over TP before the
+// optimizer step (Note [Tensor-parallel gradients]). Column-parallel parameters' gradients are
+// complete on their rank.
 #ifndef RL_TRAINER_MODEL_TENSOR_PARALLEL_H_
 #define RL_TRAINER_MODEL_TENSOR_PARALLEL_H_
 
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "launch/communicator.h"
+#include "launch/param_spec.h"
 #include "trainer/model/layers.h"
 #include "trainer/model/model_config.h"
 
@@ -77,6 +84,42 @@ at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor&
 at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor& x,
                                       const AttentionContext& ctx, Communicator& group,
                                       bool sequence_parallel, int64_t batch);
+
+// Note [Tensor-parallel gradients]
+// After the backward, a TP rank's gradient of a param that several TP ranks hold
+// (ParamSpec::tp_replicas > 1) is either
+//  - complete, the same on each of them: without sequence parallelism, whatever acts on the
+//    residual stream every rank holds whole (the layer norms, the final norm, the router and the
+//    experts, o_proj's bias added after the sum), since the mappings' backward all-reduces the
+//    stream's gradient; or
+//  - partial, this rank's share, the whole gradient being the sum over the ranks that hold it:
+//    what acts inside the head-parallel part of attention (Qwen3's q/k norms, MLA's down
+//    projections and their norms, which feed only this rank's heads; key/value heads shared by
+//    several ranks, each of which reads them for its own query heads), and under sequence
+//    parallelism every replicated param (it saw only this rank's tokens).
+// TensorParallelGrads sums the partial ones once per optimizer step, on the grad buffer (as
+// Megatron's finalize_model_grads does for layer norms under sequence parallelism): one
+// all-reduce over TP for the params every TP rank holds, one for the shared key/value heads (each
+// rank's gradient in its head's row of a [TP / replicas, n] tensor, zeros elsewhere).
+bool TensorParallelPartialGrad(const ParamSpec& spec, bool sequence_parallel);
+
+class TensorParallelGrads {
+ public:
+  // `trained`: this rank's trained params (ListParams of its tensor shard); `group`: its TP group.
+  TensorParallelGrads(const std::vector<ParamSpec>& trained, bool sequence_parallel,
+                      Communicator& group);
+  // Replaces each partial gradient by the sum over the ranks that hold its param. `grad_of(name)`
+  // gives the gradient to update in place. Collective over the group.
+  void Sum(const std::function<at::Tensor(const std::string&)>& grad_of) const;
+  // The params Sum adds up, for the log.
+  size_t size() const { return whole_group_.size() + shared_.size(); }
+
+ private:
+  Communicator& group_;
+  std::vector<std::string> whole_group_;                // held by every TP rank
+  std::vector<std::pair<std::string, int64_t>> shared_;  // shared key/value heads: name, row
+  int64_t shared_rows_ = 0;
+};
 
 }  // namespace rl::model
 
