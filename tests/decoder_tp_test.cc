@@ -2,8 +2,9 @@
 // against the whole model on one rank, for every fixture the layers take (dense Qwen3 with tied
 // embeddings, Qwen3-MoE, GLM-4.5, GLM-4.7-Flash and DeepSeek-V3 MLA; not the DSA indexer yet):
 // each rank's vocabulary slice of the logits, the token log-probs and entropy, and the gradient
-// of each rank's slice of the params, with and without sequence parallelism, fp32. Every rank
-// loads the whole fixture and keeps its slices (ShardTensorParallel). Runs at 2 ranks.
+// of each rank's slice of the params, with and without sequence parallelism, fp32; and the
+// KV-cache forwards of the rollout engine. Every rank loads the whole fixture and keeps its slices
+// (ShardTensorParallel). Runs at 2 ranks.
 //
 // Tolerance: 1e-4 of the largest magnitude (fp32; the sharded GEMMs sum in another order).
 #include <ATen/ATen.h>
@@ -73,6 +74,47 @@ TEST_CASE("A tensor-parallel decoder gives the whole model's logits, log-probs a
             spec.tp_dim, spec.tp_start, spec.shape[static_cast<size_t>(spec.tp_dim)]);
         CHECK(Scaled(local.at(spec.name).grad(), want_grad) <= kTolerance);
       }
+    }
+  }
+  CHECK(fixtures >= 5);
+}
+
+// The rollout engine's forwards: a prefill and decode steps over a KV cache of this rank's heads,
+// at host-side and device-side positions, give the whole vocabulary's logits of the whole model
+// (gathered from the vocabulary slices). With Kernels::kFused the MLA steps attend in the latent
+// space, as the engine's do.
+TEST_CASE("A tensor-parallel decoder's KV-cache steps give the whole model's logits") {
+  MpiCommunicator world(rl::testing::Session(), kOptions);
+  int64_t fixtures = 0;
+  for (const std::string& name : testing::FixtureNames()) {
+    const testing::LoadedModel whole = testing::LoadFixture(name);
+    if (whole.config.has_indexer()) continue;  // not taken yet
+    ++fixtures;
+    const at::Tensor tokens =
+        testing::ReferenceTensor(name, "reference.safetensors", "tokens_long");  // [2, 16]
+    const Decoder full(whole.config, whole.params);
+    const at::Tensor want = full.Logits(tokens);
+    ModelConfig config = whole.config;
+    config.tensor_shard = {world.rank(), world.size()};
+    const TensorMap local = ShardTensorParallel(ListParams(config), whole.params);
+    for (const Kernels kernels : {Kernels::kLibTorch, Kernels::kFused}) {
+      INFO(name << ", rank " << world.rank()
+                << (kernels == Kernels::kFused ? ", fused kernels" : ""));
+      const Decoder tp(config, local, kernels, nullptr, &world);
+      const int64_t seq = tokens.size(1);
+      KvCache host = KvCache::Allocate(config, 2, seq, at::kFloat, at::kCPU);
+      KvCache device = KvCache::Allocate(config, 2, seq, at::kFloat, at::kCPU);
+      const RopeTable rope = MakeRopeTable(config, 0, seq, at::kFloat, at::kCPU);
+      std::vector<at::Tensor> by_host = {tp.ForwardStep(tokens.narrow(1, 0, 5), host, 0)};
+      std::vector<at::Tensor> by_device = {tp.ForwardStep(tokens.narrow(1, 0, 5), device, 0)};
+      for (int64_t p = 5; p < seq; ++p) {
+        by_host.push_back(tp.ForwardStep(tokens.narrow(1, p, 1), host, p));
+        by_device.push_back(
+            tp.DecodeStep(tokens.narrow(1, p, 1), at::full({1}, p, at::kLong), seq, rope, device)
+                .unsqueeze(1));
+      }
+      CHECK(Scaled(at::cat(by_host, 1), want) <= kTolerance);
+      CHECK(Scaled(at::cat(by_device, 1), want) <= kTolerance);
     }
   }
   CHECK(fixtures >= 5);

@@ -31,8 +31,8 @@ weight_tol=1e-6
 norm_tol=1e-5
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
-# shellcheck source=tests/parallel_train_compare.sh
-. "$here/parallel_train_compare.sh"
+# shellcheck source=tests/parallel_runs.sh
+. "$here/parallel_runs.sh"
 
 case "$mode" in
   train)
@@ -59,10 +59,6 @@ case "$mode" in
   colocated)
     trainer="$1"
     shift
-    first_rollout() {  # the first metrics line's rollout figures, on one line
-      head -n 1 "$tmp/$1.jsonl" | grep -o '"\(reward_mean\|response_length_mean\)":[^,]*' |
-        tr '\n' ' '
-    }
     for recipe in "$@"; do
       name="$(basename "$recipe" .toml)"
       run 1 "$name.np1" --config "$recipe" --num-rollout 1 || { fail "$name -np 1"; continue; }
@@ -75,19 +71,9 @@ case "$mode" in
         [[ "$(first_rollout "$run_name")" == "$(first_rollout "$name.np1")" ]] ||
           fail "$run_name: first rollout $(first_rollout "$run_name")differs from -np 1's" \
             "$(first_rollout "$name.np1")"
-        checks=$(grep -c "weight update check: .* SHA256-equal" "$tmp/$run_name.log" || true)
-        rebuilds=$(grep -c "rematerialize restore #.* SHA256-identical" "$tmp/$run_name.log" || true)
-        replays=$(grep -c "routing replay check: 0 of [1-9]" "$tmp/$run_name.log" || true)
-        [[ $checks -eq 3 ]] || fail "$run_name: $checks weight update checks (want 3)"
-        if grep -q "^rematerialize_param_from_master_weight = true" "$recipe" &&
-            [[ $rebuilds -ne 3 ]]; then
-          fail "$run_name: $rebuilds verified rebuilds (want 3)"
-        fi
-        if grep -q "^use_rollout_routing_replay = true" "$recipe" && [[ $replays -ne 2 ]]; then
-          fail "$run_name: $replays routing replay checks with 0 differing pairs (want 2)"
-        fi
-        echo "$run_name: $checks weight checks, $rebuilds verified rebuilds, $replays replay" \
-          "checks, first rollout $(first_rollout "$run_name")"
+        ci_checks "$run_name" \
+          "$(grep -q "^rematerialize_param_from_master_weight = true" "$recipe" && echo true)" \
+          "$(grep -q "^use_rollout_routing_replay = true" "$recipe" && echo true)"
       done
     done
     # One row slot per pair of ranks cannot hold a decode step's rows: every rank ends with the

@@ -1,63 +1,110 @@
 #!/usr/bin/env bash
-# Tensor parallelism on CPU ranks (MPI backend), against one rank:
-#   tests/tp_test.sh TRAINER COMPARE DATA DEFAULT_RECIPE RECIPE...
-# Each model trains 3 --debug-train-only iterations, fp32, on the recorded rollout DATA at -np 1,
-# at -np 2 TP 2, at -np 4 TP 2 (DP 2) and at -np 4 TP 4 (key/value heads fewer than 4 replicated).
-# The models: the dense default (Qwen3), also with tied embeddings and with --sequence-parallel,
-# and the MoE *_4layer_ci recipes given (GQA and MLA; sequence parallelism always on for MoE).
-# The weights saved with --save-hf (gathered from the TP ranks) and every step's grad norm
-# must equal -np 1's up to the order of fp32 sums (parallel_train_compare.sh). AdamW turns the
-# summation-order noise of near-zero gradients into weight differences of a few hundredths of
-# the learning rate, so the dense runs train at --lr 1e-5 (the MoE recipes' own rates are as
-# small). Measured: weights within 2.9e-7, grad norms within 5e-7 relative.
+# Tensor parallelism on CPU ranks (MPI backend), against one rank, at -np 2 TP 2, -np 4 TP 2
+# (DP 2) and -np 4 TP 4 (key/value heads fewer than 4 replicated). Two modes:
+#   train TRAINER COMPARE DATA DEFAULT_RECIPE RECIPE...
+#     each model trains 3 --debug-train-only iterations, fp32, on the recorded rollout DATA: the
+#     dense default (Qwen3), also with tied embeddings and with --sequence-parallel, and the MoE
+#     *_4layer_ci recipes given (GQA and MLA; sequence parallelism always on for MoE). The
+#     weights saved with --save-hf (gathered from the TP ranks) and every step's grad norm must
+#     equal -np 1's up to the order of fp32 sums (parallel_runs.sh). AdamW turns the
+#     summation-order noise of near-zero gradients into weight differences of a few hundredths
+#     of the learning rate, so the dense runs train at --lr 1e-5 (the MoE recipes' own rates are
+#     as small). Measured: weights within 2.9e-7, grad norms within 5e-7 relative.
+#   colocated TRAINER DEFAULT_RECIPE RECIPE...
+#     each model runs 2 colocated iterations, fp32, with rematerialize on and every CI check of
+#     its recipe passing (the SHA256 rebuild check, the weight-update check between actor and
+#     engine, the first step's ppo_kl, the routing replay check): the engines hold their ranks'
+#     slices and generate tensor-parallel. The first iteration's samples (every token) equal a
+#     -np 1 run's: the TP ranks sample the same tokens from the same gathered logits, which in
+#     fp32 differ from one rank's only in the order of sums (in bf16 that flips some tokens).
 set -euo pipefail
+mode="$1"
+shift
 here="$(dirname "$0")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 weight_tol=1e-6
 norm_tol=1e-5
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
-# shellcheck source=tests/parallel_train_compare.sh
-. "$here/parallel_train_compare.sh"
-trainer="$1" compare="$2" data="$3" default_recipe="$4"
-shift 4
-
-# train NAME FLAGS...: -np 1, then each TP layout, each against -np 1.
-train() {
-  local name="$1"
-  shift
-  local flags=(--load-debug-rollout-data "$data" --debug-train-only --num-rollout 3
-               --params-dtype fp32 --no-use-rollout-routing-replay --no-use-tis "$@")
-  run 1 "$name.np1" "${flags[@]}" --save-hf "$tmp/$name.np1" || { fail "$name -np 1"; return; }
-  for layout in "2 2" "4 2" "4 4"; do
-    read -r np tp <<< "$layout"
-    local run_name="$name.np$np.tp$tp"
-    if ! run "$np" "$run_name" "${flags[@]}" --tensor-model-parallel-size "$tp" \
-        --save-hf "$tmp/$run_name"; then
-      fail "$name -np $np TP $tp"
-      continue
-    fi
-    grep -q "parallel layout: TP $tp x DP $((np / tp))" "$tmp/$run_name.log" ||
-      fail "$run_name: no TP layout"
-    compare_with_np1 "$name.np1" "$run_name"
-  done
-}
-
-# The default recipe's rollout is larger than the recorded one: 2 prompts x 2 samples here.
+# shellcheck source=tests/parallel_runs.sh
+. "$here/parallel_runs.sh"
+layouts=("2 2" "4 2" "4 4")
+# The default recipe's rollout is larger than the CI ones: 2 prompts x 2 samples here.
 small=(--rollout-batch-size 2 --n-samples-per-prompt 2 --global-batch-size 4
-       --micro-batch-size 1 --lr 1e-5)
-model_config="$(sed -n 's/^model_config = "\(.*\)"/\1/p' "$default_recipe")"
-python3 - "$model_config" "$tmp/tied.json" <<'PY'
+       --micro-batch-size 1 --rollout-max-response-len 4 --lr 1e-5)
+
+case "$mode" in
+  train)
+    trainer="$1" compare="$2" data="$3" default_recipe="$4"
+    shift 4
+    train() {  # train NAME FLAGS...: -np 1, then each TP layout, each against -np 1
+      local name="$1"
+      shift
+      local flags=(--load-debug-rollout-data "$data" --debug-train-only --num-rollout 3
+                   --params-dtype fp32 --no-use-rollout-routing-replay --no-use-tis "$@")
+      run 1 "$name.np1" "${flags[@]}" --save-hf "$tmp/$name.np1" || { fail "$name -np 1"; return; }
+      for layout in "${layouts[@]}"; do
+        read -r np tp <<< "$layout"
+        local run_name="$name.np$np.tp$tp"
+        if ! run "$np" "$run_name" "${flags[@]}" --tensor-model-parallel-size "$tp" \
+            --save-hf "$tmp/$run_name"; then
+          fail "$name -np $np TP $tp"
+          continue
+        fi
+        grep -q "parallel layout: TP $tp x DP $((np / tp))" "$tmp/$run_name.log" ||
+          fail "$run_name: no TP layout"
+        compare_with_np1 "$name.np1" "$run_name"
+      done
+    }
+    model_config="$(sed -n 's/^model_config = "\(.*\)"/\1/p' "$default_recipe")"
+    python3 - "$model_config" "$tmp/tied.json" <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
 config["tie_word_embeddings"] = True
 json.dump(config, open(sys.argv[2], "w"))
 PY
-train dense --config "$default_recipe" "${small[@]}"
-train dense_tied --config "$default_recipe" "${small[@]}" --model-config "$tmp/tied.json"
-train dense_sp --config "$default_recipe" "${small[@]}" --sequence-parallel
-for recipe in "$@"; do
-  train "$(basename "$recipe" .toml)" --config "$recipe"
-done
+    train dense --config "$default_recipe" "${small[@]}"
+    train dense_tied --config "$default_recipe" "${small[@]}" --model-config "$tmp/tied.json"
+    train dense_sp --config "$default_recipe" "${small[@]}" --sequence-parallel
+    for recipe in "$@"; do
+      train "$(basename "$recipe" .toml)" --config "$recipe"
+    done
+    ;;
+  colocated)
+    trainer="$1" default_recipe="$2"
+    shift 2
+    colocated() {  # colocated NAME R3 FLAGS...
+      local name="$1" r3="$2"
+      shift 2
+      local flags=(--params-dtype fp32 --rematerialize-param-from-master-weight
+                   --check-rematerialize-param-from-master-weight "$@")
+      run 1 "$name.np1" "${flags[@]}" --num-rollout 1 \
+        --save-debug-rollout-data "$tmp/$name.np1.samples" || { fail "$name -np 1"; return; }
+      for layout in "${layouts[@]}"; do
+        read -r np tp <<< "$layout"
+        local run_name="$name.np$np.tp$tp"
+        run "$np" "$run_name" "${flags[@]}" --num-rollout 2 --tensor-model-parallel-size "$tp" \
+          --save-debug-rollout-data "$tmp/$run_name.samples" || { fail "$run_name"; continue; }
+        python3 - "$tmp/$name.np1.samples" "$tmp/$run_name.samples" <<'PY' ||
+import json, sys
+want = [json.loads(line)["tokens"] for line in open(sys.argv[1])]
+got = [json.loads(line)["tokens"] for line in open(sys.argv[2])][:len(want)]
+sys.exit(0 if want and got == want else 1)
+PY
+          fail "$run_name: the first iteration's samples differ from -np 1's"
+        ci_checks "$run_name" true "$r3"
+      done
+    }
+    colocated dense false --config "$default_recipe" "${small[@]}" --ci-test
+    for recipe in "$@"; do
+      colocated "$(basename "$recipe" .toml)" \
+        "$(grep -q "^use_rollout_routing_replay = true" "$recipe" && echo true)" --config "$recipe"
+    done
+    ;;
+  *)
+    echo "unknown mode $mode"
+    exit 2
+    ;;
+esac
 [[ $failed -eq 0 ]] && echo "PASS" || echo "FAILED"
 exit $failed

@@ -204,10 +204,6 @@ Actor::Actor(const config::ResolvedConfig& resolved, model::ModelConfig model,
   // Megatron runs MoE layers under TP with sequence parallelism only.
   const bool sequence_parallel =
       groups.tp() != nullptr && (c.parallel.sequence_parallel || model_.is_moe());
-  RL_CHECK(!sequence_parallel || !c.rl.use_routing_replay, ConfigError,
-           "--use-routing-replay / --use-rollout-routing-replay do not run under sequence "
-           "parallelism yet (--tensor-model-parallel-size {} with {})",
-           groups.tp_size(), model_.is_moe() ? "an MoE model" : "--sequence-parallel");
   decoder_ = std::make_unique<model::Decoder>(model_, AllTensors(), model::Kernels::kLibTorch,
                                               groups.ep(), groups.tp(), sequence_parallel);
   if (groups.tp() != nullptr) {
@@ -297,15 +293,13 @@ PlanReplay Actor::RolloutReplay(const rl_algo::RolloutBatch& batch, const Traini
   PlanReplay replay;
   for (const auto& step : plan.steps) {
     for (const std::vector<int64_t>& indices : step) {
-      int64_t longest = 0;
-      for (int64_t i : indices) {
-        longest = std::max<int64_t>(longest, batch.samples.at(i).tokens.size());
-      }
+      // The positions of the micro-batch's forward (Pack's padding included).
+      const int64_t positions = Pack(batch, indices, at::kCPU, seq_multiple_).tokens.size(1) - 1;
       if (experts) {
-        replay.experts.push_back(PackRolloutRouting(batch, indices, longest - 1, model_, device_));
+        replay.experts.push_back(PackRolloutRouting(batch, indices, positions, model_, device_));
       }
       if (indexer) {
-        replay.indexer.push_back(PackRolloutIndexer(batch, indices, longest - 1, model_, device_));
+        replay.indexer.push_back(PackRolloutIndexer(batch, indices, positions, model_, device_));
       }
     }
   }

@@ -84,7 +84,7 @@ class EngineRollout final : public Rollout {
     engine_ = std::make_unique<rollout::RolloutEngine>(
         model, dtype, device, max_batch, max_length, allocate,
         rollout::Records{c.rl.use_rollout_routing_replay, c.rl.use_rollout_indexer_replay},
-        rollout::ExpertParallel{groups.ep(), c.rollout.rollout_ep_capacity_factor});
+        rollout::ExpertParallel{groups.ep(), c.rollout.rollout_ep_capacity_factor}, groups.tp());
     RL_CHECK(!c.rl.use_rollout_routing_replay || engine_->records_routing(), ConfigError,
              "--use-rollout-routing-replay needs a model with MoE layers");
     RL_CHECK(!c.rl.use_rollout_indexer_replay || !model.indexer_types.empty(), ConfigError,

@@ -308,12 +308,6 @@ std::vector<std::string> NotRunnable(const Config& config) {
     }
   });
   const int64_t tp = config.parallel.tensor_model_parallel_size;
-  if (tp > 1 && !config.colocate.debug_train_only) {
-    problems.push_back(fmt::format(
-        "--tensor-model-parallel-size {}: runs with --debug-train-only only yet (the rollout "
-        "engine does not run tensor-parallel)",
-        tp));
-  }
   if (tp > 1 && (!config.logging.save.empty() || !config.logging.load.empty())) {
     problems.push_back(fmt::format(
         "--tensor-model-parallel-size {} with --save / --load: trainer checkpoints are not "

@@ -172,18 +172,13 @@ TEST_CASE("options that validate but cannot run yet: marked in --help, listed by
   CHECK(NotRunnable(c) == expected);
 }
 
-TEST_CASE("tensor parallelism runs --debug-train-only without trainer checkpoints, by NotRunnable") {
+TEST_CASE("tensor parallelism runs without trainer checkpoints, by NotRunnable") {
   Config c;
   c.parallel.tensor_model_parallel_size = 2;
-  c.colocate.debug_train_only = true;
   CHECK(NotRunnable(c).empty());
   c.logging.save = "ckpt";
   REQUIRE(NotRunnable(c).size() == 1);
   CHECK(Contains(NotRunnable(c)[0], "--tensor-model-parallel-size 2 with --save / --load"));
-  c.logging.save.clear();
-  c.colocate.debug_train_only = false;
-  REQUIRE(NotRunnable(c).size() == 1);
-  CHECK(Contains(NotRunnable(c)[0], "runs with --debug-train-only only yet"));
 }
 
 TEST_CASE("the removed --disable-weights-backuper fails and says what replaced it") {

@@ -22,8 +22,11 @@ std::vector<std::vector<std::vector<int64_t>>> CacheShapes(const ModelConfig& c,
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     std::vector<std::vector<int64_t>> shapes;
     if (c.attention_kind() == AttentionKind::kGqa) {
-      shapes.push_back({batch, c.num_key_value_heads, len, c.head_dim});  // key
-      shapes.push_back({batch, c.num_key_value_heads, len, c.head_dim});  // value
+      // Under TP this rank's key/value heads (Note [Tensor-parallel attention]).
+      const int64_t kv_heads =
+          KvHeadsOf(c.num_key_value_heads, c.tensor_shard.rank, c.tensor_shard.size).count;
+      shapes.push_back({batch, kv_heads, len, c.head_dim});  // key
+      shapes.push_back({batch, kv_heads, len, c.head_dim});  // value
     } else {
       shapes.push_back({batch, len, c.kv_lora_rank + c.qk_rope_head_dim});  // latent, k_pe
       if (c.has_indexer() && c.indexer_types[l] == IndexerType::kFull) {
@@ -195,7 +198,8 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels,
                name);
     }
   }
-  const bool fuse = kernels_ == Kernels::kFused;
+  // The tensor-parallel attention takes q, k and v apart (its heads' slices of each).
+  const bool fuse = kernels_ == Kernels::kFused && tensor_group_ == nullptr;
   const ModelConfig& c = config_;
   embed_tokens_ = Get(params, "model.embed_tokens.weight");
   dtype_ = embed_tokens_.scalar_type();
@@ -295,17 +299,21 @@ at::Tensor Decoder::Hidden(const at::Tensor& tokens, KvCache* cache, int64_t sta
   if (tensor_group_ == nullptr) {
     return Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, cache);
   }
-  RL_CHECK(cache == nullptr, Error, "a tensor-parallel Decoder runs no KV-cache forwards yet");
+  RL_CHECK(cache == nullptr || !sequence_parallel_, Error,
+           "a KV-cache forward runs without sequence parallelism");
   return Layers(VocabParallelEmbedding(embed_tokens_, tokens.to(device_), vocab_start_,
                                        *tensor_group_, sequence_parallel_),
-                ctx, nullptr, nullptr, batch);
+                ctx, cache, nullptr, batch);
 }
 
-void Decoder::RefuseTensorParallel(std::string_view what) const {
-  RL_CHECK(tensor_group_ == nullptr, Error,
-           "{} does not run under tensor parallelism yet (a tensor-parallel Decoder runs training "
-           "forwards: Logits, TokenLogProbs)",
-           what);
+at::Tensor Decoder::WholeLogits(const at::Tensor& hidden) const {
+  if (tensor_group_ == nullptr) return Linear(hidden, lm_head_);
+  const at::Tensor slice = Linear(hidden, lm_head_);  // [..., V_r]
+  std::vector<int64_t> shape = hidden.sizes().vec();
+  shape.back() = config_.vocab_size;
+  return GatherVocabParallel(slice.reshape({-1, slice.size(-1)}), config_.vocab_size,
+                             *tensor_group_)
+      .view(shape);
 }
 
 at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
@@ -351,11 +359,20 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
               : DenseMlp(layer.mlp, h);
     } else {
       at::Tensor chosen;
-      const at::Tensor replay =
+      at::Tensor replay =
           routing_source_ ? routing_source_(static_cast<int64_t>(l)) : at::Tensor();
+      // Under sequence parallelism this rank routes its rows of the flattened tokens: it replays
+      // those, and the observer sees every rank's choices, gathered.
+      const int64_t rows = h.dim() == 2 ? h.size(0) : 0;
+      if (replay.defined() && sequence_parallel_) {
+        replay = replay.narrow(0, tensor_group_->rank() * rows, rows);
+      }
       h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr, replay,
                    dispatch);
-      if (routing_observer_) routing_observer_(static_cast<int64_t>(l), chosen);
+      if (routing_observer_) {
+        if (sequence_parallel_) chosen = GatherFromSequenceParallel(chosen, *tensor_group_);
+        routing_observer_(static_cast<int64_t>(l), chosen);
+      }
     }
     x = x + h;
   }
@@ -403,15 +420,14 @@ TokenStats Decoder::TokenLogProbs(const at::Tensor& tokens, const at::Tensor& ta
 
 at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
                                 int64_t start_position) const {
-  RefuseTensorParallel("ForwardStep");
   at::NoGradGuard no_grad;
-  return Linear(Hidden(tokens, &cache, start_position), lm_head_);
+  return WholeLogits(Hidden(tokens, &cache, start_position));
 }
 
 at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& position,
                               int64_t key_length, const RopeTable& rope, KvCache& cache,
                               const ExpertDispatch* dispatch) const {
-  RefuseTensorParallel("DecodeStep");
+  RL_CHECK(!sequence_parallel_, Error, "a KV-cache forward runs without sequence parallelism");
   at::NoGradGuard no_grad;
   CheckTokens(tokens);
   RL_CHECK(tokens.size(1) == 1 && tokens.size(0) <= cache.max_batch() && key_length >= 1 &&
@@ -436,9 +452,12 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
   ctx.position = index;
   ctx.key_mask =
       (at::arange(key_length, index.options()) <= index).view({1, key_length});  // [1, T]
-  return Linear(Layers(at::embedding(embed_tokens_, tokens.to(device_)), ctx, &cache, dispatch),
-                lm_head_)
-      .select(1, 0);
+  const at::Tensor ids = tokens.to(device_);
+  const at::Tensor x = tensor_group_ == nullptr
+                           ? at::embedding(embed_tokens_, ids)
+                           : VocabParallelEmbedding(embed_tokens_, ids, vocab_start_,
+                                                    *tensor_group_, /*sequence_parallel=*/false);
+  return WholeLogits(Layers(x, ctx, &cache, dispatch, tokens.size(0))).select(1, 0);
 }
 
 void Decoder::IdleStep(const ExpertDispatch* dispatch) const {
@@ -448,6 +467,8 @@ void Decoder::IdleStep(const ExpertDispatch* dispatch) const {
 }
 
 bool Decoder::decode_step_capturable() const {
+  // The tensor-parallel collectives wait on the host (not enqueue-only yet).
+  if (tensor_group_ != nullptr) return false;
   // Under expert parallelism only with a fixed-capacity dispatch (the caller's part).
   for (const Layer& layer : layers_) {
     if (layer.mlp_type != MlpType::kDense && !MoeBlockSyncFree(layer.moe)) return false;

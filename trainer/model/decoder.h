@@ -96,8 +96,9 @@ class Decoder {
   // [Tensor-parallel mappings] in tensor_parallel.h), with `sequence_parallel` the residual
   // stream on 1/TP of the tokens (batch x seq must then divide by TP); Logits() returns this
   // rank's vocabulary slice [batch, seq, V_r] (VocabSlice), TokenLogProbs() the whole
-  // distribution's values on every rank. Only training forwards (no KV cache) take TP so far;
-  // every forward is then a collective over the group.
+  // distribution's values on every rank, and the KV-cache forwards (without sequence
+  // parallelism; the cache holds this rank's key/value heads) the whole vocabulary's logits,
+  // gathered. Every forward is then a collective over the group.
   Decoder(ModelConfig config, const TensorMap& params, Kernels kernels = Kernels::kLibTorch,
           Communicator* expert_group = nullptr, Communicator* tensor_group = nullptr,
           bool sequence_parallel = false);
@@ -199,8 +200,9 @@ class Decoder {
   // parallelism (x is then this rank's [batch * seq / TP, hidden] token rows).
   at::Tensor Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
                     const ExpertDispatch* dispatch = nullptr, int64_t batch = 0) const;
-  // Throws rl::Error under tensor parallelism, for the forwards that do not take it yet.
-  void RefuseTensorParallel(std::string_view what) const;
+  // The logits over the whole vocabulary of hidden states [..., hidden]: under TP this rank's
+  // slice gathered from the group (GatherVocabParallel), for sampling.
+  at::Tensor WholeLogits(const at::Tensor& hidden) const;
 
   ModelConfig config_;
   Kernels kernels_;

@@ -161,8 +161,10 @@ ModelConfig HeadShard(const ModelConfig& whole, int64_t heads, int64_t kv_heads,
 at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor& x,
                                       const AttentionContext& ctx, Communicator& group,
                                       bool sequence_parallel, int64_t batch) {
-  RL_CHECK(ctx.cache == nullptr && !local.qkv_proj.defined(), Error,
-           "tensor-parallel attention runs training forwards: no KV cache, separate q/k/v");
+  RL_CHECK(!local.qkv_proj.defined(), Error,
+           "tensor-parallel attention takes q, k and v apart (no fused qkv_proj)");
+  RL_CHECK(ctx.cache == nullptr || !sequence_parallel, Error,
+           "tensor-parallel attention with a KV cache runs without sequence parallelism");
   const int64_t d = ctx.config->head_dim;
   const ModelConfig shard =
       HeadShard(*ctx.config, local.q_proj.size(0) / d, local.k_proj.size(0) / d, group);
@@ -179,8 +181,10 @@ at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor&
 at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor& x,
                                       const AttentionContext& ctx, Communicator& group,
                                       bool sequence_parallel, int64_t batch) {
-  RL_CHECK(ctx.cache == nullptr && !local.has_indexer, Error,
-           "tensor-parallel MLA runs training forwards without a DSA indexer (not taken yet)");
+  RL_CHECK(!local.has_indexer, Error,
+           "tensor-parallel MLA runs without a DSA indexer (not taken yet)");
+  RL_CHECK(ctx.cache == nullptr || !sequence_parallel, Error,
+           "tensor-parallel attention with a KV cache runs without sequence parallelism");
   const ModelConfig& whole = *ctx.config;
   const at::Tensor& q_up = local.q_b_proj.defined() ? local.q_b_proj : local.q_proj;
   const int64_t heads = q_up.size(0) / whole.qk_head_dim();

@@ -69,8 +69,9 @@ at::Tensor TensorParallelMlp(const at::Tensor& gate_proj, const at::Tensor& up_p
 // `local`: this rank's shards as above (q_proj [H / P * D, hidden] ...; o_proj [hidden, H / P * D]
 // and o_bias whole). x [B, S, hidden] on every rank (sequence_parallel false), or this rank's
 // token rows [B * S / P, hidden] of the flattened batch (true; `batch` = B then); returns the
-// same layout. Training forwards (no KV cache). Equal to GqaAttention over the whole weights up
-// to the order of o_proj's sums (//tests:tensor_parallel_test).
+// same layout. With a KV cache (ctx.cache holds this rank's key/value heads) only without
+// sequence parallelism. Equal to GqaAttention over the whole weights up to the order of o_proj's
+// sums (//tests:tensor_parallel_test, //tests:decoder_tp_test).
 at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor& x,
                                       const AttentionContext& ctx, Communicator& group,
                                       bool sequence_parallel, int64_t batch);

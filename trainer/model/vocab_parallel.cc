@@ -1,5 +1,6 @@
 #include "trainer/model/vocab_parallel.h"
 
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
@@ -117,6 +118,26 @@ at::Tensor VocabParallelLmHead(const at::Tensor& hidden, const at::Tensor& weigh
   const at::Tensor input = sequence_parallel ? GatherFromSequenceParallel(hidden, group)
                                              : CopyToTensorParallel(hidden, group);
   return Linear(input, weight);
+}
+
+at::Tensor GatherVocabParallel(const at::Tensor& logits, int64_t vocab, Communicator& group) {
+  const int64_t n = logits.size(0);
+  const int64_t ranks = group.size();
+  const int64_t longest = VocabSlice(vocab, ranks - 1, ranks).count;  // the last holds the rest
+  RL_CHECK(logits.dim() == 2 &&
+               logits.size(1) == VocabSlice(vocab, group.rank(), ranks).count,
+           Error, "GatherVocabParallel: rank {} holds {} of the {} vocabulary ids; got logits [{}]",
+           group.rank(), VocabSlice(vocab, group.rank(), ranks).count, vocab,
+           fmt::join(logits.sizes(), ", "));
+  at::Tensor block = at::zeros({n, longest}, logits.options());
+  block.narrow(1, 0, logits.size(1)).copy_(logits);
+  at::Tensor blocks = at::empty({ranks, n, longest}, logits.options());
+  group.AllGather(block.view({-1}), blocks.view({-1}));
+  std::vector<at::Tensor> slices;
+  for (int64_t r = 0; r < ranks; ++r) {
+    slices.push_back(blocks[r].narrow(1, 0, VocabSlice(vocab, r, ranks).count));
+  }
+  return at::cat(slices, 1);
 }
 
 }  // namespace rl::model

@@ -59,6 +59,10 @@ at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& to
 at::Tensor VocabParallelLmHead(const at::Tensor& hidden, const at::Tensor& weight,
                                Communicator& group, bool sequence_parallel);
 
+// The whole vocabulary's logits [N, vocab] on every rank from each rank's slice [N, V_r]
+// (VocabSlice), for sampling: one all-gather of the slices padded to the longest. No autograd.
+at::Tensor GatherVocabParallel(const at::Tensor& logits, int64_t vocab, Communicator& group);
+
 }  // namespace rl::model
 
 #endif  // RL_TRAINER_MODEL_VOCAB_PARALLEL_H_

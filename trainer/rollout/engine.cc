@@ -118,7 +118,7 @@ int64_t RolloutEngine::KvStorageBytes(const model::ModelConfig& config, at::Scal
 RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype,
                              at::Device device, int64_t max_batch, int64_t max_length,
                              const StorageAllocator& allocator, Records records,
-                             ExpertParallel expert)
+                             ExpertParallel expert, Communicator* tensor_group)
     : config_(std::move(config)),
       dtype_(param_dtype),
       device_(device),
@@ -143,7 +143,7 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   // Note [Inference kernels]: fused on a GPU.
   decoder_ = std::make_unique<model::Decoder>(
       config_, weights_, device_.is_cuda() ? model::Kernels::kFused : model::Kernels::kLibTorch,
-      expert.group);
+      expert.group, tensor_group);
   if (expert_group_ != nullptr) {  // Note [Fixed-capacity dispatch] in layers.h
     dispatch_.capacity = model::DispatchCapacity(config_, max_batch_, expert_group_->size(),
                                                  capacity_factor_);

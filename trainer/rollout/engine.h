@@ -147,9 +147,16 @@ class RolloutEngine {
   // `expert`: the expert-parallel group, when the model's experts are spread over one. The
   // engines of the group then generate in lockstep (Note [Expert-parallel decode]): Generate is a
   // collective over the group.
+  //
+  // `tensor_group`: the tensor-parallel group of config.tensor_shard, or null. The engine then
+  // holds this rank's slices of the weights (what its actor holds) and a KV cache of its heads,
+  // and every forward is a collective over the group (model::Decoder): the ranks of a TP group
+  // generate the same rows from the same prompts and seeds, and sample the same tokens from the
+  // same gathered logits. Decode steps run eagerly (the TP collectives wait on the host).
   RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype, at::Device device,
                 int64_t max_batch, int64_t max_length, const StorageAllocator& allocator,
-                Records records = {}, ExpertParallel expert = {});
+                Records records = {}, ExpertParallel expert = {},
+                Communicator* tensor_group = nullptr);
 
   RolloutEngine(const RolloutEngine&) = delete;
   RolloutEngine& operator=(const RolloutEngine&) = delete;
