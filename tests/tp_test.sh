@@ -17,6 +17,11 @@
 #     slices and generate tensor-parallel. The first iteration's samples (every token) equal a
 #     -np 1 run's: the TP ranks sample the same tokens from the same gathered logits, which in
 #     fp32 differ from one rank's only in the order of sums (in bf16 that flips some tokens).
+#   resume TRAINER RECIPE
+#     at -np 4 TP 2 (DP 2), 2 iterations saved then resumed for a third give the same checkpoint
+#     as 3 straight iterations (the weights and every rank's optimizer shard SHA256-identical);
+#     the saved checkpoint resumes at -np 2 TP 2 (DP 1, the optimizer state resharded over DP
+#     within each TP rank); at another TP size it is refused, naming the sizes.
 set -euo pipefail
 mode="$1"
 shift
@@ -100,6 +105,29 @@ PY
       colocated "$(basename "$recipe" .toml)" \
         "$(grep -q "^use_rollout_routing_replay = true" "$recipe" && echo true)" --config "$recipe"
     done
+    ;;
+  resume)
+    trainer="$1" recipe="$2"
+    tp2=(--config "$recipe" --tensor-model-parallel-size 2)
+    run 4 saved "${tp2[@]}" --num-rollout 2 --save "$tmp/saved" || fail "the run that saves"
+    run 4 resumed "${tp2[@]}" --num-rollout 3 --load "$tmp/saved" --save "$tmp/resumed" ||
+      fail "the resumed run"
+    run 4 straight "${tp2[@]}" --num-rollout 3 --save "$tmp/straight" || fail "the straight run"
+    files=(model.safetensors optimizer/rank_0000{0,1,2,3}.safetensors trainer_state.json)
+    for f in "${files[@]}"; do
+      cmp -s "$tmp/straight/iter_0000003/$f" "$tmp/resumed/iter_0000003/$f" ||
+        fail "resumed and straight runs differ in $f"
+    done
+    echo "resume at TP 2 x DP 2: ${#files[@]} files identical to the straight run's"
+    run 2 resharded "${tp2[@]}" --num-rollout 3 --load "$tmp/saved" || fail "resume at DP 1"
+    grep -q "resharded the optimizer state" "$tmp/resharded.log" || fail "DP 1: not resharded"
+    grep -q "iteration 3: " "$tmp/resharded.log" || fail "DP 1: no iteration 3 after the resume"
+    if run 2 other_tp --config "$recipe" --num-rollout 3 --load "$tmp/saved" > /dev/null; then
+      fail "a TP 2 checkpoint loaded at TP 1"
+    fi
+    grep -q "saved at --tensor-model-parallel-size 2, this job runs 1" "$tmp/other_tp.log" ||
+      fail "TP 1: no message naming the TP sizes"
+    echo "resume at TP 2 x DP 1 resharded; at TP 1 refused"
     ;;
   *)
     echo "unknown mode $mode"

@@ -87,7 +87,7 @@ void CopyTokenizerFiles(const std::string& from, const std::string& to) {
 }
 
 json::Value StateJson(const LoopState& state, const config::Config& config, int dp_size,
-                      int64_t ep_size, int64_t optimizer_step) {
+                      int64_t ep_size, int64_t tp_size, int64_t optimizer_step) {
   return json::Value::MakeObject({
       {"format", json::Value::String(kFormat)},
       {"version", json::Value::Int(kFormatVersion)},
@@ -96,6 +96,7 @@ json::Value StateJson(const LoopState& state, const config::Config& config, int 
       {"optimizer_step", json::Value::Int(optimizer_step)},
       {"dp_size", json::Value::Int(dp_size)},
       {"expert_model_parallel_size", json::Value::Int(ep_size)},
+      {"tensor_model_parallel_size", json::Value::Int(tp_size)},
       {"seed", json::Value::Int(config.run.seed)},
       {"rollout", state.rollout},
   });
@@ -142,7 +143,12 @@ int64_t ParseMetadataInt(const model::SafetensorsFile& file, const std::string& 
 }
 
 optimizer::ShardState ReadShard(const model::SafetensorsFile& file, int64_t dp_rank,
-                                int64_t dp_size) {
+                                int64_t dp_size, int64_t tp_rank) {
+  // Shards saved before tensor parallelism carry no TP rank (TP 1).
+  const int64_t saved_tp_rank =
+      file.metadata().count("tp_rank") ? ParseMetadataInt(file, "tp_rank") : 0;
+  RL_CHECK(saved_tp_rank == tp_rank, CheckpointError,
+           "{}: holds the shard of TP rank {}, expected {}", file.path(), saved_tp_rank, tp_rank);
   RL_CHECK(ParseMetadataInt(file, "dp_rank") == dp_rank, CheckpointError,
            "{}: holds the shard of DP rank {}, expected {}", file.path(),
            ParseMetadataInt(file, "dp_rank"), dp_rank);
@@ -166,6 +172,7 @@ optimizer::ShardState ReadShard(const model::SafetensorsFile& file, int64_t dp_r
 struct SavedLayout {
   int64_t dp_size = 1;
   int64_t ep_size = 1;
+  int64_t tp_size = 1;
 };
 
 LoopState ReadState(const std::string& dir, SavedLayout& layout) {
@@ -182,6 +189,10 @@ LoopState ReadState(const std::string& dir, SavedLayout& layout) {
     // Checkpoints of the first format version were all saved at EP 1.
     const json::Value* ep = state.Find("expert_model_parallel_size");
     layout.ep_size = ep != nullptr ? ep->AsInt64() : 1;
+    const json::Value* tp = state.Find("tensor_model_parallel_size");  // absent: saved at TP 1
+    layout.tp_size = tp != nullptr ? tp->AsInt64() : 1;
+    RL_CHECK(layout.tp_size >= 1, CheckpointError, "{}: tensor_model_parallel_size {}", path,
+             layout.tp_size);
     RL_CHECK(layout.dp_size >= 1 && layout.ep_size >= 1 && layout.dp_size % layout.ep_size == 0,
              CheckpointError,
              "{}: dp_size {} and expert_model_parallel_size {} do not form a layout", path,
@@ -244,7 +255,10 @@ std::map<std::string, std::string> ReadManifest(const std::string& dir) {
 }
 
 std::string SaveCheckpoint(const std::string& root, const LoopState& state, Actor& actor,
-                           const config::Config& config, Communicator& comm) {
+                           const config::Config& config, const ParallelGroups& groups) {
+  // One shard per rank of the job, named by its world rank (its DP rank without TP).
+  Communicator& comm = groups.world();
+  Communicator& dp = groups.dp();
   const std::string final_dir = JoinPath(root, IterationDirName(state.iteration));
   const std::string partial = final_dir + ".partial";
   if (comm.rank() == 0) {
@@ -262,9 +276,11 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
   tensors.push_back({kRngTensor, CpuRngState()});
   std::map<std::string, std::string> metadata = {{"format", "rl-optimizer-shard"}};
   metadata["step"] = std::to_string(shard.step);
-  metadata["dp_rank"] = std::to_string(comm.rank());
-  metadata["dp_size"] = std::to_string(comm.size());
+  metadata["dp_rank"] = std::to_string(dp.rank());
+  metadata["dp_size"] = std::to_string(dp.size());
   metadata["ep_size"] = std::to_string(ep_size);
+  metadata["tp_rank"] = std::to_string(groups.tp_rank());
+  metadata["tp_size"] = std::to_string(groups.tp_size());
   for (const auto& [kind, layout] : shard.layouts) metadata[kLayoutKeyPrefix + kind] = layout;
   const std::string shard_path = JoinPath(partial, ShardFile(comm.rank()));
   model::WriteSafetensors(shard_path, tensors, metadata);
@@ -283,7 +299,8 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
     }
     WriteFileAtomically(
         JoinPath(partial, kStateFile),
-        json::Dump(StateJson(state, config, comm.size(), ep_size, shard.step), 2) + "\n");
+        json::Dump(StateJson(state, config, dp.size(), ep_size, groups.tp_size(), shard.step), 2) +
+            "\n");
     WriteFileAtomically(JoinPath(partial, kConfigFile), config::DumpToml(config));
     MaybeInjectFault(FaultPoint::kCheckpointWrite, comm.rank(), state.iteration);
     std::string manifest;
@@ -318,9 +335,12 @@ namespace {
 // Note [Resharding optimizer state]: a reader of the saved ranks' shards, each with the layouts
 // the saving job cut it from (computed from this model's params at the saved EP and DP sizes, and
 // checked against the layouts the shard records).
+// Under TP the shards read are those of this rank's TP rank: saved DP rank r is world rank
+// r * TP + tp_rank (Note [Rank grid]).
 optimizer::DistributedOptimizer::SavedShardReader ShardReader(const std::string& dir,
                                                               const Actor& actor,
-                                                              const SavedLayout& saved) {
+                                                              const SavedLayout& saved,
+                                                              int tp_rank) {
   using optimizer::BufferKind;
   using optimizer::DistributedOptimizer;
   const std::vector<ParamSpec> params = actor.TrainedParams(saved.ep_size);
@@ -330,10 +350,10 @@ optimizer::DistributedOptimizer::SavedShardReader ShardReader(const std::string&
       DistributedOptimizer::Layout(BufferKind::kExpert, params, static_cast<int>(expert_dp))};
   const int64_t experts_per_rank = actor.model_config().n_routed_experts / saved.ep_size;
   return [=](int64_t rank) {
-    const model::SafetensorsFile file =
-        model::SafetensorsFile::Open(JoinPath(dir, ShardFile(static_cast<int>(rank))));
+    const model::SafetensorsFile file = model::SafetensorsFile::Open(
+        JoinPath(dir, ShardFile(static_cast<int>(rank * saved.tp_size + tp_rank))));
     optimizer::SavedShard shard;
-    shard.state = ReadShard(file, rank, saved.dp_size);
+    shard.state = ReadShard(file, rank, saved.dp_size, tp_rank);
     shard.layouts = layouts;
     // Note [Rank grid]: EP rank rank % EP, EDP rank rank / EP.
     shard.index = {rank, rank / saved.ep_size};
@@ -367,17 +387,24 @@ void ReportAsCheckpointError(const std::string& where, Fn&& import) {
 
 }  // namespace
 
-LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& comm) {
+LoopState LoadCheckpoint(const std::string& path, Actor& actor, const ParallelGroups& groups) {
+  Communicator& comm = groups.dp();
   const std::string dir = ResolveCheckpointDir(path);
-  const std::string own_shard = ShardFile(comm.rank());
+  const std::string own_shard = ShardFile(groups.world().rank());
   SavedLayout saved;
   LoopState state = ReadState(dir, saved);
+  RL_CHECK(saved.tp_size == groups.tp_size(), CheckpointError,
+           "{}: saved at --tensor-model-parallel-size {}, this job runs {}: the optimizer state "
+           "is not resharded across TP sizes yet (resume at TP {}, any DP and EP size)",
+           dir, saved.tp_size, groups.tp_size(), saved.tp_size);
   const model::ModelConfig& model = actor.model_config();
   const bool same_layout = saved.dp_size == comm.size() && saved.ep_size == model.expert_shard.size;
   std::vector<std::string> shards = {own_shard};
   if (!same_layout) {
     shards.clear();
-    for (int64_t r = 0; r < saved.dp_size; ++r) shards.push_back(ShardFile(static_cast<int>(r)));
+    for (int64_t r = 0; r < saved.dp_size; ++r) {
+      shards.push_back(ShardFile(static_cast<int>(r * saved.tp_size + groups.tp_rank())));
+    }
   }
   VerifyFiles(dir, ReadManifest(dir), shards);
 
@@ -387,7 +414,8 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& co
   if (same_layout) {
     const model::SafetensorsFile shard_file =
         model::SafetensorsFile::Open(JoinPath(dir, own_shard));
-    const optimizer::ShardState shard = ReadShard(shard_file, comm.rank(), comm.size());
+    const optimizer::ShardState shard =
+        ReadShard(shard_file, comm.rank(), comm.size(), groups.tp_rank());
     ReportAsCheckpointError(shard_file.path(), [&] { actor.optimizer().ImportState(shard); });
     RL_CHECK(shard_file.Find(kRngTensor) != nullptr, CheckpointError, "{}: no tensor '{}'",
              shard_file.path(), kRngTensor);
@@ -397,7 +425,8 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& co
     // Another layout: the optimizer state is resharded; the CPU generator keeps this job's seed
     // (SeedDefaultGenerator), since the saved ranks' states do not map to these ranks.
     ReportAsCheckpointError(dir, [&] {
-      actor.optimizer().ImportResharded(saved.dp_size, ShardReader(dir, actor, saved),
+      actor.optimizer().ImportResharded(saved.dp_size,
+                                        ShardReader(dir, actor, saved, groups.tp_rank()),
                                         model.first_local_expert(), model.n_routed_experts);
     });
     step = actor.optimizer().step();

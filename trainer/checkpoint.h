@@ -5,11 +5,12 @@
 // --save ROOT writes, for iteration N, the directory ROOT/iter_000000N/:
 //   config.json, model.safetensors (or shards + index), and the tokenizer files copied from
 //       --hf-checkpoint: the actor as a Hugging Face checkpoint (`transformers` loads it);
-//   optimizer/rank_0000R.safetensors, one per DP rank: the fp32 masters and Adam moments of its
-//       shard ("dense.master", "dense.exp_avg", ...) and its CPU RNG state ("rng.cpu"); the
-//       metadata holds the step, the DP rank and size and each buffer's layout;
-//   trainer_state.json: format and version, the iteration completed, the weight version, the DP
-//       size, the seed and the rollout side's state (the prompt dataset's position);
+//   optimizer/rank_0000R.safetensors, one per rank R of the job: the fp32 masters and Adam
+//       moments of its shard ("dense.master", "dense.exp_avg", ...) and its CPU RNG state
+//       ("rng.cpu"); the metadata holds the step, the DP rank and size, the TP rank and size and
+//       each buffer's layout (under TP a shard of the rank's slices of the params);
+//   trainer_state.json: format and version, the iteration completed, the weight version, the DP,
+//       EP and TP sizes, the seed and the rollout side's state (the prompt dataset's position);
 //   trainer_config.toml: the resolved config that produced it;
 //   manifest.sha256: "<sha256>  <path>" for every file above (`sha256sum -c` reads it), written
 //       last.
@@ -23,9 +24,9 @@
 // Loading verifies, before anything is read, that the manifest lists the files the loader needs
 // and that each file this rank reads has the recorded SHA256; a missing manifest, a missing file
 // or a digest that differs is a CheckpointError naming the file. A job of other DP or EP sizes
-// reads every saved shard and reshards the optimizer state (Note [Resharding optimizer state] in
-// optimizer/distributed_optimizer.h); another buffer layout (another model, --freeze-params) is
-// refused with what differs. Nothing left to run after a load (--num-rollout equal to the saved
+// reads every saved shard of its TP rank and reshards the optimizer state (Note [Resharding
+// optimizer state] in optimizer/distributed_optimizer.h); another TP size, or another buffer
+// layout (another model, --freeze-params), is refused with what differs. Nothing left to run after a load (--num-rollout equal to the saved
 // iteration) with --save set saves the loaded state again, in this job's layout.
 //
 // Randomness: every random draw of a run derives from (--seed, iteration, prompt) (Note [Rollout
@@ -46,6 +47,7 @@
 #include "launch/json.h"
 #include "trainer/actor.h"
 #include "trainer/config/config.h"
+#include "trainer/parallel_groups.h"
 
 namespace rl {
 
@@ -59,12 +61,12 @@ struct LoopState {
 // Writes the checkpoint of `state.iteration` under `root` and moves `latest` to it. Collective.
 // Returns the checkpoint's directory.
 std::string SaveCheckpoint(const std::string& root, const LoopState& state, Actor& actor,
-                           const config::Config& config, Communicator& comm);
+                           const config::Config& config, const ParallelGroups& groups);
 
 // `path`: a checkpoint directory or a --save root (the checkpoint its `latest` names). Verifies,
 // then loads the actor's weights, this rank's optimizer shard and its CPU RNG state, and rebuilds
 // the params from the masters. Collective (the param all-gather).
-LoopState LoadCheckpoint(const std::string& path, Actor& actor, Communicator& comm);
+LoopState LoadCheckpoint(const std::string& path, Actor& actor, const ParallelGroups& groups);
 
 // Seeds torch's default CPU generator from (--seed, rank) at start-up: every run begins from the
 // same per-rank state, which checkpoints then carry (torch seeds it from /dev/urandom otherwise).

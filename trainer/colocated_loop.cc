@@ -99,6 +99,7 @@ class ColocatedCycle {
                  std::unique_ptr<Rollout> rollout)
       : resolved_(resolved),
         c_(resolved.config),
+        groups_(groups),
         comm_(groups.dp()),
         world_(groups.world()),
         regions_(regions),
@@ -116,7 +117,7 @@ class ColocatedCycle {
     if (resolved_.with_ref) BackupReference();
     LoopState resumed;
     if (!c_.logging.load.empty()) {
-      resumed = LoadCheckpoint(c_.logging.load, actor_, comm_);
+      resumed = LoadCheckpoint(c_.logging.load, actor_, groups_);
       if (rollout_) rollout_->ImportState(resumed.rollout);
       weight_version_ = resumed.weight_version;
       backuper_->Backup(backup::kActorTag);
@@ -309,7 +310,7 @@ class ColocatedCycle {
   void Save(int64_t iteration) {
     const LoopState state{iteration + 1, weight_version_,
                           colocated() ? rollout_->ExportState() : json::Value()};
-    SaveCheckpoint(c_.logging.save, state, actor_, c_, comm_);
+    SaveCheckpoint(c_.logging.save, state, actor_, c_, groups_);
   }
 
   void ActorSleep() {
@@ -401,6 +402,7 @@ class ColocatedCycle {
 
   const config::ResolvedConfig& resolved_;
   const config::Config& c_;
+  const ParallelGroups& groups_;
   Communicator& comm_;   // the data-parallel group
   Communicator& world_;  // every rank: its rank 0 writes the files
   memory::RegionManager& regions_;

@@ -307,13 +307,6 @@ std::vector<std::string> NotRunnable(const Config& config) {
           fmt::format("{} {}: only {} runs yet", FlagName(info.key), value, defaults[info.key]));
     }
   });
-  const int64_t tp = config.parallel.tensor_model_parallel_size;
-  if (tp > 1 && (!config.logging.save.empty() || !config.logging.load.empty())) {
-    problems.push_back(fmt::format(
-        "--tensor-model-parallel-size {} with --save / --load: trainer checkpoints are not "
-        "written or read tensor-parallel yet (--save-hf is)",
-        tp));
-  }
   return problems;
 }
 

@@ -43,9 +43,7 @@ void ApplyToml(const TomlDocument& doc, Config& config,
 std::string DumpToml(const Config& config);
 
 // One line per option of kNotRunnableYet (options.h) that `config` sets to other than its
-// default, naming the flag, the value and the default, and one per combination this binary does
-// not run yet (tensor parallelism without trainer checkpoints); empty when this binary can run
-// it.
+// default, naming the flag, the value and the default; empty when this binary can run it.
 std::vector<std::string> NotRunnable(const Config& config);
 
 // The options that were removed on purpose: passing them is an error that says what replaced

@@ -172,14 +172,6 @@ TEST_CASE("options that validate but cannot run yet: marked in --help, listed by
   CHECK(NotRunnable(c) == expected);
 }
 
-TEST_CASE("tensor parallelism runs without trainer checkpoints, by NotRunnable") {
-  Config c;
-  c.parallel.tensor_model_parallel_size = 2;
-  CHECK(NotRunnable(c).empty());
-  c.logging.save = "ckpt";
-  REQUIRE(NotRunnable(c).size() == 1);
-  CHECK(Contains(NotRunnable(c)[0], "--tensor-model-parallel-size 2 with --save / --load"));
-}
 
 TEST_CASE("the removed --disable-weights-backuper fails and says what replaced it") {
   const std::string flag_error = ErrorOf({"--disable-weights-backuper"});

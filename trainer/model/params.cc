@@ -455,6 +455,8 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
       }
     }
   }
+  std::unordered_map<std::string, const ParamSpec*> by_name;
+  for (const ParamSpec& s : specs) by_name.emplace(s.name, &s);
   std::vector<HfSlice> slices = HfLayout(specs, config.first_local_expert());
   std::sort(slices.begin(), slices.end(),
             [](const HfSlice& a, const HfSlice& b) { return a.hf_name < b.hf_name; });
@@ -465,6 +467,14 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
     if (!src.defined()) {
       missing.push_back(prefix + slice.hf_name);
       continue;
+    }
+    // Note [Tensor shard]: this rank's slice of the whole tensor.
+    const ParamSpec& spec = *by_name.at(slice.param);
+    if (spec.tp_dim >= 0 && src.dim() == dst.dim()) {
+      const int64_t count = dst.size(spec.tp_dim);
+      if (src.size(spec.tp_dim) >= spec.tp_start + count) {
+        src = src.narrow(spec.tp_dim, spec.tp_start, count);
+      }
     }
     if (src.sizes() != dst.sizes()) {
       mismatched.push_back(fmt::format("{} (checkpoint shape {}, model expects {})",
