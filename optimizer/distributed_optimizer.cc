@@ -111,7 +111,8 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamSpec>& params_
       params_.emplace(entry.name, view);
     }
     for (const ShardSegment& segment : buffer.segments) {
-      if (tensor_comm_ == nullptr || !duplicate.at(buffer.layout.entries[segment.entry].name)) {
+      if (tensor_comm_ == nullptr || buffer.comm != &comm_ ||
+          !duplicate.at(buffer.layout.entries[segment.entry].name)) {
         continue;
       }
       if (!buffer.norm_mask.defined()) {
@@ -399,6 +400,7 @@ void DistributedOptimizer::ImportResharded(int64_t count, const SavedShardReader
              s.state.step);
     step = s.state.step;
     for (BufferKind kind : kBufferKinds) {
+      if (!s.use[Index(kind)]) continue;
       const std::string prefix(ToString(kind));
       const BufferLayout& layout = s.layouts[Index(kind)];
       std::vector<at::Tensor> parts;

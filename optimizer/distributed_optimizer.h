@@ -16,14 +16,17 @@
 // An expert's gradient on its rank already sums the contributions of every token its EP group
 // sent to it (the exchange's backward brings them), so the sum over EDP covers every DP rank's
 // tokens; the mean over EDP is scaled by EDP / DP to give the mean over DP, the dense buffer's
-// scaling, so a run at EP > 1 trains as the same run at EP = 1. The grad norm adds both buffers'
+// scaling, so a run at EP > 1 trains as the same run at EP = 1. Under tensor parallelism the
+// experts are the same on every rank and EDP is the world: each TP rank's gradient covers its
+// own tokens (sequence parallelism), so the same sum over EDP adds the TP ranks' shares too. The grad norm adds both buffers'
 // squares over the world: every element of both is owned by exactly one rank.
 //
 // Note [Tensor-parallel grad norm]
 // Under tensor parallelism the optimizer of a rank holds its TP rank's params (slices, and the
 // params every TP rank holds whole) and is sharded over the DP group of that TP rank. The grad
-// norm sums the squares over DP, then over TP, counting each value once: a param held by several
-// TP ranks (ParamSpec::tp_duplicate) is left out on all but the lowest, as Megatron does. Their
+// norm sums the squares over DP, then over TP, counting each value once: in a buffer sharded over
+// DP, a param held by several TP ranks (ParamSpec::tp_duplicate) is left out on all but the
+// lowest, as Megatron does (the expert buffer, sharded over every rank, owns each value once). Their
 // gradients must already be equal over those ranks (the caller sums the partial ones first: Note
 // [Tensor-parallel gradients] in trainer/model/tensor_parallel.h).
 //
@@ -114,6 +117,9 @@ struct SavedShard {
   std::array<BufferLayout, 2> layouts;  // by BufferKind: the layouts the shard was cut from
   std::array<int64_t, 2> index{};       // its shard of each layout (DP rank, EDP rank)
   int64_t first_expert = 0;             // global id of the first expert of its expert buffer
+  // Which of its buffers to take: under tensor parallelism the dense one only from the shards of
+  // this rank's slices (the expert buffer is the same on every TP rank).
+  std::array<bool, 2> use{true, true};
 };
 
 class DistributedOptimizer {

@@ -335,8 +335,9 @@ namespace {
 // Note [Resharding optimizer state]: a reader of the saved ranks' shards, each with the layouts
 // the saving job cut it from (computed from this model's params at the saved EP and DP sizes, and
 // checked against the layouts the shard records).
-// Under TP the shards read are those of this rank's TP rank: saved DP rank r is world rank
-// r * TP + tp_rank (Note [Rank grid]).
+// Saved rank w (of DP x TP) is DP rank w / TP and TP rank w % TP, EP rank w % EP and EDP rank
+// w / EP (Note [Rank grid]): its dense buffer is taken when it holds this rank's TP slices, its
+// expert buffer always.
 optimizer::DistributedOptimizer::SavedShardReader ShardReader(const std::string& dir,
                                                               const Actor& actor,
                                                               const SavedLayout& saved,
@@ -344,21 +345,22 @@ optimizer::DistributedOptimizer::SavedShardReader ShardReader(const std::string&
   using optimizer::BufferKind;
   using optimizer::DistributedOptimizer;
   const std::vector<ParamSpec> params = actor.TrainedParams(saved.ep_size);
-  const int64_t expert_dp = saved.dp_size / saved.ep_size;
+  const int64_t expert_dp = saved.dp_size * saved.tp_size / saved.ep_size;
   const std::array<optimizer::BufferLayout, 2> layouts = {
       DistributedOptimizer::Layout(BufferKind::kDense, params, static_cast<int>(saved.dp_size)),
       DistributedOptimizer::Layout(BufferKind::kExpert, params, static_cast<int>(expert_dp))};
   const int64_t experts_per_rank = actor.model_config().n_routed_experts / saved.ep_size;
   return [=](int64_t rank) {
-    const model::SafetensorsFile file = model::SafetensorsFile::Open(
-        JoinPath(dir, ShardFile(static_cast<int>(rank * saved.tp_size + tp_rank))));
+    const model::SafetensorsFile file =
+        model::SafetensorsFile::Open(JoinPath(dir, ShardFile(static_cast<int>(rank))));
     optimizer::SavedShard shard;
-    shard.state = ReadShard(file, rank, saved.dp_size, tp_rank);
+    shard.state = ReadShard(file, rank / saved.tp_size, saved.dp_size, rank % saved.tp_size);
     shard.layouts = layouts;
-    // Note [Rank grid]: EP rank rank % EP, EDP rank rank / EP.
-    shard.index = {rank, rank / saved.ep_size};
+    shard.index = {rank / saved.tp_size, rank / saved.ep_size};
+    shard.use = {rank % saved.tp_size == tp_rank, true};
     shard.first_expert = rank % saved.ep_size * experts_per_rank;
     for (BufferKind kind : optimizer::kBufferKinds) {
+      if (!shard.use[static_cast<size_t>(kind)]) continue;
       const std::string name(optimizer::ToString(kind));
       const auto it = shard.state.layouts.find(name);
       RL_CHECK(it != shard.state.layouts.end() &&
@@ -399,12 +401,11 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, const ParallelGr
            dir, saved.tp_size, groups.tp_size(), saved.tp_size);
   const model::ModelConfig& model = actor.model_config();
   const bool same_layout = saved.dp_size == comm.size() && saved.ep_size == model.expert_shard.size;
+  const int64_t saved_ranks = saved.dp_size * saved.tp_size;
   std::vector<std::string> shards = {own_shard};
   if (!same_layout) {
     shards.clear();
-    for (int64_t r = 0; r < saved.dp_size; ++r) {
-      shards.push_back(ShardFile(static_cast<int>(r * saved.tp_size + groups.tp_rank())));
-    }
+    for (int64_t r = 0; r < saved_ranks; ++r) shards.push_back(ShardFile(static_cast<int>(r)));
   }
   VerifyFiles(dir, ReadManifest(dir), shards);
 
@@ -425,7 +426,7 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, const ParallelGr
     // Another layout: the optimizer state is resharded; the CPU generator keeps this job's seed
     // (SeedDefaultGenerator), since the saved ranks' states do not map to these ranks.
     ReportAsCheckpointError(dir, [&] {
-      actor.optimizer().ImportResharded(saved.dp_size,
+      actor.optimizer().ImportResharded(saved_ranks,
                                         ShardReader(dir, actor, saved, groups.tp_rank()),
                                         model.first_local_expert(), model.n_routed_experts);
     });

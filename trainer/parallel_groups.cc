@@ -32,7 +32,9 @@ ParallelGroups::ParallelGroups(Communicator& world, int tensor_parallel_size,
 }
 
 std::string ParallelGroups::Describe() const {
-  if (tp_size_ > 1) return fmt::format("TP {} x DP {}", tp_size_, dp().size());
+  if (tp_size_ > 1) {
+    return fmt::format("TP {} x DP {} (EDP {})", tp_size_, dp().size(), expert_dp().size());
+  }
   return fmt::format("EP {} x EDP {} (DP {})", ep_size_, expert_dp().size(), dp().size());
 }
 

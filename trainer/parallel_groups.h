@@ -9,6 +9,9 @@
 //  - data-parallel (DP) groups of the world / TP ranks with the same TP rank (the world when
 //    TP = 1): they hold the same slices, train on different samples, and shard and reduce their
 //    param buffers by ZeRO-1;
+//  - under TP (EP = 1), one expert data-parallel group of the whole world: the routed experts
+//    (expert TP 1) are the same on every rank, and their optimizer buffer is sharded and reduced
+//    over all of them, as Megatron's EDP = TP x DP / EP (Note [Expert gradients]);
 //  - with TP = 1, expert-parallel (EP) groups of --expert-model-parallel-size consecutive ranks: world rank w
 //    is EP rank w % EP of group w / EP, and holds experts [(w % EP) * E / EP, ...) of every MoE
 //    layer (Note [Expert shard] in trainer/model/model_config.h);
@@ -48,13 +51,13 @@ class ParallelGroups {
   Communicator& dp() const { return dp_ ? *dp_ : world_; }
   // The expert-parallel group, or null with EP = 1.
   Communicator* ep() const { return ep_.get(); }
-  // The expert data-parallel group (the DP group with EP = 1).
-  Communicator& expert_dp() const { return edp_ ? *edp_ : dp(); }
+  // The expert data-parallel group: the ranks holding this rank's experts (the world with EP = 1).
+  Communicator& expert_dp() const { return edp_ ? *edp_ : world_; }
   int ep_size() const { return ep_size_; }
   int ep_rank() const { return world_.rank() % ep_size_; }
   // This rank's experts (Note [Expert shard]).
   model::ModelConfig::ExpertShard expert_shard() const { return {ep_rank(), ep_size_}; }
-  // "TP 2 x DP 2", "EP 2 x EDP 2 (DP 4)", for the log.
+  // "TP 2 x DP 2 (EDP 4)", "EP 2 x EDP 2 (DP 4)", for the log.
   std::string Describe() const;
 
  private:

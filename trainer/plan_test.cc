@@ -113,19 +113,14 @@ constexpr const char* kMoeCi = R"({
   "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
   "max_position_embeddings": 4096, "tie_word_embeddings": false, "attention_bias": false})";
 
-TEST_CASE("at EP 2 the plan is what a rank allocates, up to the optimizer's alignment") {
-  config::Config c;
-  c.run.actor_num_nodes = 1;
-  c.run.actor_num_gpus_per_node = 2;
-  c.parallel.expert_model_parallel_size = 2;
-  const config::ResolvedConfig r = Resolve(c);
-  model::ModelConfig model = Model(kMoeCi);
-  const MemoryPlan plan = PlanMemory(r, model);
-  // What each rank of `mpirun -np 2 trainer ... --expert-model-parallel-size 2` creates its actor
-  // regions with (ActorRegions in colocated_loop.cc): EP rank 0's experts, DP 2, expert DP 1.
-  model.expert_shard = {0, 2};
-  const std::map<RegionTag, int64_t> allocated = Actor::StorageBytes(r, model, 2, 1);
-  const std::vector<ParamSpec> params = model::ListParams(model);
+// The planned actor regions of `r` against what a rank of that job allocates (ActorRegions in
+// colocated_loop.cc): `rank_model` with the rank's expert and tensor shards, its DP and expert
+// DP sizes.
+void CheckPlanIsAllocated(const config::ResolvedConfig& r, const MemoryPlan& plan,
+                          const model::ModelConfig& rank_model, int dp, int expert_dp) {
+  const std::map<RegionTag, int64_t> allocated =
+      Actor::StorageBytes(r, rank_model, dp, expert_dp);
+  const std::vector<ParamSpec> params = model::ListParams(rank_model);
   // Each buffer aligns every tensor's start to 64 elements, pads its end to a multiple of 128
   // elements, and each allocation is rounded to 256 bytes.
   const auto slack = [&](int64_t element_bytes, int64_t allocations) {
@@ -143,8 +138,41 @@ TEST_CASE("at EP 2 the plan is what a rank allocates, up to the optimizer's alig
     CHECK(regions[i].second >= regions[i].first);
     CHECK(regions[i].second - regions[i].first <= slacks[i]);
   }
+}
+
+TEST_CASE("at EP 2 the plan is what a rank allocates, up to the optimizer's alignment") {
+  config::Config c;
+  c.run.actor_num_nodes = 1;
+  c.run.actor_num_gpus_per_node = 2;
+  c.parallel.expert_model_parallel_size = 2;
+  const config::ResolvedConfig r = Resolve(c);
+  model::ModelConfig model = Model(kMoeCi);
+  const MemoryPlan plan = PlanMemory(r, model);
+  // `mpirun -np 2 trainer ... --expert-model-parallel-size 2`: EP rank 0's experts, DP 2, expert
+  // DP 1.
+  model.expert_shard = {0, 2};
+  CheckPlanIsAllocated(r, plan, model, 2, 1);
   // Half the experts: a plan or a rank that held all of them would be 98,304 params off.
   CHECK(plan.rank.expert == 4 * 8 / 2 * 3 * 64 * 32);
+}
+
+TEST_CASE("at TP 2 the plan is what a rank allocates, up to the optimizer's alignment") {
+  config::Config c;
+  c.run.actor_num_nodes = 1;
+  c.run.actor_num_gpus_per_node = 4;
+  c.parallel.tensor_model_parallel_size = 2;
+  const config::ResolvedConfig r = Resolve(c);
+  model::ModelConfig model = Model(kMoeCi);
+  const MemoryPlan plan = PlanMemory(r, model);
+  // `mpirun -np 4 trainer ... --tensor-model-parallel-size 2`: TP rank 0's slices, DP 2, the
+  // experts' optimizer state over all 4 ranks.
+  model.tensor_shard = {0, 2};
+  CheckPlanIsAllocated(r, plan, model, 2, 4);
+  // Per layer the norms (2 x 64 + 2 x 16) and the router (8 x 64) whole, q, k, v and o (128 rows
+  // and 64 columns of 64) halved; the final norm; the embedding and LM head halved. A plan or a
+  // rank that held every head and the whole vocabulary would be 45,056 params off.
+  CHECK(plan.rank.dense == 4 * (2 * 64 + 2 * 16 + 8 * 64 + (128 + 64) * 64 / 2) + 64 +
+                               2 * 320 * 64 / 2);
 }
 
 }  // namespace

@@ -216,6 +216,9 @@ TensorParallelGrads::TensorParallelGrads(const std::vector<ParamSpec>& trained,
                                          bool sequence_parallel, Communicator& group)
     : group_(group) {
   for (const ParamSpec& spec : trained) {
+    // The routed experts' shares are summed by their buffer's reduction over every rank (Note
+    // [Expert gradients] in optimizer/distributed_optimizer.h).
+    if (spec.role == ParamRole::kRoutedExpert) continue;
     if (!TensorParallelPartialGrad(spec, sequence_parallel)) continue;
     if (spec.tp_dim < 0) {
       whole_group_.push_back(spec.name);

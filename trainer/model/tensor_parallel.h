@@ -101,7 +101,8 @@ at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor&
 // TensorParallelGrads sums the partial ones once per optimizer step, on the grad buffer (as
 // Megatron's finalize_model_grads does for layer norms under sequence parallelism): one
 // all-reduce over TP for the params every TP rank holds, one for the shared key/value heads (each
-// rank's gradient in its head's row of a [TP / replicas, n] tensor, zeros elsewhere).
+// rank's gradient in its head's row of a [TP / replicas, n] tensor, zeros elsewhere). Not the
+// routed experts: their buffer is reduced over every rank, which sums their shares.
 bool TensorParallelPartialGrad(const ParamSpec& spec, bool sequence_parallel);
 
 class TensorParallelGrads {
