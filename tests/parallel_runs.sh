@@ -1,7 +1,15 @@
 # Sourced by the parallel-layout tests (ep_test.sh, tp_test.sh): run a trainer on N CPU ranks,
 # compare a run's weights and grad norms with a -np 1 run's, and count a colocated run's CI
-# checks. The caller sets $trainer, $here and $tmp (and $compare, $weight_tol and $norm_tol to
-# compare), and a fail() that records a failure.
+# checks. The caller sets $here, then $trainer (and $compare, $weight_tol and $norm_tol to
+# compare); fail records a failure, finish prints PASS or FAILED and exits with the result.
+
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+finish() {
+  [[ $failed -eq 0 ]] && echo "PASS" || echo "FAILED"
+  exit $failed
+}
 
 run() {  # run NP NAME FLAGS...: true when the trainer exits 0
   local np="$1" name="$2"

@@ -26,11 +26,8 @@ set -euo pipefail
 mode="$1"
 shift
 here="$(dirname "$0")"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 weight_tol=1e-6
 norm_tol=1e-5
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
 # shellcheck source=tests/parallel_runs.sh
 . "$here/parallel_runs.sh"
 layouts=("2 2" "4 2" "4 4")
@@ -134,5 +131,4 @@ PY
     exit 2
     ;;
 esac
-[[ $failed -eq 0 ]] && echo "PASS" || echo "FAILED"
-exit $failed
+finish
