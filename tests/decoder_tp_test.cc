@@ -1,6 +1,6 @@
 // A tensor-parallel Decoder (Note [Tensor shard], trainer/model/model_config.h) on CPU ranks
-// against the whole model on one rank, for every fixture the layers take (dense Qwen3 with tied
-// embeddings, Qwen3-MoE, GLM-4.5, GLM-4.7-Flash and DeepSeek-V3 MLA; not the DSA indexer yet):
+// against the whole model on one rank, for every fixture (dense Qwen3 with tied embeddings,
+// Qwen3-MoE, GLM-4.5, GLM-4.7-Flash and DeepSeek-V3 MLA, GLM-5 DSA):
 // each rank's vocabulary slice of the logits, the token log-probs and entropy, and the gradient
 // of each rank's slice of the params, with and without sequence parallelism, fp32; and the
 // KV-cache forwards of the rollout engine. Every rank loads the whole fixture and keeps its slices
@@ -33,13 +33,11 @@ double Scaled(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).abs().max().item<double>() / std::max(1.0, want.abs().max().item<double>());
 }
 
-// The fixtures the tensor-parallel layers take: all but the DSA indexer's.
+// Every fixture: dense Qwen3 with tied embeddings, Qwen3-MoE, GLM-4.5, DeepSeek-V3 and
+// GLM-4.7-Flash MLA, GLM-5 DSA (with and without shared indexer layers).
 std::vector<std::string> TakenFixtures() {
-  std::vector<std::string> out;
-  for (const std::string& name : testing::FixtureNames()) {
-    if (!testing::LoadFixture(name).config.has_indexer()) out.push_back(name);
-  }
-  REQUIRE(out.size() >= 5);
+  std::vector<std::string> out = testing::FixtureNames();
+  REQUIRE(out.size() >= 7);
   return out;
 }
 

@@ -285,7 +285,9 @@ TEST_CASE("Tensor-parallel MLA attention equals the whole attention, forward and
       local.o_proj = Trainable(
           w.o_proj.narrow(1, rank * heads * c.v_head_dim, heads * c.v_head_dim));
       const Sharded got = RunSharded(in, sequence_parallel, world, [&](const at::Tensor& x) {
-        return TensorParallelMlaAttention(local, x, ctx, world, sequence_parallel, kBatch);
+        at::Tensor topk;
+        return TensorParallelMlaAttention(local, IndexerType::kNone, x, ctx, world,
+                                          sequence_parallel, kBatch, topk);
       });
       CHECK(Scaled(got.out, Mine(want.out, sequence_parallel, world)) <= 1e-12);
       CHECK(Scaled(got.x.grad(), Mine(want.x.grad(), sequence_parallel, world)) <= 1e-12);

@@ -325,14 +325,11 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
     const Layer& layer = layers_[l];
     ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
     at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps);
-    if (tensor_group_ != nullptr) {  // Note [Tensor-parallel attention]
-      h = config_.attention_kind() == AttentionKind::kGqa
+    if (config_.attention_kind() == AttentionKind::kGqa) {
+      h = tensor_group_ != nullptr  // Note [Tensor-parallel attention]
               ? TensorParallelGqaAttention(layer.gqa, h, ctx, *tensor_group_, sequence_parallel_,
                                            batch)
-              : TensorParallelMlaAttention(layer.mla, h, ctx, *tensor_group_, sequence_parallel_,
-                                           batch);
-    } else if (config_.attention_kind() == AttentionKind::kGqa) {
-      h = GqaAttention(layer.gqa, h, ctx);
+              : GqaAttention(layer.gqa, h, ctx);
     } else {
       IndexerType indexer = layer.indexer_type;
       if (indexer == IndexerType::kFull && indexer_source_) {  // Note [Indexer replay]
@@ -345,7 +342,10 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
           indexer = IndexerType::kShared;  // reads `topk` instead of computing it
         }
       }
-      h = MlaAttention(layer.mla, indexer, h, ctx, topk);
+      h = tensor_group_ != nullptr
+              ? TensorParallelMlaAttention(layer.mla, indexer, h, ctx, *tensor_group_,
+                                           sequence_parallel_, batch, topk)
+              : MlaAttention(layer.mla, indexer, h, ctx, topk);
       if (layer.indexer_type == IndexerType::kFull && indexer_observer_) {
         indexer_observer_(static_cast<int64_t>(l), topk);
       }

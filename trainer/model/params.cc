@@ -128,10 +128,7 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
                 {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, 0,
                 even(heads, c.qk_nope_head_dim + c.v_head_dim, "attention heads"));
       if (c.has_indexer() && c.indexer_types[l] == IndexerType::kFull) {
-        RL_CHECK(tp == 1, ConfigError,
-                 "tensor parallelism does not take the DSA indexer yet (--tensor-model-parallel-"
-                 "size {})",
-                 tp);
+        // Replicated under TP (Note [Tensor-parallel attention]).
         const std::string ix = a + "indexer.";
         add(ix + "wq_b.weight", {c.index_n_heads * c.index_head_dim, *c.q_lora_rank});
         add(ix + "wk.weight", {c.index_head_dim, h});

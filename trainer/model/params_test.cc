@@ -298,7 +298,6 @@ TEST_CASE("InitParamsRandom under an expert shard gives the whole model's rows o
 TEST_CASE("InitParamsRandom under a tensor shard gives the whole model's slices") {
   for (const std::string& fixture : FixtureNames()) {
     const ModelConfig whole_config = LoadModelConfig(FixturePath(fixture));
-    if (whole_config.has_indexer()) continue;  // not taken under TP yet
     const std::vector<ParamSpec> whole_specs = ListParams(whole_config);
     TensorMap whole = AllocateParams(whole_specs, at::kFloat, at::kCPU);
     InitParamsRandom(whole_specs, whole, 42);

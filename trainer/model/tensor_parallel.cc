@@ -178,11 +178,10 @@ at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor&
                       });
 }
 
-at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor& x,
-                                      const AttentionContext& ctx, Communicator& group,
-                                      bool sequence_parallel, int64_t batch) {
-  RL_CHECK(!local.has_indexer, Error,
-           "tensor-parallel MLA runs without a DSA indexer (not taken yet)");
+at::Tensor TensorParallelMlaAttention(const MlaWeights& local, IndexerType indexer_type,
+                                      const at::Tensor& x, const AttentionContext& ctx,
+                                      Communicator& group, bool sequence_parallel, int64_t batch,
+                                      at::Tensor& topk) {
   RL_CHECK(ctx.cache == nullptr || !sequence_parallel, Error,
            "tensor-parallel attention with a KV cache runs without sequence parallelism");
   const ModelConfig& whole = *ctx.config;
@@ -198,8 +197,7 @@ at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor&
   shard_ctx.config = &shard;
   return HeadParallel(x, group, sequence_parallel, batch, local.o_bias,
                       [&](const at::Tensor& input) {
-                        at::Tensor topk;
-                        return MlaAttention(partial, IndexerType::kNone, input, shard_ctx, topk);
+                        return MlaAttention(partial, indexer_type, input, shard_ctx, topk);
                       });
 }
 

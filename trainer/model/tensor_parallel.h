@@ -80,11 +80,14 @@ at::Tensor TensorParallelGqaAttention(const GqaWeights& local, const at::Tensor&
 // kv_a_proj and their norms are replicated on every rank (each rank's gradient of them is partial:
 // its heads' share, summed over TP by the optimizer); the up projections q_b_proj (or q_proj)
 // and kv_b_proj are column-parallel by heads (rows [r * H / P * d, ...) with d = qk_head_dim,
-// resp. qk_nope_head_dim + v_head_dim); o_proj is row-parallel. Layers with a DSA indexer are not
-// taken yet. Same layouts of x and the result as TensorParallelGqaAttention.
-at::Tensor TensorParallelMlaAttention(const MlaWeights& local, const at::Tensor& x,
-                                      const AttentionContext& ctx, Communicator& group,
-                                      bool sequence_parallel, int64_t batch);
+// resp. qk_nope_head_dim + v_head_dim); o_proj is row-parallel. The DSA indexer is replicated:
+// every rank computes the same top-k over every token (its input is the whole sequence, after
+// the input mapping; it has no gradient) and its heads attend to the selected keys; `indexer_type`
+// and `topk` as MlaAttention's. Same layouts of x and the result as TensorParallelGqaAttention.
+at::Tensor TensorParallelMlaAttention(const MlaWeights& local, IndexerType indexer_type,
+                                      const at::Tensor& x, const AttentionContext& ctx,
+                                      Communicator& group, bool sequence_parallel, int64_t batch,
+                                      at::Tensor& topk);
 
 // Note [Tensor-parallel gradients]
 // After the backward, a TP rank's gradient of a param that several TP ranks hold
