@@ -27,6 +27,7 @@ struct ParamSpec {
   // -1 for a param every rank holds whole.
   int64_t tp_dim = -1;
   int64_t tp_start = 0;
+  int64_t tp_extent = 0;  // the whole tensor's size along tp_dim
   // How many TP ranks hold these same values (1 for a slice of its own; TP for a replicated param;
   // TP / kv_heads for key/value heads fewer than TP), and whether a lower TP rank among them does:
   // the gradient norm counts such values once, on the lowest.

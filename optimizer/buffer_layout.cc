@@ -33,6 +33,9 @@ BufferLayout MakeBufferLayout(const std::vector<ParamSpec>& params_in_use_order,
     entry.numel = it->numel();
     entry.offset = RoundUp(cursor, kParamAlignment);
     entry.weight_decay = DecaysWeight(it->name, it->shape);
+    entry.tp_dim = it->tp_dim;
+    entry.tp_start = it->tp_start;
+    entry.tp_extent = it->tp_extent;
     cursor = entry.offset + entry.numel;
     layout.entries.push_back(std::move(entry));
   }

@@ -32,6 +32,11 @@ struct BufferEntry {
   int64_t offset = 0;  // elements from the buffer start
   int64_t numel = 0;
   bool weight_decay = true;  // false for 1-D params (norms) and biases, as Megatron does
+  // Under TP, where the param is a slice of the whole one (ParamSpec's tp_dim, tp_start and
+  // tp_extent; not part of Describe()).
+  int64_t tp_dim = -1;
+  int64_t tp_start = 0;
+  int64_t tp_extent = 0;
 };
 
 // A run of elements of one param inside one rank's shard.

@@ -360,33 +360,65 @@ BufferLayout DistributedOptimizer::Layout(BufferKind kind,
   return LayoutOf(kind, params_in_use_order, group_size);
 }
 
+namespace {
+
+// Note [Resharding optimizer state]: calls f(whole_begin, length, offset) for the runs of the
+// whole parameter that elements [begin, begin + numel) of `entry` hold, `offset` counting from
+// `begin`: one run, at the experts' global rows for an expert buffer's stacked experts
+// (`first_expert`) or in place for a whole param; one per row of the dims before tp_dim for a TP
+// slice (its rows lie tp_start into rows of tp_extent).
+template <typename F>
+void ForEachWholeRun(BufferKind kind, const BufferEntry& entry, int64_t first_expert,
+                     int64_t begin, int64_t numel, F f) {
+  if (kind == BufferKind::kExpert) {
+    f(first_expert * (entry.numel / entry.shape[0]) + begin, numel, 0);
+    return;
+  }
+  if (entry.tp_dim < 0) {
+    f(begin, numel, 0);
+    return;
+  }
+  const auto dim = static_cast<size_t>(entry.tp_dim);
+  int64_t inner = 1;
+  for (size_t d = dim + 1; d < entry.shape.size(); ++d) inner *= entry.shape[d];
+  const int64_t row = entry.shape[dim] * inner;  // one row of the slice
+  for (int64_t at = begin; at < begin + numel;) {
+    const int64_t r = at / row;
+    const int64_t length = std::min(begin + numel, (r + 1) * row) - at;
+    f((r * entry.tp_extent + entry.tp_start) * inner + at - r * row, length, at - begin);
+    at += length;
+  }
+}
+
+}  // namespace
+
 void DistributedOptimizer::ImportResharded(int64_t count, const SavedShardReader& read,
                                            int64_t first_expert, int64_t experts) {
   c10::NoGradGuard no_grad;
   RL_CHECK(count > 0, Error, "optimizer state: no saved shards to reshard");
   const at::ScalarType dtype = StateOf(BufferKind::kDense).scalar_type();
-  // Where an element of a parameter sits in the whole parameter: stacked experts at their global
-  // rows (Note [Resharding optimizer state]).
-  const auto whole_offset = [](BufferKind kind, const BufferEntry& entry, int64_t first,
-                               int64_t in_entry) {
-    return kind == BufferKind::kExpert ? first * (entry.numel / entry.shape[0]) + in_entry
-                                       : in_entry;
-  };
   struct Piece {
     int64_t begin;         // in the whole parameter
     int64_t numel;
     int64_t shard_offset;  // in this rank's shard
   };
-  std::array<std::map<std::string, std::vector<Piece>>, 2> mine;  // by kind, by parameter
+  // By kind, by parameter, sorted by `begin` (the pieces of one parameter do not overlap).
+  std::array<std::map<std::string, std::vector<Piece>>, 2> mine;
   std::array<at::Tensor, 2> host;                                  // [parts, shard] by kind
   std::array<at::Tensor, 2> filled;                                // [shard] bool by kind
   for (BufferKind kind : kBufferKinds) {
     const Buffer& buffer = buffers_[Index(kind)];
     for (const ShardSegment& seg : buffer.segments) {
       const BufferEntry& entry = buffer.layout.entries[seg.entry];
-      mine[Index(kind)][entry.name].push_back(
-          {whole_offset(kind, entry, first_expert, seg.buffer_offset - entry.offset), seg.numel,
-           seg.shard_offset});
+      ForEachWholeRun(kind, entry, first_expert, seg.buffer_offset - entry.offset, seg.numel,
+                      [&](int64_t whole, int64_t numel, int64_t offset) {
+                        mine[Index(kind)][entry.name].push_back(
+                            {whole, numel, seg.shard_offset + offset});
+                      });
+    }
+    for (auto& [name, pieces] : mine[Index(kind)]) {
+      std::sort(pieces.begin(), pieces.end(),
+                [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
     }
     host[Index(kind)] = at::zeros({kStateParts, buffer.layout.shard_numel()}, dtype);
     filled[Index(kind)] = at::zeros({buffer.layout.shard_numel()}, at::kBool);
@@ -400,7 +432,6 @@ void DistributedOptimizer::ImportResharded(int64_t count, const SavedShardReader
              s.state.step);
     step = s.state.step;
     for (BufferKind kind : kBufferKinds) {
-      if (!s.use[Index(kind)]) continue;
       const std::string prefix(ToString(kind));
       const BufferLayout& layout = s.layouts[Index(kind)];
       std::vector<at::Tensor> parts;
@@ -413,23 +444,35 @@ void DistributedOptimizer::ImportResharded(int64_t count, const SavedShardReader
       const at::Tensor saved = at::stack(parts);  // [parts, saved shard]
       for (const ShardSegment& seg : layout.Segments(s.index[Index(kind)])) {
         const BufferEntry& entry = layout.entries[seg.entry];
-        const auto pieces = mine[Index(kind)].find(entry.name);
-        if (pieces == mine[Index(kind)].end()) continue;
-        const int64_t begin =
-            whole_offset(kind, entry, s.first_expert, seg.buffer_offset - entry.offset);
-        for (const Piece& piece : pieces->second) {
-          const int64_t lo = std::max(begin, piece.begin);
-          const int64_t hi = std::min(begin + seg.numel, piece.begin + piece.numel);
-          if (lo >= hi) continue;
-          const int64_t to = piece.shard_offset + lo - piece.begin;
-          host[Index(kind)].narrow(1, to, hi - lo).copy_(
-              saved.narrow(1, seg.shard_offset + lo - begin, hi - lo));
-          filled[Index(kind)].narrow(0, to, hi - lo).fill_(true);
-        }
+        const auto found = mine[Index(kind)].find(entry.name);
+        if (found == mine[Index(kind)].end()) continue;
+        const std::vector<Piece>& pieces = found->second;
+        ForEachWholeRun(
+            kind, entry, s.first_expert, seg.buffer_offset - entry.offset, seg.numel,
+            [&](int64_t begin, int64_t numel, int64_t offset) {
+              // The first piece that may overlap [begin, begin + numel), then the next ones.
+              auto it = std::upper_bound(
+                  pieces.begin(), pieces.end(), begin,
+                  [](int64_t value, const Piece& piece) { return value < piece.begin; });
+              if (it != pieces.begin()) --it;
+              for (; it != pieces.end() && it->begin < begin + numel; ++it) {
+                const int64_t lo = std::max(begin, it->begin);
+                const int64_t hi = std::min(begin + numel, it->begin + it->numel);
+                if (lo >= hi) continue;
+                const int64_t to = it->shard_offset + lo - it->begin;
+                host[Index(kind)].narrow(1, to, hi - lo).copy_(
+                    saved.narrow(1, seg.shard_offset + offset + lo - begin, hi - lo));
+                filled[Index(kind)].narrow(0, to, hi - lo).fill_(true);
+              }
+            });
       }
     }
   }
   for (BufferKind kind : kBufferKinds) {
+    if (filled[Index(kind)].all().item<bool>()) {
+      StateOf(kind).copy_(host[Index(kind)]);
+      continue;
+    }
     for (const auto& [name, pieces] : mine[Index(kind)]) {
       for (const Piece& piece : pieces) {
         RL_CHECK(filled[Index(kind)].narrow(0, piece.shard_offset, piece.numel).all().item<bool>(),

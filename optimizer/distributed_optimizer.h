@@ -104,11 +104,12 @@ struct ShardState {
 
 // Note [Resharding optimizer state]
 // A checkpoint holds one shard per rank, cut from the layouts of the job that saved it (its DP
-// size, and its EP size, which shapes the expert buffer and its EDP group). ImportResharded
-// rebuilds this rank's shards from every saved shard of another layout: it puts each saved
-// segment back into the whole parameter it belongs to (an expert buffer's segments at their
-// experts' global rows) and copies the pieces that overlap this rank's own segments, for the
-// masters and both Adam moments. The saved shards are read one at a time, so a rank holds its
+// size, its EP size, which shapes the expert buffer and its EDP group, and its TP size, which
+// slices the dense params). ImportResharded rebuilds this rank's shards from every saved shard of
+// another layout: it puts each saved segment back into the whole parameter it belongs to (an
+// expert buffer's segments at their experts' global rows, a TP slice's elements at its place
+// along the split dim: one run of the whole parameter per row of the dims before it) and copies
+// the pieces that overlap this rank's own segments, for the masters and both Adam moments. The saved shards are read one at a time, so a rank holds its
 // own shard and one saved shard at once; each rank reads every saved shard (loading into the
 // same layout reads only the rank's own). Every element this rank owns must come from a saved
 // segment; one that no saved shard covers is an error naming its parameter.
@@ -117,9 +118,6 @@ struct SavedShard {
   std::array<BufferLayout, 2> layouts;  // by BufferKind: the layouts the shard was cut from
   std::array<int64_t, 2> index{};       // its shard of each layout (DP rank, EDP rank)
   int64_t first_expert = 0;             // global id of the first expert of its expert buffer
-  // Which of its buffers to take: under tensor parallelism the dense one only from the shards of
-  // this rank's slices (the expert buffer is the same on every TP rank).
-  std::array<bool, 2> use{true, true};
 };
 
 class DistributedOptimizer {

@@ -115,7 +115,7 @@ case "$mode" in
       --freeze-params 'layers\.0\.self_attn\.q_proj'
     [[ $? -ne 0 ]] || fail "a checkpoint with another buffer layout loaded"
     set -e
-    expect_refused one_rank "rank_00000.safetensors: its dense buffer layout is not this model's at DP 2 and EP 1 .*cannot be resharded"
+    expect_refused one_rank "rank_00000.safetensors: its dense buffer layout is not this model's at DP 2, EP 1 and TP 1 .*cannot be resharded"
     expect_refused corrupt "corrupt/optimizer/rank_00001.safetensors: SHA256 [0-9a-f]* differs"
     expect_refused no_manifest "no_manifest: not a checkpoint: it has no manifest.sha256"
     expect_refused other_layout "rank_0000[01].safetensors: optimizer state was saved with a different dense buffer layout"

@@ -65,3 +65,39 @@ ci_checks() {
   echo "$name: $checks weight checks, $rebuilds verified rebuilds, $replays replay checks," \
     "first rollout $(first_rollout "$name")"
 }
+
+# same_saved_tensors DIR_A DIR_B [weights]: two checkpoint directories hold bit-identical weights
+# (by tensor name, whatever files they are in) and, unless "weights", bit-identical optimizer
+# shards (by file and tensor; the CPU generator state aside, which resharding ranks do not take
+# over). Prints what it compared.
+same_saved_tensors() {
+  python3 - "$1" "$2" "${3:-all}" <<'PY'
+import glob, json, os, struct, sys
+
+def tensors(path):  # name -> raw bytes of every tensor of a safetensors file
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+
+def all_tensors(root, pattern, by_file):  # "file:tensor" (or "tensor") -> bytes
+    out = {}
+    for path in sorted(glob.glob(os.path.join(root, pattern))):
+        for k, v in tensors(path).items():
+            out[os.path.basename(path) + ":" + k if by_file else k] = v
+    return out
+
+a, b, what = sys.argv[1:]
+weights = [all_tensors(x, "*.safetensors", False) for x in (a, b)]
+assert weights[0] and weights[0] == weights[1], "the weights differ"
+message = f"{len(weights[0])} weight tensors"
+if what != "weights":
+    shards = [{k: v for k, v in all_tensors(x, "optimizer/*.safetensors", True).items()
+               if not k.endswith(":rng.cpu")} for x in (a, b)]
+    assert shards[0] and shards[0] == shards[1], "the optimizer shards differ"
+    message += f" and {len(shards[0])} optimizer tensors"
+print(message + " bit-identical")
+PY
+}

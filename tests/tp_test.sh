@@ -19,9 +19,11 @@
 #     fp32 differ from one rank's only in the order of sums (in bf16 that flips some tokens).
 #   resume TRAINER RECIPE
 #     at -np 4 TP 2 (DP 2), 2 iterations saved then resumed for a third give the same checkpoint
-#     as 3 straight iterations (the weights and every rank's optimizer shard SHA256-identical);
-#     the saved checkpoint resumes at -np 2 TP 2 (DP 1, the optimizer state resharded over DP
-#     within each TP rank); at another TP size it is refused, naming the sizes.
+#     as 3 straight iterations (the weights and every rank's optimizer shard SHA256-identical).
+#     The saved checkpoint loaded and saved again (nothing left to run, so the loaded state is
+#     saved in the new layout) at -np 2 TP 1, then -np 4 TP 4, then back at -np 4 TP 2: the
+#     optimizer state resharded across TP and DP sizes comes back bit for bit, and so do the
+#     weights. Then a run at -np 2 TP 1 resumes the first checkpoint and trains on.
 set -euo pipefail
 mode="$1"
 shift
@@ -116,15 +118,17 @@ PY
         fail "resumed and straight runs differ in $f"
     done
     echo "resume at TP 2 x DP 2: ${#files[@]} files identical to the straight run's"
-    run 2 resharded "${tp2[@]}" --num-rollout 3 --load "$tmp/saved" || fail "resume at DP 1"
-    grep -q "resharded the optimizer state" "$tmp/resharded.log" || fail "DP 1: not resharded"
-    grep -q "iteration 3: " "$tmp/resharded.log" || fail "DP 1: no iteration 3 after the resume"
-    if run 2 other_tp --config "$recipe" --num-rollout 3 --load "$tmp/saved" > /dev/null; then
-      fail "a TP 2 checkpoint loaded at TP 1"
-    fi
-    grep -q "saved at --tensor-model-parallel-size 2, this job runs 1" "$tmp/other_tp.log" ||
-      fail "TP 1: no message naming the TP sizes"
-    echo "resume at TP 2 x DP 1 resharded; at TP 1 refused"
+    hop() {  # hop NP TP FROM TO
+      run "$1" "hop.$4" --config "$recipe" --num-rollout 2 --tensor-model-parallel-size "$2" \
+        --load "$tmp/$3" --save "$tmp/$4" || { fail "load $3 at -np $1 TP $2"; return 1; }
+      grep -q "resharded the optimizer state" "$tmp/hop.$4.log" || fail "$4: not resharded"
+    }
+    hop 2 1 saved b && hop 4 4 b c && hop 4 2 c d
+    same_saved_tensors "$tmp/saved/iter_0000002" "$tmp/b/iter_0000002" weights ||
+      fail "TP 1 weights"
+    same_saved_tensors "$tmp/saved/iter_0000002" "$tmp/d/iter_0000002" || fail "round trip"
+    run 2 at_tp1 --config "$recipe" --num-rollout 3 --load "$tmp/saved" || fail "resume at TP 1"
+    grep -q "iteration 3: " "$tmp/at_tp1.log" || fail "TP 1: no iteration 3 after the resume"
     ;;
   *)
     echo "unknown mode $mode"

@@ -482,9 +482,11 @@ void Actor::WriteHfCheckpoint(const std::string& dir) const {
   if (comm_.rank() == 0) model::FinishHfCheckpointParts(dir, model_, all);
 }
 
-std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size) const {
+std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size,
+                                            model::ModelConfig::TensorShard tensor_shard) const {
   model::ModelConfig sharded = model_;
   sharded.expert_shard = {0, ep_size};
+  sharded.tensor_shard = tensor_shard;
   return SplitParams(model::ListParams(sharded), resolved_.config.model.freeze_params, ep_size)
       .trained;
 }

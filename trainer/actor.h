@@ -126,8 +126,10 @@ class Actor {
   // gathering the slices over TP. Collective over the world.
   void WriteHfCheckpoint(const std::string& dir) const;
   // The trained params, in use order, of this model with its experts spread over `ep_size` ranks
-  // (what the optimizer of such a job lays out; for resharding checkpoints).
-  std::vector<ParamSpec> TrainedParams(int64_t ep_size) const;
+  // and its slices those of `tensor_shard` (what the optimizer of such a job lays out; for
+  // resharding checkpoints).
+  std::vector<ParamSpec> TrainedParams(int64_t ep_size,
+                                       model::ModelConfig::TensorShard tensor_shard) const;
 
   // Log-probs [mb, T] of the plan's samples under the current weights, no autograd. MoE routing
   // replays `replay` when given and is recorded into `record` when given.

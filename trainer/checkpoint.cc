@@ -336,39 +336,39 @@ namespace {
 // the saving job cut it from (computed from this model's params at the saved EP and DP sizes, and
 // checked against the layouts the shard records).
 // Saved rank w (of DP x TP) is DP rank w / TP and TP rank w % TP, EP rank w % EP and EDP rank
-// w / EP (Note [Rank grid]): its dense buffer is taken when it holds this rank's TP slices, its
-// expert buffer always.
+// w / EP (Note [Rank grid]).
 optimizer::DistributedOptimizer::SavedShardReader ShardReader(const std::string& dir,
                                                               const Actor& actor,
-                                                              const SavedLayout& saved,
-                                                              int tp_rank) {
+                                                              const SavedLayout& saved) {
   using optimizer::BufferKind;
   using optimizer::DistributedOptimizer;
-  const std::vector<ParamSpec> params = actor.TrainedParams(saved.ep_size);
   const int64_t expert_dp = saved.dp_size * saved.tp_size / saved.ep_size;
-  const std::array<optimizer::BufferLayout, 2> layouts = {
-      DistributedOptimizer::Layout(BufferKind::kDense, params, static_cast<int>(saved.dp_size)),
-      DistributedOptimizer::Layout(BufferKind::kExpert, params, static_cast<int>(expert_dp))};
+  std::vector<std::array<optimizer::BufferLayout, 2>> layouts;  // by saved TP rank
+  for (int64_t tp_rank = 0; tp_rank < saved.tp_size; ++tp_rank) {
+    const std::vector<ParamSpec> params =
+        actor.TrainedParams(saved.ep_size, {tp_rank, saved.tp_size});
+    layouts.push_back(
+        {DistributedOptimizer::Layout(BufferKind::kDense, params, static_cast<int>(saved.dp_size)),
+         DistributedOptimizer::Layout(BufferKind::kExpert, params, static_cast<int>(expert_dp))});
+  }
   const int64_t experts_per_rank = actor.model_config().n_routed_experts / saved.ep_size;
   return [=](int64_t rank) {
     const model::SafetensorsFile file =
         model::SafetensorsFile::Open(JoinPath(dir, ShardFile(static_cast<int>(rank))));
     optimizer::SavedShard shard;
     shard.state = ReadShard(file, rank / saved.tp_size, saved.dp_size, rank % saved.tp_size);
-    shard.layouts = layouts;
+    shard.layouts = layouts[static_cast<size_t>(rank % saved.tp_size)];
     shard.index = {rank / saved.tp_size, rank / saved.ep_size};
-    shard.use = {rank % saved.tp_size == tp_rank, true};
     shard.first_expert = rank % saved.ep_size * experts_per_rank;
     for (BufferKind kind : optimizer::kBufferKinds) {
-      if (!shard.use[static_cast<size_t>(kind)]) continue;
       const std::string name(optimizer::ToString(kind));
       const auto it = shard.state.layouts.find(name);
       RL_CHECK(it != shard.state.layouts.end() &&
-                   it->second == layouts[static_cast<size_t>(kind)].Describe(),
+                   it->second == shard.layouts[static_cast<size_t>(kind)].Describe(),
                CheckpointError,
-               "{}: its {} buffer layout is not this model's at DP {} and EP {} (another model "
-               "or --freeze-params?): the optimizer state cannot be resharded",
-               file.path(), name, saved.dp_size, saved.ep_size);
+               "{}: its {} buffer layout is not this model's at DP {}, EP {} and TP {} (another "
+               "model or --freeze-params?): the optimizer state cannot be resharded",
+               file.path(), name, saved.dp_size, saved.ep_size, saved.tp_size);
     }
     return shard;
   };
@@ -395,12 +395,10 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, const ParallelGr
   const std::string own_shard = ShardFile(groups.world().rank());
   SavedLayout saved;
   LoopState state = ReadState(dir, saved);
-  RL_CHECK(saved.tp_size == groups.tp_size(), CheckpointError,
-           "{}: saved at --tensor-model-parallel-size {}, this job runs {}: the optimizer state "
-           "is not resharded across TP sizes yet (resume at TP {}, any DP and EP size)",
-           dir, saved.tp_size, groups.tp_size(), saved.tp_size);
   const model::ModelConfig& model = actor.model_config();
-  const bool same_layout = saved.dp_size == comm.size() && saved.ep_size == model.expert_shard.size;
+  const bool same_layout = saved.dp_size == comm.size() &&
+                           saved.ep_size == model.expert_shard.size &&
+                           saved.tp_size == groups.tp_size();
   const int64_t saved_ranks = saved.dp_size * saved.tp_size;
   std::vector<std::string> shards = {own_shard};
   if (!same_layout) {
@@ -426,13 +424,14 @@ LoopState LoadCheckpoint(const std::string& path, Actor& actor, const ParallelGr
     // Another layout: the optimizer state is resharded; the CPU generator keeps this job's seed
     // (SeedDefaultGenerator), since the saved ranks' states do not map to these ranks.
     ReportAsCheckpointError(dir, [&] {
-      actor.optimizer().ImportResharded(saved_ranks,
-                                        ShardReader(dir, actor, saved, groups.tp_rank()),
+      actor.optimizer().ImportResharded(saved_ranks, ShardReader(dir, actor, saved),
                                         model.first_local_expert(), model.n_routed_experts);
     });
     step = actor.optimizer().step();
-    spdlog::info("resharded the optimizer state of {} from DP {} x EP {} to DP {} x EP {}", dir,
-                 saved.dp_size, saved.ep_size, comm.size(), model.expert_shard.size);
+    spdlog::info(
+        "resharded the optimizer state of {} from DP {} x EP {} x TP {} to DP {} x EP {} x TP {}",
+        dir, saved.dp_size, saved.ep_size, saved.tp_size, comm.size(), model.expert_shard.size,
+        groups.tp_size());
   }
   // The params are the masters cast, exactly as at the end of the step that was saved.
   actor.optimizer().CastMainToParams();

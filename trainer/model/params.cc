@@ -65,6 +65,7 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
   // heads fewer than TP).
   auto add_split = [&](std::string name, std::vector<int64_t> whole, int64_t dim, HeadRange slice,
                        int64_t replicas = 1) {
+    const int64_t extent = whole[static_cast<size_t>(dim)];
     if (tp > 1) whole[static_cast<size_t>(dim)] = slice.count;
     add(std::move(name), std::move(whole));
     out.back().tp_replicas = replicas;
@@ -72,6 +73,7 @@ std::vector<ParamSpec> ListParams(const ModelConfig& c) {
     if (tp > 1) {
       out.back().tp_dim = dim;
       out.back().tp_start = slice.first;
+      out.back().tp_extent = extent;
     }
   };
   // An even split of `count` units (heads, features) of `unit` elements each.
