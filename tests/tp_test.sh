@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism on CPU ranks (MPI backend), against one rank, at -np 2 TP 2, -np 4 TP 2
-# (DP 2) and -np 4 TP 4 (key/value heads fewer than 4 replicated). Two modes:
+# (DP 2) and -np 4 TP 4 (key/value heads fewer than 4 replicated), and for the MoE recipes also
+# -np 4 TP 2 x EP 2 (each TP group the EP group of its ranks' experts). Three modes:
 #   train TRAINER COMPARE DATA DEFAULT_RECIPE RECIPE...
 #     each model trains 3 --debug-train-only iterations, fp32, on the recorded rollout DATA: the
 #     dense default (Qwen3), also with tied embeddings and with --sequence-parallel, and the MoE
@@ -21,9 +22,9 @@
 #     at -np 4 TP 2 (DP 2), 2 iterations saved then resumed for a third give the same checkpoint
 #     as 3 straight iterations (the weights and every rank's optimizer shard SHA256-identical).
 #     The saved checkpoint loaded and saved again (nothing left to run, so the loaded state is
-#     saved in the new layout) at -np 2 TP 1, then -np 4 TP 4, then back at -np 4 TP 2: the
-#     optimizer state resharded across TP and DP sizes comes back bit for bit, and so do the
-#     weights. Then a run at -np 2 TP 1 resumes the first checkpoint and trains on.
+#     saved in the new layout) at -np 2 TP 1, -np 4 TP 4, -np 4 TP 2 x EP 2, then back at -np 4
+#     TP 2: the optimizer state resharded across TP, EP and DP sizes comes back bit for bit, and
+#     so do the weights. Then a run at -np 2 TP 1 resumes the first checkpoint and trains on.
 set -euo pipefail
 mode="$1"
 shift
@@ -32,7 +33,8 @@ weight_tol=1e-6
 norm_tol=1e-5
 # shellcheck source=tests/parallel_runs.sh
 . "$here/parallel_runs.sh"
-layouts=("2 2" "4 2" "4 4")
+layouts=("2 2 1" "4 2 1" "4 4 1")  # -np, TP, EP
+moe_layouts=("${layouts[@]}" "4 2 2")
 # The default recipe's rollout is larger than the CI ones: 2 prompts x 2 samples here.
 small=(--rollout-batch-size 2 --n-samples-per-prompt 2 --global-batch-size 4
        --micro-batch-size 1 --rollout-max-response-len 4 --lr 1e-5)
@@ -41,18 +43,19 @@ case "$mode" in
   train)
     trainer="$1" compare="$2" data="$3" default_recipe="$4"
     shift 4
-    train() {  # train NAME FLAGS...: -np 1, then each TP layout, each against -np 1
+    train() {  # train NAME LAYOUTS FLAGS...: -np 1, then each layout, each against -np 1
       local name="$1"
-      shift
+      local -n each="$2"
+      shift 2
       local flags=(--load-debug-rollout-data "$data" --debug-train-only --num-rollout 3
                    --params-dtype fp32 --no-use-rollout-routing-replay --no-use-tis "$@")
       run 1 "$name.np1" "${flags[@]}" --save-hf "$tmp/$name.np1" || { fail "$name -np 1"; return; }
-      for layout in "${layouts[@]}"; do
-        read -r np tp <<< "$layout"
-        local run_name="$name.np$np.tp$tp"
+      for layout in "${each[@]}"; do
+        read -r np tp ep <<< "$layout"
+        local run_name="$name.np$np.tp$tp.ep$ep"
         if ! run "$np" "$run_name" "${flags[@]}" --tensor-model-parallel-size "$tp" \
-            --save-hf "$tmp/$run_name"; then
-          fail "$name -np $np TP $tp"
+            --expert-model-parallel-size "$ep" --save-hf "$tmp/$run_name"; then
+          fail "$name -np $np TP $tp EP $ep"
           continue
         fi
         grep -q "parallel layout: TP $tp x DP $((np / tp))" "$tmp/$run_name.log" ||
@@ -67,28 +70,30 @@ config = json.load(open(sys.argv[1]))
 config["tie_word_embeddings"] = True
 json.dump(config, open(sys.argv[2], "w"))
 PY
-    train dense --config "$default_recipe" "${small[@]}"
-    train dense_tied --config "$default_recipe" "${small[@]}" --model-config "$tmp/tied.json"
-    train dense_sp --config "$default_recipe" "${small[@]}" --sequence-parallel
+    train dense layouts --config "$default_recipe" "${small[@]}"
+    train dense_tied layouts --config "$default_recipe" "${small[@]}" --model-config "$tmp/tied.json"
+    train dense_sp layouts --config "$default_recipe" "${small[@]}" --sequence-parallel
     for recipe in "$@"; do
-      train "$(basename "$recipe" .toml)" --config "$recipe"
+      train "$(basename "$recipe" .toml)" moe_layouts --config "$recipe"
     done
     ;;
   colocated)
     trainer="$1" default_recipe="$2"
     shift 2
-    colocated() {  # colocated NAME R3 FLAGS...
-      local name="$1" r3="$2"
-      shift 2
+    colocated() {  # colocated NAME LAYOUTS R3 FLAGS...
+      local name="$1" r3="$3"
+      local -n each="$2"
+      shift 3
       local flags=(--params-dtype fp32 --rematerialize-param-from-master-weight
                    --check-rematerialize-param-from-master-weight "$@")
       run 1 "$name.np1" "${flags[@]}" --num-rollout 1 \
         --save-debug-rollout-data "$tmp/$name.np1.samples" || { fail "$name -np 1"; return; }
-      for layout in "${layouts[@]}"; do
-        read -r np tp <<< "$layout"
-        local run_name="$name.np$np.tp$tp"
+      for layout in "${each[@]}"; do
+        read -r np tp ep <<< "$layout"
+        local run_name="$name.np$np.tp$tp.ep$ep"
         run "$np" "$run_name" "${flags[@]}" --num-rollout 2 --tensor-model-parallel-size "$tp" \
-          --save-debug-rollout-data "$tmp/$run_name.samples" || { fail "$run_name"; continue; }
+          --expert-model-parallel-size "$ep" --save-debug-rollout-data "$tmp/$run_name.samples" ||
+          { fail "$run_name"; continue; }
         python3 - "$tmp/$name.np1.samples" "$tmp/$run_name.samples" <<'PY' ||
 import json, sys
 want = [json.loads(line)["tokens"] for line in open(sys.argv[1])]
@@ -99,9 +104,9 @@ PY
         ci_checks "$run_name" true "$r3"
       done
     }
-    colocated dense false --config "$default_recipe" "${small[@]}" --ci-test
+    colocated dense layouts false --config "$default_recipe" "${small[@]}" --ci-test
     for recipe in "$@"; do
-      colocated "$(basename "$recipe" .toml)" \
+      colocated "$(basename "$recipe" .toml)" moe_layouts \
         "$(grep -q "^use_rollout_routing_replay = true" "$recipe" && echo true)" --config "$recipe"
     done
     ;;
@@ -118,12 +123,13 @@ PY
         fail "resumed and straight runs differ in $f"
     done
     echo "resume at TP 2 x DP 2: ${#files[@]} files identical to the straight run's"
-    hop() {  # hop NP TP FROM TO
-      run "$1" "hop.$4" --config "$recipe" --num-rollout 2 --tensor-model-parallel-size "$2" \
-        --load "$tmp/$3" --save "$tmp/$4" || { fail "load $3 at -np $1 TP $2"; return 1; }
-      grep -q "resharded the optimizer state" "$tmp/hop.$4.log" || fail "$4: not resharded"
+    hop() {  # hop NP TP EP FROM TO
+      run "$1" "hop.$5" --config "$recipe" --num-rollout 2 --tensor-model-parallel-size "$2" \
+        --expert-model-parallel-size "$3" --load "$tmp/$4" --save "$tmp/$5" ||
+        { fail "load $4 at -np $1 TP $2 EP $3"; return 1; }
+      grep -q "resharded the optimizer state" "$tmp/hop.$5.log" || fail "$5: not resharded"
     }
-    hop 2 1 saved b && hop 4 4 b c && hop 4 2 c d
+    hop 2 1 1 saved b && hop 4 4 1 b c && hop 4 2 2 c e && hop 4 2 1 e d
     same_saved_tensors "$tmp/saved/iter_0000002" "$tmp/b/iter_0000002" weights ||
       fail "TP 1 weights"
     same_saved_tensors "$tmp/saved/iter_0000002" "$tmp/d/iter_0000002" || fail "round trip"

@@ -462,24 +462,24 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
 }
 
 void Actor::WriteHfCheckpoint(const std::string& dir) const {
-  const model::TensorMap all = AllTensors();
+  // Under TP every rank of each TP group gathers the whole tensors of its slices first.
+  model::ModelConfig config = model_;
+  model::TensorMap tensors = AllTensors();
   if (groups_.tp() != nullptr) {
-    // Every rank of each TP group gathers the whole tensors; world rank 0 writes them.
-    const model::TensorMap whole = GatherTensorParallel(all);
-    model::ModelConfig whole_config = model_;
-    whole_config.tensor_shard = {};
-    if (groups_.world().rank() == 0) model::SaveHfCheckpoint(dir, whole_config, whole);
-    return;
+    tensors = GatherTensorParallel(tensors);
+    config.tensor_shard = {};
   }
+  Communicator& world = groups_.world();
   if (groups_.ep() == nullptr) {
-    if (comm_.rank() == 0) model::SaveHfCheckpoint(dir, model_, all);
+    if (world.rank() == 0) model::SaveHfCheckpoint(dir, config, tensors);
     return;
   }
   // Note [Expert-parallel saves]: rank 0 the dense tensors, the first rank of each EDP group its
   // experts, then rank 0 the index once every part is on disk.
-  model::SaveHfCheckpointPart(dir, model_, all, comm_.rank() == 0, groups_.expert_dp().rank() == 0);
-  comm_.Barrier();
-  if (comm_.rank() == 0) model::FinishHfCheckpointParts(dir, model_, all);
+  model::SaveHfCheckpointPart(dir, config, tensors, world.rank() == 0,
+                              groups_.expert_dp().rank() == 0);
+  world.Barrier();
+  if (world.rank() == 0) model::FinishHfCheckpointParts(dir, config, tensors);
 }
 
 std::vector<ParamSpec> Actor::TrainedParams(int64_t ep_size,

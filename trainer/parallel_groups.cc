@@ -15,10 +15,6 @@ ParallelGroups::ParallelGroups(Communicator& world, int tensor_parallel_size,
   RL_CHECK(ep_size_ >= 1 && world.size() % ep_size_ == 0, ConfigError,
            "--expert-model-parallel-size {} does not divide the {} ranks (mpirun -np)", ep_size_,
            world.size());
-  RL_CHECK(tp_size_ == 1 || ep_size_ == 1, ConfigError,
-           "--tensor-model-parallel-size {} with --expert-model-parallel-size {}: tensor and "
-           "expert parallelism do not run together yet; set one of them to 1",
-           tp_size_, ep_size_);
   const int rank = world.rank();
   if (tp_size_ > 1) {
     // Note [Rank grid]: consecutive ranks form a TP group; equal TP ranks a DP group.
@@ -32,6 +28,10 @@ ParallelGroups::ParallelGroups(Communicator& world, int tensor_parallel_size,
 }
 
 std::string ParallelGroups::Describe() const {
+  if (tp_size_ > 1 && ep_size_ > 1) {
+    return fmt::format("TP {} x DP {}, EP {} x EDP {}", tp_size_, dp().size(), ep_size_,
+                       expert_dp().size());
+  }
   if (tp_size_ > 1) {
     return fmt::format("TP {} x DP {} (EDP {})", tp_size_, dp().size(), expert_dp().size());
   }
