@@ -65,6 +65,11 @@
 // checks that the communicator was not aborted. Neither counts as a collective for the peer
 // probe's ordinals (a graph replays its transfers without calling here).
 //
+// set_enqueue_only(true) puts every collective of the communicator in that mode (NCCL: enqueued
+// and not waited for, nor counted by the probe; MPI: unchanged), so that a CUDA graph may capture
+// a forward whose layers call AllReduce and AllGather (the tensor-parallel decode step); the caller
+// then calls WaitEnqueued() as above. EnqueueOnlyScope sets it for a scope.
+//
 // Not thread-safe: one thread issues the collectives, in the same order on every rank.
 #ifndef RL_LAUNCH_COMMUNICATOR_H_
 #define RL_LAUNCH_COMMUNICATOR_H_
@@ -117,11 +122,30 @@ class Communicator {
   virtual void EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) = 0;
   // Waits for the work enqueued on the current stream so far (Note [Enqueued all-to-all]).
   virtual void WaitEnqueued() = 0;
+  // Note [Enqueued all-to-all]: every collective only enqueued while on.
+  virtual void set_enqueue_only(bool on) = 0;
 
   // Note [Sub-groups]. Collective over this communicator; returns the communicator of the ranks
   // that passed the same `color`, ranked by `key` then by rank here. `name` (e.g. "ep") appears
   // in the new communicator's error messages.
   virtual std::unique_ptr<Communicator> Split(int color, int key, std::string_view name) = 0;
+};
+
+// Every collective of `comm` (when not null) only enqueued for the scope (Note [Enqueued
+// all-to-all]).
+class EnqueueOnlyScope {
+ public:
+  explicit EnqueueOnlyScope(Communicator* comm) : comm_(comm) {
+    if (comm_ != nullptr) comm_->set_enqueue_only(true);
+  }
+  ~EnqueueOnlyScope() {
+    if (comm_ != nullptr) comm_->set_enqueue_only(false);
+  }
+  EnqueueOnlyScope(const EnqueueOnlyScope&) = delete;
+  EnqueueOnlyScope& operator=(const EnqueueOnlyScope&) = delete;
+
+ private:
+  Communicator* comm_;
 };
 
 // NCCL when `device` is CUDA, MPI otherwise. Collective over all ranks of the session.

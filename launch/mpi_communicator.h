@@ -47,6 +47,7 @@ class MpiCommunicator final : public Communicator {
   // Note [Enqueued all-to-all]: MPI completes it before returning.
   void EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) override;
   void WaitEnqueued() override;
+  void set_enqueue_only(bool) override {}  // MPI has no stream: every call completes
   std::unique_ptr<Communicator> Split(int color, int key, std::string_view name) override;
 
   // The communicator the collectives run on, a duplicate of the world's or a split of it (tests

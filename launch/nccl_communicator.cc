@@ -186,8 +186,12 @@ void NcclCommunicator::AbortAndThrow(const std::string& reason) {
 
 void NcclCommunicator::Complete(ncclResult_t enqueue_result, cudaStream_t stream,
                                 const std::string& what) {
-  probe_->Enter(group_.tag, ++sequence_);
   const auto start = Clock::now();
+  if (enqueue_only_) {  // Note [Enqueued all-to-all]: not waited for, nor counted by the probe
+    WaitStarted(enqueue_result, what, start);
+    return;
+  }
+  probe_->Enter(group_.tag, ++sequence_);
   WaitStarted(enqueue_result, what, start);
   WaitStream(stream, what, start);
 }

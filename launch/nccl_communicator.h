@@ -50,6 +50,7 @@ class NcclCommunicator final : public Communicator {
   // Note [Enqueued all-to-all]: enqueued on the current stream without waiting (capturable).
   void EnqueueAllToAll(const at::Tensor& send, const at::Tensor& recv) override;
   void WaitEnqueued() override;
+  void set_enqueue_only(bool on) override { enqueue_only_ = on; }
   std::unique_ptr<Communicator> Split(int color, int key, std::string_view name) override;
 
  private:
@@ -94,6 +95,7 @@ class NcclCommunicator final : public Communicator {
   std::string abort_reason_;
   internal::Group group_;             // Note [Sub-groups]
   int64_t sequence_ = 0;              // collectives entered, for the probe
+  bool enqueue_only_ = false;         // Note [Enqueued all-to-all]
   std::shared_ptr<PeerProbe> probe_;  // Note [Peer probe]: shared with the parent and children
 };
 

@@ -132,6 +132,54 @@ TEST_CASE("nccl EnqueueAllToAll replays from a CUDA graph and WaitEnqueued waits
   world->Barrier();
 }
 
+// Note [Enqueued all-to-all], EnqueueOnlyScope: the all-reduce and all-gather of the
+// tensor-parallel decode step, captured in a graph while only enqueued, replay to the sums and
+// concatenations of the replay's inputs (rank r contributes r + 1 + offset).
+TEST_CASE("nccl all_reduce and all_gather in enqueue-only mode replay from a CUDA graph") {
+  const MpiSession& session = testing::Session();
+  if (!HaveGpuPerRankOrWarn(session)) return;
+  const c10::Device device = DeviceOf(session);
+  const std::unique_ptr<Communicator> world =
+      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
+  const int rank = world->rank();
+  const int size = world->size();
+  const at::TensorOptions floats = at::TensorOptions().dtype(at::kFloat).device(device);
+  const at::Tensor input = at::full({5}, rank + 1.0, floats);
+  const at::Tensor summed = at::empty({5}, floats);
+  const at::Tensor gathered = at::empty({size * 5}, floats);
+  const auto step = [&] {
+    const EnqueueOnlyScope enqueue(world.get());
+    summed.copy_(input);
+    world->AllReduce(summed, ReduceOp::kSum);
+    world->AllGather(input, gathered);
+  };
+  const auto check = [&](double offset) {
+    const double total = size * (size + 1) / 2.0 + size * offset;
+    CHECK(at::equal(summed.cpu(), at::full({5}, total, at::kFloat)));
+    for (int r = 0; r < size; ++r) {
+      INFO("block of rank " << r << ", offset " << offset);
+      CHECK(at::equal(gathered.narrow(0, r * 5, 5).cpu(), at::full({5}, r + 1.0 + offset)));
+    }
+  };
+  at::cuda::CUDAGraph graph;
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device.index()));
+    step();  // eager first: NCCL connects outside the capture
+    world->WaitEnqueued();
+    check(0);
+    graph.capture_begin();
+    step();
+    graph.capture_end();
+  }
+  input.add_(3);
+  summed.zero_();
+  gathered.zero_();
+  graph.replay();
+  world->WaitEnqueued();
+  check(3);
+  world->Barrier();
+}
+
 // Note [Fixed-capacity dispatch] on a GPU: a bf16 MoE block whose experts are spread over the
 // world (one rank at -np 1: the exchange is a send to itself) is captured in a CUDA graph; its
 // replay computes the eager step's bits, and the exact exchange's results to bf16 rounding.

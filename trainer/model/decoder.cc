@@ -467,8 +467,7 @@ void Decoder::IdleStep(const ExpertDispatch* dispatch) const {
 }
 
 bool Decoder::decode_step_capturable() const {
-  // The tensor-parallel collectives wait on the host (not enqueue-only yet).
-  if (tensor_group_ != nullptr) return false;
+  // Under TP when the caller enqueues the group's collectives (EnqueueOnlyScope).
   // Under expert parallelism only with a fixed-capacity dispatch (the caller's part).
   for (const Layer& layer : layers_) {
     if (layer.mlp_type != MlpType::kDense && !MoeBlockSyncFree(layer.moe)) return false;

@@ -138,7 +138,8 @@ class Decoder {
 
   // True when DecodeStep never waits for the device, so it can be captured in a CUDA graph: every
   // dense model, and MoE models whose blocks are sync-free (MoeBlockSyncFree: bf16 on CUDA) and
-  // either hold every expert or are given a fixed-capacity dispatch.
+  // either hold every expert or are given a fixed-capacity dispatch; under TP with the group's
+  // collectives enqueue-only (EnqueueOnlyScope in launch/communicator.h).
   bool decode_step_capturable() const;
 
   // With Kernels::kFused, MLA decode steps attend in the latent space (the default; Note [MLA

@@ -125,6 +125,7 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
       max_batch_(max_batch),
       max_length_(max_length),
       expert_group_(expert.group != nullptr && expert.group->size() > 1 ? expert.group : nullptr),
+      tensor_group_(tensor_group != nullptr && tensor_group->size() > 1 ? tensor_group : nullptr),
       capacity_factor_(expert.capacity_factor) {
   RL_CHECK(max_batch >= 1 && max_length >= 2, ConfigError,
            "rollout engine: max_batch must be >= 1 and max_length >= 2; got {} and {}", max_batch,
@@ -201,11 +202,14 @@ void RolloutEngine::set_cuda_graphs(bool on) {
   if (!on || !device_.is_cuda() || !decoder_->decode_step_capturable()) return;
   graphs_ = std::make_unique<DecodeGraphs>(
       [this](const at::Tensor& tokens, int64_t key_length) {
+        // The TP collectives of a step that a graph captures: enqueued, waited for below.
+        const EnqueueOnlyScope enqueue(tensor_group_);
         return decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_,
                                     decode_dispatch());
       },
       max_batch_, device_, [this] {
         if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
+        if (tensor_group_ != nullptr) tensor_group_->WaitEnqueued();
       });
 }
 
@@ -235,6 +239,7 @@ at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_len
           : decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_, decode_dispatch());
   // Note [Enqueued all-to-all]: the sampler reads the logits on the host next.
   if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
+  if (tensor_group_ != nullptr) tensor_group_->WaitEnqueued();
   return logits;
 }
 

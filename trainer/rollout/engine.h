@@ -152,7 +152,8 @@ class RolloutEngine {
   // holds this rank's slices of the weights (what its actor holds) and a KV cache of its heads,
   // and every forward is a collective over the group (model::Decoder): the ranks of a TP group
   // generate the same rows from the same prompts and seeds, and sample the same tokens from the
-  // same gathered logits. Decode steps run eagerly (the TP collectives wait on the host).
+  // same gathered logits. Captured decode steps enqueue the TP collectives without waiting
+  // (Note [Enqueued all-to-all] in launch/communicator.h).
   RolloutEngine(model::ModelConfig config, at::ScalarType param_dtype, at::Device device,
                 int64_t max_batch, int64_t max_length, const StorageAllocator& allocator,
                 Records records = {}, ExpertParallel expert = {},
@@ -251,6 +252,7 @@ class RolloutEngine {
   model::TensorMap weights_;   // HF-named views of weight_storage_
   at::Tensor kv_storage_;      // [NumElements] of dtype_, a view of the "kv_cache" bytes
   Communicator* expert_group_;  // null without expert parallelism
+  Communicator* tensor_group_;  // null without tensor parallelism
   double capacity_factor_;      // ExpertParallel::capacity_factor, for messages
   model::ExpertDispatch dispatch_;  // the decode steps' (capacity 0 without expert parallelism)
   std::unique_ptr<model::Decoder> decoder_;
