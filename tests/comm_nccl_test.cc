@@ -2,7 +2,8 @@
 // tests/all_to_all_rows.h. Skips loudly when this host has fewer CUDA devices than ranks (NCCL
 // refuses two ranks on one device). On one GPU (mpirun -np 1) it still runs the split and
 // all-to-all paths: non-blocking ncclCommSplit, a group of send/receive to itself, empty rows,
-// and the enqueue-only all-to-all captured in a CUDA graph, alone and inside a MoE block.
+// and the enqueue-only all-to-all captured in a CUDA graph, alone and inside a MoE block; the
+// enqueue-only all-reduce and all-gather; the vocabulary-parallel log-probs by the fused kernels.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -19,8 +20,10 @@
 #include "launch/mpi_session.h"
 #include "tests/all_to_all_rows.h"
 #include "tests/mpi_test_env.h"
+#include "trainer/kernels/fused_ops.h"
 #include "trainer/model/layers.h"
 #include "trainer/model/model_config.h"
+#include "trainer/model/vocab_parallel.h"
 
 namespace rl {
 namespace {
@@ -236,6 +239,50 @@ TEST_CASE("A MoE block with a fixed-capacity dispatch replays from a CUDA graph 
   INFO("max |fixed - exact| " << difference);
   CHECK(difference <= 1e-2);
   world->Barrier();
+}
+
+// Note [Vocabulary-parallel log-probs] on CUDA: each shard's statistics and the logits' gradient
+// come from our fused kernels (on one GPU the shard is the whole vocabulary). Values and
+// gradients equal log_softmax over the whole vocabulary in fp32, for fp32 and bf16 logits; the
+// backward kernel adds no one-hot term for a target another rank holds (-1).
+TEST_CASE("vocabulary-parallel log-probs by the fused kernels equal log_softmax") {
+  const MpiSession& session = testing::Session();
+  if (!HaveGpuPerRankOrWarn(session)) return;
+  const c10::Device device = DeviceOf(session);
+  const std::unique_ptr<Communicator> world =
+      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
+  if (world->size() != 1) return;  // the shards of several GPUs: not lent
+  at::manual_seed(5);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO(c10::toString(dtype));
+    const at::Tensor base = (at::randn({6, 1000}) * 3).to(dtype).to(device);
+    const at::Tensor targets = at::randint(0, 1000, {6}, at::TensorOptions().dtype(at::kLong))
+                                   .to(device);
+    const at::Tensor weights = at::randn({6}).to(device);
+    at::Tensor ours = base.clone().requires_grad_();
+    const model::VocabParallelStats got = model::VocabParallelLogProbs(ours, targets, 0, *world);
+    (got.log_probs * weights + got.entropy).sum().backward();
+    at::Tensor ref = base.clone().requires_grad_();
+    const at::Tensor log_p = at::log_softmax(ref.to(at::kFloat), 1);
+    const at::Tensor want_lp = log_p.gather(1, targets.unsqueeze(1)).squeeze(1);
+    const at::Tensor want_h = -(log_p.exp() * log_p).sum(1);
+    (want_lp * weights + want_h).sum().backward();
+    CHECK((got.log_probs - want_lp).abs().max().item<double>() <= 1e-5);
+    CHECK((got.entropy - want_h).abs().max().item<double>() <= 1e-5);
+    const double grad_tolerance = dtype == at::kFloat ? 1e-6 : 1e-2;  // bf16 gradients
+    CHECK((ours.grad().to(at::kFloat) - ref.grad().to(at::kFloat)).abs().max().item<double>() <=
+          grad_tolerance);
+    // A target held by another rank: -p only, no one-hot term.
+    const at::Tensor lse = at::logsumexp(base.to(at::kFloat), 1);
+    const at::Tensor ones = at::ones({6}, weights.options());
+    const at::Tensor grad = kernels::TokenLogProbsRowsGrad(
+        base.contiguous(), at::full({6}, -1, targets.options()), lse, at::Tensor(), ones,
+        at::Tensor());
+    CHECK((grad.to(at::kFloat) + (base.to(at::kFloat) - lse.unsqueeze(1)).exp())
+              .abs()
+              .max()
+              .item<double>() <= (dtype == at::kFloat ? 1e-6 : 1e-2));
+  }
 }
 
 }  // namespace

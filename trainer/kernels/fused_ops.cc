@@ -154,4 +154,41 @@ TokenLogProbStats TokenLogProbs(const at::Tensor& logits, const at::Tensor& targ
   return {out[0], out[1]};
 }
 
+RowLogProbStats TokenLogProbsRows(const at::Tensor& rows, const at::Tensor& targets) {
+  RL_CHECK(rows.dim() == 2 && rows.is_contiguous() && targets.dim() == 1 &&
+               targets.size(0) == rows.size(0) && targets.scalar_type() == at::kLong &&
+               targets.device() == rows.device(),
+           Error, "TokenLogProbsRows: rows must be [N, V] contiguous, targets [N] int64 with them");
+  const at::TensorOptions fp32 = rows.options().dtype(at::kFloat);
+  RowLogProbStats out{at::empty({rows.size(0)}, fp32), at::empty({rows.size(0)}, fp32),
+                      at::empty({rows.size(0)}, fp32)};
+  const at::Tensor ids = targets.contiguous();
+  const c10::cuda::CUDAGuard guard(rows.device());
+  RL_CHECK_CUDA(TokenLogProbsForward(rows.data_ptr(), ids.data_ptr<int64_t>(), rows.size(0),
+                                     rows.size(1), CodeOf(rows), out.log_probs.data_ptr<float>(),
+                                     out.lse.data_ptr<float>(), out.entropy.data_ptr<float>(),
+                                     c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor TokenLogProbsRowsGrad(const at::Tensor& rows, const at::Tensor& targets,
+                                 const at::Tensor& lse, const at::Tensor& entropy,
+                                 const at::Tensor& grad_log_probs,
+                                 const at::Tensor& grad_entropy) {
+  at::Tensor grad = at::empty_like(rows);
+  const at::Tensor ids = targets.contiguous();
+  const at::Tensor row_lse = lse.to(at::kFloat).contiguous();
+  // The entropy is read only with its gradient.
+  const at::Tensor row_entropy = entropy.defined() ? entropy.to(at::kFloat).contiguous() : row_lse;
+  const at::Tensor g_lp = RowGrad(grad_log_probs);
+  const at::Tensor g_h = RowGrad(grad_entropy);
+  const c10::cuda::CUDAGuard guard(rows.device());
+  RL_CHECK_CUDA(TokenLogProbsBackward(rows.data_ptr(), ids.data_ptr<int64_t>(),
+                                      row_lse.data_ptr<float>(), row_entropy.data_ptr<float>(),
+                                      DataOrNull(g_lp), DataOrNull(g_h), rows.size(0),
+                                      rows.size(1), CodeOf(rows), grad.data_ptr(),
+                                      c10::cuda::getCurrentCUDAStream()));
+  return grad;
+}
+
 }  // namespace rl::kernels

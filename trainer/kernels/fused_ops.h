@@ -37,6 +37,27 @@ struct TokenLogProbStats {
 };
 TokenLogProbStats TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets);
 
+// The two passes of TokenLogProbs without autograd, for the vocabulary-parallel log-probs (Note
+// [Vocabulary-parallel log-probs] in trainer/model/vocab_parallel.h), which combine the per-row
+// statistics of every shard. Rows: logits [N, V] (Supported, contiguous), targets [N] int64 on
+// the same device.
+// Forward: log_softmax(rows)[target], the log-sum-exp and the entropy of each row, fp32 [N];
+// targets must lie in [0, V).
+struct RowLogProbStats {
+  at::Tensor log_probs;
+  at::Tensor lse;
+  at::Tensor entropy;
+};
+RowLogProbStats TokenLogProbsRows(const at::Tensor& rows, const at::Tensor& targets);
+// Backward, in the rows' dtype: with p = exp(row - lse), g_lp * (onehot(target) - p) +
+// g_h * p * (lse - entropy - row), for the `lse` and `entropy` [N] fp32 of the whole
+// distribution; a target outside [0, V) adds no one-hot term. Either gradient may be undefined
+// (and the entropy with its gradient).
+at::Tensor TokenLogProbsRowsGrad(const at::Tensor& rows, const at::Tensor& targets,
+                                 const at::Tensor& lse, const at::Tensor& entropy,
+                                 const at::Tensor& grad_log_probs,
+                                 const at::Tensor& grad_entropy);
+
 }  // namespace rl::kernels
 
 #endif  // RL_TRAINER_KERNELS_FUSED_OPS_H_

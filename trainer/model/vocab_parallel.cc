@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "launch/check.h"
+#include "trainer/kernels/fused_ops.h"
 #include "trainer/model/layers.h"
 #include "trainer/model/tensor_parallel.h"
 
@@ -21,57 +22,88 @@ at::Tensor Widened(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? t : t.to(at::kFloat);
 }
 
+// The statistics of this rank's shard alone, per row: its log-sum-exp, the log-prob of the
+// target under the shard's own softmax (0 where the shard does not hold it) and that softmax's
+// entropy; fp32 (fp64 for fp64 logits). By our fused kernel on CUDA, ATen ops otherwise; an
+// empty shard has a log-sum-exp of -inf.
+kernels::RowLogProbStats ShardStats(const at::Tensor& logits, const at::Tensor& local_ids,
+                                    const at::Tensor& in_shard) {
+  const int64_t n = logits.size(0);
+  if (logits.size(1) == 0) {
+    const at::Tensor zeros = at::zeros({n}, Widened(logits).options());
+    return {zeros, at::full({n}, -std::numeric_limits<double>::infinity(), zeros.options()),
+            zeros};
+  }
+  kernels::RowLogProbStats stats;
+  if (kernels::Supported(logits)) {
+    stats = kernels::TokenLogProbsRows(logits.contiguous(), local_ids);
+  } else {
+    const at::Tensor l = Widened(logits);
+    stats.lse = at::logsumexp(l, 1);
+    const at::Tensor log_q = l - stats.lse.unsqueeze(1);
+    stats.log_probs = log_q.gather(1, local_ids.unsqueeze(1)).squeeze(1);
+    stats.entropy = -(log_q.exp() * log_q).sum(1);
+  }
+  stats.log_probs = stats.log_probs.masked_fill(in_shard.logical_not(), 0);
+  return stats;
+}
+
 // Note [Vocabulary-parallel log-probs]: outputs {log p(target), entropy}.
 class VocabParallelFn : public torch::autograd::Function<VocabParallelFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits,
                                const at::Tensor& targets, int64_t vocab_start,
                                Communicator* group) {
-    const at::Tensor l = Widened(logits);
-    const int64_t n = l.size(0);
-    const int64_t local = l.size(1);
-    at::Tensor m = local > 0 ? std::get<0>(l.max(1)).contiguous()
-                             : at::full({n}, -std::numeric_limits<double>::infinity(), l.options());
-    group->AllReduce(m, ReduceOp::kMax);
-    const at::Tensor shifted = l - m.unsqueeze(1);  // <= 0
-    const at::Tensor e = shifted.exp();
+    const int64_t local = logits.size(1);
     const at::Tensor in_shard = targets.ge(vocab_start).logical_and(targets.lt(vocab_start + local));
-    at::Tensor target_shifted = at::zeros({n}, l.options());
-    if (local > 0) {
-      const at::Tensor index = (targets - vocab_start).clamp(0, local - 1).unsqueeze(1);
-      target_shifted = shifted.gather(1, index).squeeze(1).masked_fill(in_shard.logical_not(), 0);
-    }
-    // [sum exp(l - m), l_y - m, sum exp(l - m) (l - m)], summed over the group in one call.
-    const at::Tensor sums = at::stack({e.sum(1), target_shifted, (e * shifted).sum(1)});
+    const at::Tensor local_ids = (targets - vocab_start).clamp(0, std::max<int64_t>(local - 1, 0));
+    const kernels::RowLogProbStats shard = ShardStats(logits, local_ids, in_shard);
+    at::Tensor m = shard.lse.clone();  // the largest shard log-sum-exp, M
+    group->AllReduce(m, ReduceOp::kMax);
+    // Per shard r: s_r = exp(lse_r - M), its rows' l_y - M, and s_r (E_r[l] - M) with
+    // E_r[l] = lse_r - H_r the mean logit under its own softmax; summed over the group in one
+    // call, they give log Z - M = log sum s_r, log p(y) and H = log Z - E[l].
+    const at::Tensor scale = (shard.lse - m).exp();  // 0 for an empty shard
+    const at::Tensor target_shifted =
+        (shard.log_probs + shard.lse - m).masked_fill(in_shard.logical_not(), 0);
+    const at::Tensor mean_shifted = at::where(scale > 0, scale * (shard.lse - shard.entropy - m),
+                                              at::zeros_like(scale));
+    const at::Tensor sums = at::stack({scale, target_shifted, mean_shifted});
     group->AllReduce(sums, ReduceOp::kSum);
-    const at::Tensor log_z = sums[0].log();
+    const at::Tensor log_z = sums[0].log();  // log Z - M
     const at::Tensor log_probs = sums[1] - log_z;
     const at::Tensor entropy = log_z - sums[2] / sums[0];
-    ctx->save_for_backward({logits, targets, m, log_z, entropy});
-    ctx->saved_data["vocab_start"] = vocab_start;
+    // The backward's target per row: its shard column, or -1 where another rank holds it.
+    const at::Tensor backward_ids = local_ids.masked_fill(in_shard.logical_not(), -1);
+    ctx->save_for_backward({logits, backward_ids, m + log_z, entropy});
     return {log_probs, entropy};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& logits = saved[0];
-    const at::Tensor& targets = saved[1];
-    const int64_t vocab_start = ctx->saved_data["vocab_start"].toInt();
-    const int64_t local = logits.size(1);
-    const at::Tensor log_p = Widened(logits) - (saved[2] + saved[3]).unsqueeze(1);  // [N, V_r]
+    const at::Tensor& ids = saved[1];
+    const at::Tensor& lse = saved[2];
+    const at::Tensor& entropy = saved[3];
+    if (logits.size(1) == 0) return {at::zeros_like(logits), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (kernels::Supported(logits)) {
+      return {kernels::TokenLogProbsRowsGrad(logits.contiguous(), ids, lse, entropy, grad[0],
+                                             grad[1]),
+              at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    const at::Tensor log_p = Widened(logits) - lse.unsqueeze(1);  // [N, V_r]
     const at::Tensor p = log_p.exp();
     at::Tensor grad_logits = at::zeros_like(log_p);
-    if (grad[0].defined() && local > 0) {  // d log p(y) / d l_j = [j == y] - p_j
+    if (grad[0].defined()) {  // d log p(y) / d l_j = [j == y] - p_j
       const at::Tensor g = grad[0].to(log_p.scalar_type());
-      const at::Tensor in_shard =
-          targets.ge(vocab_start).logical_and(targets.lt(vocab_start + local));
+      const at::Tensor in_shard = ids.ge(0);
       grad_logits.sub_(p * g.unsqueeze(1));
-      grad_logits.scatter_add_(1, (targets - vocab_start).clamp(0, local - 1).unsqueeze(1),
+      grad_logits.scatter_add_(1, ids.clamp_min(0).unsqueeze(1),
                                g.masked_fill(in_shard.logical_not(), 0).unsqueeze(1));
     }
     if (grad[1].defined()) {  // d H / d l_j = -p_j (log p_j + H)
       const at::Tensor g = grad[1].to(log_p.scalar_type());
-      grad_logits.sub_(p * (log_p + saved[4].unsqueeze(1)) * g.unsqueeze(1));
+      grad_logits.sub_(p * (log_p + entropy.unsqueeze(1)) * g.unsqueeze(1));
     }
     return {grad_logits.to(logits.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
   }

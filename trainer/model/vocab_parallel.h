@@ -3,18 +3,23 @@
 //
 // Note [Vocabulary-parallel log-probs]
 // Rank r of the group holds the logits of vocabulary ids [vocab_start, vocab_start + V_r) of every
-// position ([N, V_r]; V_r may differ between ranks and be 0). For a position with logits l over
-// the whole vocabulary and target y:
-//   m = max_j l_j                  (all-reduce max of the local maxima; treated as a constant)
-//   Z = sum_j exp(l_j - m)         (all-reduce sum of the local sums)
-//   log p(y) = l_y - m - log Z     (l_y from the rank that holds y, all-reduce sum of l_y or 0)
-//   H = m + log Z - sum_j p_j l_j  (the entropy; the sum all-reduced)
-// so the forward makes three all-reduces of [N] fp32 values (max; then the sum of exponentials,
-// the target logit and the weighted logit sum together as one [3, N]). The backward needs no
-// communication: every term is local once m, log Z and H are known,
-//   d log p(y) / d l_j = [j == y] - p_j,   d H / d l_j = -p_j (log p_j + H),
-// and the gradient of the logits stays on the rank that holds them (what flows back into the
-// LM head's input is the column-parallel layer's business: an all-reduce over the group there).
+// position ([N, V_r]; V_r may differ between ranks and be 0). Each rank first computes its
+// shard's own statistics per row (on CUDA by our fused kernel, kernels::TokenLogProbsRows, in one
+// read of the shard): the log-sum-exp lse_r, the target's log-prob under the shard's softmax
+// (where it holds the target) and that softmax's entropy H_r, whose mean logit is E_r = lse_r -
+// H_r. For a position with logits l over the whole vocabulary and target y:
+//   M = max_r lse_r                         (all-reduce max)
+//   Z / e^M = sum_r exp(lse_r - M)          (all-reduce sum)
+//   log p(y) = l_y - M - log(Z / e^M)       (l_y - M from the rank that holds y, 0 elsewhere)
+//   H = log Z - sum_r exp(lse_r - log Z) E_r
+// so the forward makes two all-reduces of [N] values (the max; then the sum of the scaled
+// exponentials, the target logit and the scaled mean logits together as one [3, N]). The
+// backward needs no communication: every term is local once log Z and H are known,
+//   d log p(y) / d l_j = [j == y] - p_j,   d H / d l_j = -p_j (log p_j + H)
+// (on CUDA by the fused backward kernel, kernels::TokenLogProbsRowsGrad, given the whole
+// distribution's log-sum-exp and entropy and -1 for a target another rank holds), and the
+// gradient of the logits stays on the rank that holds them (what flows back into the LM head's
+// input is the column-parallel layer's business: an all-reduce over the group there).
 // Arithmetic in fp32 (fp64 for fp64 logits), as the full log_softmax of the training path. The
 // results equal log_softmax over the gathered logits up to the order of the sums
 // (//tests:vocab_parallel_test, 2 and 4 ranks).
