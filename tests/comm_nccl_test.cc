@@ -49,6 +49,35 @@ c10::Device DeviceOf(const MpiSession& session) {
   return {c10::kCUDA, static_cast<c10::DeviceIndex>(session.local_rank())};
 }
 
+// The NCCL world of this session, or null (with the warning) when the host lacks GPUs.
+std::unique_ptr<Communicator> GpuWorldOrSkip(const MpiSession& session) {
+  if (!HaveGpuPerRankOrWarn(session)) return nullptr;
+  return CreateCommunicator(session, DeviceOf(session), CommOptions{std::chrono::seconds(60)});
+}
+
+// Runs the enqueue-only `step` eagerly (NCCL connects outside a capture) and check(0), captures
+// it in a CUDA graph on a side stream, changes its inputs by perturb(offset), replays it and
+// check(offset): a replay computes the step on the replay's inputs.
+template <typename Step, typename Check, typename Perturb>
+void CheckGraphReplay(Communicator& world, c10::Device device, Step step, Check check,
+                      Perturb perturb, double offset) {
+  at::cuda::CUDAGraph graph;
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device.index()));
+    step();
+    world.WaitEnqueued();
+    check(0.0);
+    graph.capture_begin();
+    step();
+    graph.capture_end();
+  }
+  perturb(offset);
+  graph.replay();
+  world.WaitEnqueued();
+  check(offset);
+  world.Barrier();
+}
+
 TEST_CASE("nccl all_to_all and split move exactly each source's rows") {
   const MpiSession& session = testing::Session();
   if (!HaveGpuPerRankOrWarn(session)) return;
@@ -96,10 +125,9 @@ TEST_CASE("nccl all_to_all and split move exactly each source's rows") {
 // offset), so block j received here must be rank j's rows for this rank.
 TEST_CASE("nccl EnqueueAllToAll replays from a CUDA graph and WaitEnqueued waits for it") {
   const MpiSession& session = testing::Session();
-  if (!HaveGpuPerRankOrWarn(session)) return;
+  const std::unique_ptr<Communicator> world = GpuWorldOrSkip(session);
+  if (world == nullptr) return;
   const c10::Device device = DeviceOf(session);
-  const std::unique_ptr<Communicator> world =
-      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
   const int rank = world->rank();
   const int size = world->size();
   constexpr int64_t kRows = 3;  // per block
@@ -111,28 +139,19 @@ TEST_CASE("nccl EnqueueAllToAll replays from a CUDA graph and WaitEnqueued waits
   const at::Tensor send = at::empty({size * kRows, 4}, floats);
   for (int j = 0; j < size; ++j) send.narrow(0, j * kRows, kRows).copy_(rows_of(rank, j, 0));
   const at::Tensor recv = at::zeros_like(send);
-  const auto check = [&](double offset) {
-    for (int j = 0; j < size; ++j) {
-      INFO("block from rank " << j << ", offset " << offset);
-      CHECK(at::equal(recv.narrow(0, j * kRows, kRows).cpu(), rows_of(j, rank, offset).cpu()));
-    }
-  };
-  at::cuda::CUDAGraph graph;
-  {
-    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device.index()));
-    world->EnqueueAllToAll(send, recv);  // eager first: NCCL connects outside the capture
-    world->WaitEnqueued();
-    check(0);
-    graph.capture_begin();
-    world->EnqueueAllToAll(send, recv);
-    graph.capture_end();
-  }
-  send.add_(7);
-  recv.zero_();
-  graph.replay();
-  world->WaitEnqueued();
-  check(7);
-  world->Barrier();
+  CheckGraphReplay(
+      *world, device, [&] { world->EnqueueAllToAll(send, recv); },
+      [&](double offset) {
+        for (int j = 0; j < size; ++j) {
+          INFO("block from rank " << j << ", offset " << offset);
+          CHECK(at::equal(recv.narrow(0, j * kRows, kRows).cpu(), rows_of(j, rank, offset).cpu()));
+        }
+      },
+      [&](double offset) {
+        send.add_(offset);
+        recv.zero_();
+      },
+      7);
 }
 
 // Note [Enqueued all-to-all], EnqueueOnlyScope: the all-reduce and all-gather of the
@@ -140,47 +159,36 @@ TEST_CASE("nccl EnqueueAllToAll replays from a CUDA graph and WaitEnqueued waits
 // concatenations of the replay's inputs (rank r contributes r + 1 + offset).
 TEST_CASE("nccl all_reduce and all_gather in enqueue-only mode replay from a CUDA graph") {
   const MpiSession& session = testing::Session();
-  if (!HaveGpuPerRankOrWarn(session)) return;
+  const std::unique_ptr<Communicator> world = GpuWorldOrSkip(session);
+  if (world == nullptr) return;
   const c10::Device device = DeviceOf(session);
-  const std::unique_ptr<Communicator> world =
-      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
-  const int rank = world->rank();
   const int size = world->size();
   const at::TensorOptions floats = at::TensorOptions().dtype(at::kFloat).device(device);
-  const at::Tensor input = at::full({5}, rank + 1.0, floats);
+  const at::Tensor input = at::full({5}, world->rank() + 1.0, floats);
   const at::Tensor summed = at::empty({5}, floats);
   const at::Tensor gathered = at::empty({size * 5}, floats);
-  const auto step = [&] {
-    const EnqueueOnlyScope enqueue(world.get());
-    summed.copy_(input);
-    world->AllReduce(summed, ReduceOp::kSum);
-    world->AllGather(input, gathered);
-  };
-  const auto check = [&](double offset) {
-    const double total = size * (size + 1) / 2.0 + size * offset;
-    CHECK(at::equal(summed.cpu(), at::full({5}, total, at::kFloat)));
-    for (int r = 0; r < size; ++r) {
-      INFO("block of rank " << r << ", offset " << offset);
-      CHECK(at::equal(gathered.narrow(0, r * 5, 5).cpu(), at::full({5}, r + 1.0 + offset)));
-    }
-  };
-  at::cuda::CUDAGraph graph;
-  {
-    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device.index()));
-    step();  // eager first: NCCL connects outside the capture
-    world->WaitEnqueued();
-    check(0);
-    graph.capture_begin();
-    step();
-    graph.capture_end();
-  }
-  input.add_(3);
-  summed.zero_();
-  gathered.zero_();
-  graph.replay();
-  world->WaitEnqueued();
-  check(3);
-  world->Barrier();
+  CheckGraphReplay(
+      *world, device,
+      [&] {
+        const EnqueueOnlyScope enqueue(world.get());
+        summed.copy_(input);
+        world->AllReduce(summed, ReduceOp::kSum);
+        world->AllGather(input, gathered);
+      },
+      [&](double offset) {
+        const double total = size * (size + 1) / 2.0 + size * offset;
+        CHECK(at::equal(summed.cpu(), at::full({5}, total, at::kFloat)));
+        for (int r = 0; r < size; ++r) {
+          INFO("block of rank " << r << ", offset " << offset);
+          CHECK(at::equal(gathered.narrow(0, r * 5, 5).cpu(), at::full({5}, r + 1.0 + offset)));
+        }
+      },
+      [&](double offset) {
+        input.add_(offset);
+        summed.zero_();
+        gathered.zero_();
+      },
+      3);
 }
 
 // Note [Fixed-capacity dispatch] on a GPU: a bf16 MoE block whose experts are spread over the
@@ -188,10 +196,9 @@ TEST_CASE("nccl all_reduce and all_gather in enqueue-only mode replay from a CUD
 // replay computes the eager step's bits, and the exact exchange's results to bf16 rounding.
 TEST_CASE("A MoE block with a fixed-capacity dispatch replays from a CUDA graph bit for bit") {
   const MpiSession& session = testing::Session();
-  if (!HaveGpuPerRankOrWarn(session)) return;
+  const std::unique_ptr<Communicator> world = GpuWorldOrSkip(session);
+  if (world == nullptr) return;
   const c10::Device device = DeviceOf(session);
-  const std::unique_ptr<Communicator> world =
-      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
   model::ModelConfig c;
   c.model_type = model::ModelType::kQwen3Moe;
   c.hidden_size = 64;
@@ -247,10 +254,9 @@ TEST_CASE("A MoE block with a fixed-capacity dispatch replays from a CUDA graph 
 // backward kernel adds no one-hot term for a target another rank holds (-1).
 TEST_CASE("vocabulary-parallel log-probs by the fused kernels equal log_softmax") {
   const MpiSession& session = testing::Session();
-  if (!HaveGpuPerRankOrWarn(session)) return;
+  const std::unique_ptr<Communicator> world = GpuWorldOrSkip(session);
+  if (world == nullptr) return;
   const c10::Device device = DeviceOf(session);
-  const std::unique_ptr<Communicator> world =
-      CreateCommunicator(session, device, CommOptions{std::chrono::seconds(60)});
   if (world->size() != 1) return;  // the shards of several GPUs: not lent
   at::manual_seed(5);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
