@@ -2,7 +2,7 @@
 //
 // Note [Rank grid]
 // Ranks are laid out in Megatron's order (TP innermost, then CP, EP, DP, PP). This binary runs
-// CP = PP = 1, and TP and EP not together yet, so the world splits into
+// CP = PP = 1, so the world splits into
 //  - tensor-parallel (TP) groups of --tensor-model-parallel-size consecutive ranks: world rank w is
 //    TP rank w % TP of group w / TP and holds that slice of the attention heads, MLP columns and
 //    vocabulary (Note [Tensor shard] in trainer/model/model_config.h);
@@ -12,12 +12,13 @@
 //  - under TP (EP = 1), one expert data-parallel group of the whole world: the routed experts
 //    (expert TP 1) are the same on every rank, and their optimizer buffer is sharded and reduced
 //    over all of them, as Megatron's EDP = TP x DP / EP (Note [Expert gradients]);
-//  - with TP = 1, expert-parallel (EP) groups of --expert-model-parallel-size consecutive ranks: world rank w
-//    is EP rank w % EP of group w / EP, and holds experts [(w % EP) * E / EP, ...) of every MoE
-//    layer (Note [Expert shard] in trainer/model/model_config.h);
-//  - expert data-parallel (EDP) groups of the DP / EP ranks that hold the same experts (the same
-//    EP rank): the routed-expert optimizer buffer is sharded and reduced over this group (Note
-//    [Expert gradients] in optimizer/distributed_optimizer.h).
+//  - expert-parallel (EP) groups of --expert-model-parallel-size consecutive ranks of the world
+//    (Megatron's expert grid for expert TP 1, TP or not): world rank w is EP rank w % EP of group
+//    w / EP, and holds experts [(w % EP) * E / EP, ...) of every MoE layer (Note [Expert shard]
+//    in trainer/model/model_config.h);
+//  - expert data-parallel (EDP) groups of the world / EP ranks that hold the same experts (the
+//    same EP rank): the routed-expert optimizer buffer is sharded and reduced over this group
+//    (Note [Expert gradients] in optimizer/distributed_optimizer.h).
 // Dense parameters are replicated over DP and sharded over it by ZeRO-1. Each group has its own
 // communicator, split from the world's, with the world's timeout, error polling and peer probe.
 // A group of the whole world is the world's communicator; a group of one rank is none (tp() and
@@ -36,7 +37,7 @@ namespace rl {
 class ParallelGroups {
  public:
   // Collective over `world` when a size is > 1. Throws ConfigError when a size does not divide
-  // the world, or when both are > 1 (not run yet).
+  // the world.
   ParallelGroups(Communicator& world, int tensor_parallel_size, int expert_parallel_size);
 
   // Every rank of the job: files (metrics, checkpoints' shared parts) are written by its rank 0.

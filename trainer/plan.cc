@@ -126,8 +126,7 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
   plan.host_remat.param_backup_pinned = 0;
 
   plan.runnable_today =
-      pp == 1 && p.context_parallel_size == 1 && p.expert_tensor_parallel_size == 1 &&
-      (p.tensor_model_parallel_size == 1 || p.expert_model_parallel_size == 1);
+      pp == 1 && p.context_parallel_size == 1 && p.expert_tensor_parallel_size == 1;
   return plan;
 }
 
@@ -164,9 +163,9 @@ std::string FormatPlan(const config::ResolvedConfig& resolved, const model::Mode
       p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
       p.expert_model_parallel_size, p.expert_tensor_parallel_size, resolved.planned_dp_size,
       resolved.planned_expert_dp_size,
-      plan.runnable_today ? "runnable by this binary today (data, tensor or expert parallel)"
-                          : "planned only: this binary runs data parallelism with tensor or "
-                            "expert parallelism, not both (PP = CP = ETP = 1), today");
+      plan.runnable_today ? "runnable by this binary today (data, tensor and expert parallel)"
+                          : "planned only: this binary runs data, tensor and expert parallel "
+                            "layouts (PP = CP = ETP = 1) today");
   out += fmt::format("model: {} params ({} dense, {} routed-expert, {} fp32 extras)\n",
                      Billions(plan.model.total()), Billions(plan.model.dense),
                      Billions(plan.model.expert), Billions(plan.model.extra));

@@ -70,7 +70,7 @@ struct MemoryPlan {
   RegionBytes gpu;             // same on both paths
   HostBytes host_backup;       // pinned-backup path
   HostBytes host_remat;        // rematerialize path
-  bool runnable_today = false;  // data- and expert-parallel layouts (TP = PP = CP = ETP = 1)
+  bool runnable_today = false;  // data, tensor and expert parallel layouts (PP = CP = ETP = 1)
 };
 
 MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::ModelConfig& model);

@@ -173,6 +173,9 @@ TEST_CASE("at TP 2 the plan is what a rank allocates, up to the optimizer's alig
   // rank that held every head and the whole vocabulary would be 45,056 params off.
   CHECK(plan.rank.dense == 4 * (2 * 64 + 2 * 16 + 8 * 64 + (128 + 64) * 64 / 2) + 64 +
                                2 * 320 * 64 / 2);
+  CHECK(plan.runnable_today);
+  c.parallel.expert_model_parallel_size = 2;  // TP and EP together run too
+  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today);
 }
 
 }  // namespace
