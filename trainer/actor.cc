@@ -62,19 +62,26 @@ double LogProbTemperature(const config::Config& c) {
   return c.rollout.rollout_temperature > 0 ? c.rollout.rollout_temperature : 1.0;
 }
 
-// `multiple`: the forward's positions (max_len - 1) are padded to a multiple of it.
+// The forward positions of a micro-batch (its longest sample less one), padded to a multiple of
+// `multiple` (sequence parallelism needs batch x positions to divide by TP).
+int64_t ForwardPositions(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
+                         int64_t multiple) {
+  int64_t longest = 0;
+  for (int64_t i : indices) longest = std::max<int64_t>(longest, batch.samples.at(i).tokens.size());
+  return (longest - 1 + multiple - 1) / multiple * multiple;
+}
+
+// Right-padded to ForwardPositions(..., multiple) + 1 tokens.
 MicroBatch Pack(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
                 c10::Device device, int64_t multiple) {
   MicroBatch mb;
-  int64_t max_len = 0;
   for (int64_t i : indices) {
     const rl_algo::Sample& s = batch.samples.at(i);
     mb.lengths.push_back(static_cast<int64_t>(s.tokens.size()));
     mb.response_lengths.push_back(s.response_length);
-    max_len = std::max<int64_t>(max_len, s.tokens.size());
     mb.max_response = std::max(mb.max_response, s.response_length);
   }
-  max_len = 1 + (max_len - 1 + multiple - 1) / multiple * multiple;
+  const int64_t max_len = ForwardPositions(batch, indices, multiple) + 1;
   at::Tensor tokens = at::zeros({static_cast<int64_t>(indices.size()), max_len}, at::kLong);
   for (size_t row = 0; row < indices.size(); ++row) {
     const rl_algo::Sample& s = batch.samples[indices[row]];
@@ -293,8 +300,7 @@ PlanReplay Actor::RolloutReplay(const rl_algo::RolloutBatch& batch, const Traini
   PlanReplay replay;
   for (const auto& step : plan.steps) {
     for (const std::vector<int64_t>& indices : step) {
-      // The positions of the micro-batch's forward (Pack's padding included).
-      const int64_t positions = Pack(batch, indices, at::kCPU, seq_multiple_).tokens.size(1) - 1;
+      const int64_t positions = ForwardPositions(batch, indices, seq_multiple_);
       if (experts) {
         replay.experts.push_back(PackRolloutRouting(batch, indices, positions, model_, device_));
       }
@@ -512,12 +518,7 @@ model::TensorMap Actor::GatherTensorParallel(const model::TensorMap& local) cons
     // once each (key/value heads shared by several ranks come from the lowest of them).
     const auto dim = static_cast<size_t>(spec.tp_dim);
     int64_t longest = 0;
-    int64_t extent = 0;
-    for (const auto& specs : by_rank) {
-      const ParamSpec& s = specs.at(spec.name);
-      longest = std::max(longest, s.shape[dim]);
-      extent = std::max(extent, s.tp_start + s.shape[dim]);
-    }
+    for (const auto& specs : by_rank) longest = std::max(longest, specs.at(spec.name).shape[dim]);
     std::vector<int64_t> block_shape = spec.shape;
     block_shape[dim] = longest;
     at::Tensor block = at::zeros(block_shape, mine.options());
@@ -525,7 +526,7 @@ model::TensorMap Actor::GatherTensorParallel(const model::TensorMap& local) cons
     at::Tensor blocks = at::empty({group.size() * block.numel()}, mine.options());
     group.AllGather(block.view({-1}), blocks);
     std::vector<int64_t> whole_shape = spec.shape;
-    whole_shape[dim] = extent;
+    whole_shape[dim] = spec.tp_extent;
     at::Tensor out = at::empty(whole_shape, mine.options());
     for (int r = 0; r < group.size(); ++r) {
       const ParamSpec& s = by_rank[r].at(spec.name);

@@ -307,8 +307,8 @@ at::Tensor Decoder::Hidden(const at::Tensor& tokens, KvCache* cache, int64_t sta
 }
 
 at::Tensor Decoder::WholeLogits(const at::Tensor& hidden) const {
-  if (tensor_group_ == nullptr) return Linear(hidden, lm_head_);
-  const at::Tensor slice = Linear(hidden, lm_head_);  // [..., V_r]
+  const at::Tensor slice = Linear(hidden, lm_head_);  // [..., V_r] under TP
+  if (tensor_group_ == nullptr) return slice;
   std::vector<int64_t> shape = hidden.sizes().vec();
   shape.back() = config_.vocab_size;
   return GatherVocabParallel(slice.reshape({-1, slice.size(-1)}), config_.vocab_size,

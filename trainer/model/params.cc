@@ -467,13 +467,11 @@ void LoadParams(const CheckpointReader& reader, const ModelConfig& config, Tenso
       missing.push_back(prefix + slice.hf_name);
       continue;
     }
-    // Note [Tensor shard]: this rank's slice of the whole tensor.
+    // Note [Tensor shard]: this rank's slice of the whole tensor (one of another size is
+    // reported with its shape below).
     const ParamSpec& spec = *by_name.at(slice.param);
-    if (spec.tp_dim >= 0 && src.dim() == dst.dim()) {
-      const int64_t count = dst.size(spec.tp_dim);
-      if (src.size(spec.tp_dim) >= spec.tp_start + count) {
-        src = src.narrow(spec.tp_dim, spec.tp_start, count);
-      }
+    if (spec.tp_dim >= 0 && src.dim() == dst.dim() && src.size(spec.tp_dim) == spec.tp_extent) {
+      src = src.narrow(spec.tp_dim, spec.tp_start, dst.size(spec.tp_dim));
     }
     if (src.sizes() != dst.sizes()) {
       mismatched.push_back(fmt::format("{} (checkpoint shape {}, model expects {})",

@@ -219,51 +219,43 @@ TensorParallelGrads::TensorParallelGrads(const std::vector<ParamSpec>& trained,
     if (spec.role == ParamRole::kRoutedExpert) continue;
     if (!TensorParallelPartialGrad(spec, sequence_parallel)) continue;
     if (spec.tp_dim < 0) {
-      whole_group_.push_back(spec.name);
+      whole_group_.members.emplace_back(spec.name, 0);
       continue;
     }
     RL_CHECK(group.size() % spec.tp_replicas == 0, Error,
              "{} is held by {} of the {} TP ranks, which does not divide them", spec.name,
              spec.tp_replicas, group.size());
-    shared_.emplace_back(spec.name, group.rank() / spec.tp_replicas);
-    shared_rows_ = group.size() / spec.tp_replicas;
+    shared_.members.emplace_back(spec.name, group.rank() / spec.tp_replicas);
+    shared_.rows = group.size() / spec.tp_replicas;
   }
 }
 
 void TensorParallelGrads::Sum(const std::function<at::Tensor(const std::string&)>& grad_of) const {
-  if (!whole_group_.empty()) {
-    std::vector<at::Tensor> grads;
-    for (const std::string& name : whole_group_) grads.push_back(grad_of(name));
-    std::vector<at::Tensor> flat;
-    for (const at::Tensor& g : grads) flat.push_back(g.reshape({-1}));
-    at::Tensor sum = at::cat(flat);
-    group_.AllReduce(sum, ReduceOp::kSum);
-    int64_t offset = 0;
-    for (at::Tensor& g : grads) {
-      g.copy_(sum.narrow(0, offset, g.numel()).view(g.sizes()));
-      offset += g.numel();
-    }
+  SumRows(whole_group_, grad_of);
+  SumRows(shared_, grad_of);
+}
+
+void TensorParallelGrads::SumRows(
+    const Rows& part, const std::function<at::Tensor(const std::string&)>& grad_of) const {
+  if (part.members.empty()) return;
+  std::vector<at::Tensor> grads;
+  int64_t numel = 0;
+  for (const auto& [name, row] : part.members) {
+    grads.push_back(grad_of(name));
+    numel += grads.back().numel();
   }
-  if (!shared_.empty()) {
-    std::vector<at::Tensor> grads;
-    int64_t numel = 0;
-    for (const auto& [name, row] : shared_) {
-      grads.push_back(grad_of(name));
-      numel += grads.back().numel();
-    }
-    at::Tensor rows = at::zeros({shared_rows_, numel}, grads.front().options());
-    int64_t offset = 0;
-    for (size_t i = 0; i < grads.size(); ++i) {
-      rows[shared_[i].second].narrow(0, offset, grads[i].numel()).copy_(grads[i].reshape({-1}));
-      offset += grads[i].numel();
-    }
-    group_.AllReduce(rows, ReduceOp::kSum);
-    offset = 0;
-    for (size_t i = 0; i < grads.size(); ++i) {
-      grads[i].copy_(rows[shared_[i].second].narrow(0, offset, grads[i].numel()).view(
-          grads[i].sizes()));
-      offset += grads[i].numel();
-    }
+  at::Tensor rows = at::zeros({part.rows, numel}, grads.front().options());
+  int64_t offset = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    rows[part.members[i].second].narrow(0, offset, grads[i].numel()).copy_(grads[i].reshape({-1}));
+    offset += grads[i].numel();
+  }
+  group_.AllReduce(rows, ReduceOp::kSum);
+  offset = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    grads[i].copy_(
+        rows[part.members[i].second].narrow(0, offset, grads[i].numel()).view(grads[i].sizes()));
+    offset += grads[i].numel();
   }
 }
 

@@ -117,13 +117,20 @@ class TensorParallelGrads {
   // gives the gradient to update in place. Collective over the group.
   void Sum(const std::function<at::Tensor(const std::string&)>& grad_of) const;
   // The params Sum adds up, for the log.
-  size_t size() const { return whole_group_.size() + shared_.size(); }
+  size_t size() const { return whole_group_.members.size() + shared_.members.size(); }
 
  private:
+  // Params summed by one all-reduce of a [rows, n] tensor, each rank's gradient in its row.
+  struct Rows {
+    int64_t rows = 1;
+    std::vector<std::pair<std::string, int64_t>> members;  // name, this rank's row
+  };
+  void SumRows(const Rows& part,
+               const std::function<at::Tensor(const std::string&)>& grad_of) const;
+
   Communicator& group_;
-  std::vector<std::string> whole_group_;                // held by every TP rank
-  std::vector<std::pair<std::string, int64_t>> shared_;  // shared key/value heads: name, row
-  int64_t shared_rows_ = 0;
+  Rows whole_group_;  // held by every TP rank: one row
+  Rows shared_;       // shared key/value heads: a row per head
 };
 
 }  // namespace rl::model
