@@ -39,7 +39,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
     cc_library(
         name = name,
         srcs = objects,
-        hdrs = hdrs,
+        hdrs = [h for h in hdrs if not h.endswith(".cuh")],  # .cuh: device code for nvcc only
         deps = deps + ["@cuda//:cudart"],
         **kwargs
     )

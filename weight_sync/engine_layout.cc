@@ -102,12 +102,11 @@ void CheckStorage(const EngineLayout& layout, const at::Tensor& storage) {
 }
 
 // A tensor of `shape`/`dtype` at byte `offset` of `storage`, keeping `storage` alive.
+// A view of the storage's bytes, sharing its storage (so views of adjacent tensors are known to be
+// adjacent: Decoder fuses projections whose weights lie back to back, Note [Inference kernels]).
 at::Tensor ViewAt(const at::Tensor& storage, int64_t offset, const std::vector<int64_t>& shape,
                   at::ScalarType dtype) {
-  void* data = static_cast<uint8_t*>(storage.data_ptr()) + offset;
-  const at::Tensor owner = storage;
-  return at::from_blob(
-      data, shape, [owner](void*) {}, storage.options().dtype(dtype));
+  return storage.narrow(0, offset, NumBytes(shape, dtype)).view(dtype).view(shape);
 }
 
 }  // namespace

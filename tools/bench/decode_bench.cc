@@ -1,5 +1,5 @@
 // decode_bench --checkpoint DIR [--batch 64] [--prompt-len 128] [--new-tokens 128]
-// [--compare-eager] [--no-cuda-graphs]: greedy generation by our rollout engine
+// [--compare-eager] [--no-cuda-graphs] [--profile FILE]: greedy generation by our rollout engine
 // (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs there):
 // tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the bytes
 // that must be read at least once over the step time at --hbm-tb-s (H200: 4.8 TB/s). Prints one
@@ -8,9 +8,13 @@
 // (no stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager
 // decode steps in the same process and checks that graphs and eager steps generate bit-identical
 // tokens and log-probs (greedy and sampled); the exit status is 1 when they differ.
+// On a GPU it also counts the kernels (and copies and sets) of one eager decode step of the
+// batch, in all and per layer (`kernels_per_step`, `kernels_per_layer`), by the Kineto profiler;
+// --profile writes a Chrome trace of one more Generate (tools/bench/profile_summary.py FILE).
 //
-// Roofline bytes per step (StepWeightBytes): the KV cache of every row so far, and
-//  - dense models: every weight;
+// Roofline bytes per step (StepWeightBytes): the KV cache of every row so far, the embedding
+// rows of the step's tokens (the whole table when the LM head shares it), and
+//  - dense models: every other weight;
 //  - MoE models: every weight but the routed experts, plus, in each MoE layer, the weights of the
 //    distinct experts that the step's tokens (one per row) were routed to. That count is measured
 //    after the timed runs (MeanExpertsPerStep): a Decoder over the engine's weights (the same
@@ -38,6 +42,7 @@
 
 #include "launch/device.h"
 #include "launch/json.h"
+#include "tools/bench/profiling.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
@@ -53,16 +58,22 @@ void Synchronize(const at::Device& device) {
   if (device.is_cuda()) at::empty({1}, at::TensorOptions().device(device)).cpu();
 }
 
-// Weight bytes one decode step reads at least once: every parameter but the routed experts, and
-// `experts_read` routed experts of each MoE layer (none in a dense model, which has no routed
-// experts). Every parameter counts `element_bytes` per element, as the engine's dtype.
+// Weight bytes one decode step of `batch` rows reads at least once: every parameter but the
+// routed experts and the embedding table, `experts_read` routed experts of each MoE layer (none
+// in a dense model, which has no routed experts), and `batch` rows of the embedding table (all of
+// it when the LM head shares it). Every parameter counts `element_bytes` per element, as the
+// engine's dtype.
 double StepWeightBytes(const rl::model::ModelConfig& config, double element_bytes,
-                       double experts_read) {
+                       double experts_read, int64_t batch) {
   double bytes = 0;
   for (const auto& spec : rl::model::ListParams(config)) {
     double elements = static_cast<double>(spec.numel());
     if (spec.role == rl::ParamRole::kRoutedExpert) {  // stacked [experts, ...]
       elements *= experts_read / static_cast<double>(spec.shape[0]);
+    }
+    if (spec.name == "model.embed_tokens.weight" && !config.tie_word_embeddings) {
+      elements *= static_cast<double>(std::min(batch, spec.shape[0])) /
+                  static_cast<double>(spec.shape[0]);
     }
     bytes += elements * element_bytes;
   }
@@ -106,6 +117,27 @@ double MeanExpertsPerStep(const rl::rollout::RolloutEngine& engine, const at::De
   return static_cast<double>(distinct.item<int64_t>()) / static_cast<double>(layers * steps);
 }
 
+// The device activities of one eager decode step of `batch` rows at position `position`, by a
+// Decoder over the engine's weights (the engine's kernels), after a warm-up step.
+int64_t KernelsPerDecodeStep(const rl::rollout::RolloutEngine& engine, const at::Device& device,
+                             int64_t batch, int64_t position) {
+  const rl::model::ModelConfig& config = engine.config();
+  const rl::model::Decoder decoder(config, engine.weights(), rl::model::Kernels::kFused);
+  const at::ScalarType dtype = engine.weights().begin()->second.scalar_type();
+  rl::model::KvCache cache =
+      rl::model::KvCache::Allocate(config, batch, position + 1, dtype, device);
+  cache.storage().zero_();
+  const rl::model::RopeTable rope =
+      rl::model::MakeRopeTable(config, 0, position + 1, dtype, device);
+  const at::Tensor tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
+  const at::Tensor at_position =
+      at::full({1}, position, at::TensorOptions().dtype(at::kLong).device(device));
+  at::NoGradGuard no_grad;
+  const auto step = [&] { decoder.DecodeStep(tokens, at_position, position + 1, rope, cache); };
+  step();
+  return rl::bench::CountDeviceActivities(step);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +156,8 @@ int main(int argc, char** argv) {
   app.add_flag("--compare-eager", compare_eager,
                "also time eager decode steps and check that they give bit-identical generations");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs, "decode by CUDA graphs (default)");
+  std::string profile;
+  app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   CLI11_PARSE(app, argc, argv);
 
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
@@ -220,6 +254,14 @@ int main(int argc, char** argv) {
         identical ? "bit-identical" : "DIFFER", static_cast<double>(graph_pool_bytes) / (1 << 20));
   }
 
+  int64_t kernels_per_step = 0;
+  if (device.is_cuda()) {
+    kernels_per_step = KernelsPerDecodeStep(engine, device, batch, prompt_len);
+    if (!profile.empty()) {
+      rl::bench::ProfileToFile([&] { engine.Generate(prompts, greedy); }, profile);
+    }
+  }
+
   // Roofline (header comment): per decode step the weights it reads and the KV cache so far.
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
   const bool moe = config.is_moe();
@@ -228,9 +270,9 @@ int main(int argc, char** argv) {
     experts_per_step = new_tokens >= 2 ? MeanExpertsPerStep(engine, device, ids, generated)
                                        : static_cast<double>(config.n_routed_experts);
   }
-  const double weight_bytes =
-      StepWeightBytes(config, element_bytes, static_cast<double>(config.n_routed_experts));
-  const double step_weight_bytes = StepWeightBytes(config, element_bytes, experts_per_step);
+  const double weight_bytes = StepWeightBytes(
+      config, element_bytes, static_cast<double>(config.n_routed_experts), batch);
+  const double step_weight_bytes = StepWeightBytes(config, element_bytes, experts_per_step, batch);
   const double kv_bytes_per_token =
       static_cast<double>(rl::model::KvCache::NumElements(config, 1, 1)) * element_bytes;
   double bytes = 0;
@@ -255,6 +297,12 @@ int main(int argc, char** argv) {
   }
   line.Set("roofline_fraction", rl::json::Value::Double(roofline));
   line.Set("cuda_graphs", rl::json::Value::Bool(graphs));
+  if (kernels_per_step > 0) {
+    line.Set("kernels_per_step", rl::json::Value::Int(kernels_per_step));
+    line.Set("kernels_per_layer",
+             rl::json::Value::Double(static_cast<double>(kernels_per_step) /
+                                     static_cast<double>(config.num_hidden_layers)));
+  }
   if (compare_eager) {
     line.Set("eager_seconds", rl::json::Value::Double(eager_seconds));
     line.Set("eager_identical", rl::json::Value::Bool(identical));

@@ -8,7 +8,6 @@
 // Run: bazel run -c opt //tools/bench:train_step_bench
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "launch/json.h"
 #include "launch/mpi_session.h"
 #include "optimizer/distributed_optimizer.h"
+#include "tools/bench/profiling.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/params.h"
@@ -43,19 +43,6 @@ double SecondsPerStep(const std::function<void()>& step, int steps, const c10::D
   for (int i = 0; i < steps; ++i) step();
   synchronize();
   return std::chrono::duration<double>(Clock::now() - start).count() / steps;
-}
-
-// Runs `step` once under the Kineto profiler (CPU ops and CUDA kernels) and writes a Chrome
-// trace to `path` (tools/bench/profile_summary.py sums it by kernel).
-void ProfileToFile(const std::function<void()>& step, const std::string& path) {
-  namespace profiler = torch::autograd::profiler;
-  using torch::profiler::impl::ActivityType;
-  const profiler::ProfilerConfig config(profiler::ProfilerState::KINETO);
-  const std::set<ActivityType> activities = {ActivityType::CPU, ActivityType::CUDA};
-  profiler::prepareProfiler(config, activities);
-  profiler::enableProfiler(config, activities);
-  step();
-  profiler::disableProfiler()->save(path);
 }
 
 }  // namespace
@@ -170,7 +157,7 @@ int main(int argc, char** argv) {
         1e3 * SecondsPerStep([&] { optimizer.AccumulateGrads(); }, 1, device);
     phase_ms["optimizer"] += 1e3 * SecondsPerStep([&] { optimizer.Step(); }, 1, device);
   }
-  if (!profile.empty()) ProfileToFile(our_step, profile);
+  if (!profile.empty()) rl::bench::ProfileToFile(our_step, profile);
   const double tokens_per_step = static_cast<double>(batch * seq);
   std::printf("model %s, batch %lld x %lld tokens, %s on %s, best of %d rounds of %d steps\n",
               checkpoint.empty() ? model_config.c_str() : checkpoint.c_str(),

@@ -4,37 +4,10 @@
 
 #include <cfloat>
 
+#include "trainer/kernels/kernel_util.cuh"
+
 namespace rl::kernels {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// Sum over the block; every thread gets the result. `scratch` holds kWarps floats.
-__device__ float BlockSum(float v, float* scratch) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read by a previous reduction
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < kWarps ? scratch[lane] : 0.0f;
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
-  return v;
-}
 
 // Online softmax statistics of a set of values: running max m, s = sum exp(x - m) and
 // t = sum exp(x - m) * (x - m).
@@ -95,19 +68,29 @@ __device__ SoftmaxStats BlockMerge(SoftmaxStats v, SoftmaxStats* scratch) {
   return v;
 }
 
+// With `add` (and `sum`): the row is x + add, rounded to the dtype as LibTorch's add rounds it,
+// and is written to `sum`.
 template <typename T>
-__global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ weight,
-                              T* __restrict__ out, float* __restrict__ inv_rms, int64_t cols,
+__global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add,
+                              const T* __restrict__ weight, T* __restrict__ out,
+                              T* __restrict__ sum, float* __restrict__ inv_rms, int64_t cols,
                               float eps) {
   __shared__ float scratch[kWarps];
-  const T* row = x + blockIdx.x * cols;
-  T* out_row = out + blockIdx.x * cols;
-  float sum = 0.0f;
+  const int64_t offset = blockIdx.x * cols;
+  const T* row = x + offset;
+  if (add != nullptr) {
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      sum[offset + i] = FromFloat<T>(__fadd_rn(ToFloat(row[i]), ToFloat(add[offset + i])));
+    }
+    row = sum + offset;  // each thread reads back only what it wrote
+  }
+  T* out_row = out + offset;
+  float squares = 0.0f;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
     const float v = ToFloat(row[i]);
-    sum += v * v;
+    squares += v * v;
   }
-  const float inv = rsqrtf(BlockSum(sum, scratch) / static_cast<float>(cols) + eps);
+  const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
   if (inv_rms != nullptr && threadIdx.x == 0) inv_rms[blockIdx.x] = inv;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
     const T h = FromFloat<T>(__fmul_rn(ToFloat(row[i]), inv));
@@ -240,19 +223,36 @@ __global__ void TokenLogProbsBackwardKernel(const T* __restrict__ logits,
 
 }  // namespace
 
+namespace {
+
+template <typename T>
+cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, void* out, void* sum,
+                          float* inv_rms, int64_t rows, int64_t cols, float eps,
+                          cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormKernel<<<rows, kThreads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(add), static_cast<const T*>(weight),
+      static_cast<T*>(out), static_cast<T*>(sum), inv_rms, cols, eps);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  if (dtype == kBFloat16) {
-    RmsNormKernel<<<rows, kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(weight),
-        static_cast<__nv_bfloat16*>(out), inv_rms, cols, eps);
-  } else {
-    RmsNormKernel<<<rows, kThreads, 0, stream>>>(static_cast<const float*>(x),
-                                                 static_cast<const float*>(weight),
-                                                 static_cast<float*>(out), inv_rms, cols, eps);
-  }
-  return cudaGetLastError();
+  return dtype == kBFloat16 ? LaunchRmsNorm<__nv_bfloat16>(x, nullptr, weight, out, nullptr,
+                                                            inv_rms, rows, cols, eps, stream)
+                            : LaunchRmsNorm<float>(x, nullptr, weight, out, nullptr, inv_rms,
+                                                   rows, cols, eps, stream);
+}
+
+cudaError_t AddRmsNorm(const void* x, const void* add, const void* weight, void* sum, void* out,
+                       int64_t rows, int64_t cols, float eps, DtypeCode dtype,
+                       cudaStream_t stream) {
+  return dtype == kBFloat16 ? LaunchRmsNorm<__nv_bfloat16>(x, add, weight, out, sum, nullptr,
+                                                            rows, cols, eps, stream)
+                            : LaunchRmsNorm<float>(x, add, weight, out, sum, nullptr, rows, cols,
+                                                   eps, stream);
 }
 
 cudaError_t RmsNormBackward(const void* x, const void* weight, const float* inv_rms,

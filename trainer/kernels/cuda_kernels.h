@@ -21,6 +21,13 @@ enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1 };
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream);
 
+// sum = x + add (each element rounded to the dtype, as LibTorch's add rounds it) and out =
+// RmsNorm(sum) as above, in one kernel: the residual add and the next norm of a decoder layer.
+// x, add, weight, sum and out share `dtype`; sum aliases neither x nor add.
+cudaError_t AddRmsNorm(const void* x, const void* add, const void* weight, void* sum, void* out,
+                       int64_t rows, int64_t cols, float eps, DtypeCode dtype,
+                       cudaStream_t stream);
+
 // The gradient of RmsNorm given grad_out [rows, cols] (contiguous, `dtype`) and the forward's
 // inv_rms: with g = grad_out * weight rounded to the dtype (what the weight product passes back),
 // grad_x = r g - x r^3 mean(g x) (rounded to the dtype), and the weight's gradient as fp32
@@ -56,6 +63,67 @@ cudaError_t TokenLogProbsBackward(const void* logits, const int64_t* targets, co
                                   const float* entropy, const float* grad_log_probs,
                                   const float* grad_entropy, int64_t rows, int64_t vocab,
                                   DtypeCode dtype, void* grad_logits, cudaStream_t stream);
+
+// The decode step (decode_kernels.cu; Note [Decode kernels] in trainer/model/layers.cc).
+
+// out [rows, inner] = silu(gate) * up for gate_up [rows, 2 inner] (gate, then up, per row), with
+// the roundings of at::silu and the product as separate LibTorch ops.
+cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,
+                    cudaStream_t stream);
+
+constexpr int64_t kMaxHeadDim = 256;
+
+// The layout DecodeQkvPrep reads and writes. Strides count elements.
+struct QkvPrepShape {
+  int64_t q_heads = 0, kv_heads = 0, dim = 0;  // dim <= kMaxHeadDim
+  int64_t half = 0;                            // RoPE pairs (2 half <= dim)
+  bool interleaved = false;                    // pairs (2j, 2j + 1) rather than (j, j + half)
+  int64_t qkv_stride = 0;                      // between rows of qkv
+  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_t = 0;  // the key cache [B, Hkv, T, dim]
+  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_t = 0;  // the value cache
+  float eps = 0;
+};
+
+// One decode position of GQA attention before the attention itself: per row b of qkv (the q, k
+// and v heads of one token, head after head, `dim` each), the q and k heads normalised by
+// RmsNorm with q_norm / k_norm [dim] (skipped where null), rotated by the position's cos / sin
+// [half] like Rope, and then q written to q_out [batch, q_heads, dim] (contiguous) and k and v to
+// the caches at position *position (on the device). Bit for bit what RmsNorm, Rope and copies
+// compute.
+cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_norm,
+                          const void* cos, const void* sin, const int64_t* position, void* q_out,
+                          void* k_cache, void* v_cache, int64_t batch, const QkvPrepShape& shape,
+                          DtypeCode dtype, cudaStream_t stream);
+
+// How DecodeAttention splits the keys: `splits` blocks of `chunk` keys per (row, key/value head).
+struct DecodeAttentionShape {
+  int64_t q_heads = 0, kv_heads = 0;
+  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_t = 0;  // the key cache [B, Hkv, T, dim]
+  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_t = 0;
+  int64_t chunk = 0;
+  int splits = 1;
+  float scale = 1;
+};
+
+// True when DecodeAttention takes this head layout: dim 64, 128 or 256, and at most 8 query
+// heads per key/value head.
+bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim);
+
+// The split of `key_length` keys (the most a step may see) for a batch (strides left zero).
+DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,
+                                         int64_t key_length, float scale);
+
+// softmax(q k^T scale) v for one query position per row: q [batch, q_heads, dim] (contiguous),
+// query head h reading key/value head h / (q_heads / kv_heads) at cache positions
+// [0, *position] (position on the device); out [batch, q_heads, dim] (contiguous). fp32 scores,
+// softmax and sums; the keys of a (row, head) are split into blocks (shape.splits), merged by a
+// second kernel when there are several, through partial_out [batch, q_heads, splits, dim] and
+// partial_stats [batch, q_heads, splits, 2] (fp32 scratch; unused with one split). q, the caches'
+// rows and out must be aligned to dim / 32 elements.
+cudaError_t DecodeAttention(const void* q, const void* k, const void* v, const int64_t* position,
+                            void* out, float* partial_out, float* partial_stats, int64_t batch,
+                            int64_t dim, const DecodeAttentionShape& shape, DtypeCode dtype,
+                            cudaStream_t stream);
 
 }  // namespace rl::kernels
 

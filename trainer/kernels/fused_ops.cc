@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "launch/check.h"
@@ -189,6 +191,169 @@ at::Tensor TokenLogProbsRowsGrad(const at::Tensor& rows, const at::Tensor& targe
                                       rows.size(1), CodeOf(rows), grad.data_ptr(),
                                       c10::cuda::getCurrentCUDAStream()));
   return grad;
+}
+
+namespace {
+
+void CheckNoGrad(std::initializer_list<const at::Tensor*> tensors, const char* op) {
+  for (const at::Tensor* t : tensors) {
+    RL_CHECK(!t->defined() || !t->requires_grad(), Error, "{} has no gradient; an input requires one",
+             op);
+  }
+}
+
+bool Aligned(const at::Tensor& t, int64_t elements) {
+  const int64_t bytes = elements * t.element_size();
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(bytes) == 0;
+}
+
+}  // namespace
+
+AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
+                     double eps) {
+  CheckNoGrad({&x, &add, &weight}, "AddRmsNorm");
+  const int64_t cols = x.size(-1);
+  RL_CHECK(add.sizes() == x.sizes() && add.scalar_type() == x.scalar_type() &&
+               add.device() == x.device() && weight.dim() == 1 && weight.size(0) == cols &&
+               weight.scalar_type() == x.scalar_type() && weight.device() == x.device(),
+           Error, "AddRmsNorm: x [{}] and add [{}] must match, with weight [{}] of their dtype",
+           fmt::join(x.sizes(), ", "), fmt::join(add.sizes(), ", "),
+           fmt::join(weight.sizes(), ", "));
+  const at::Tensor a = x.contiguous();
+  const at::Tensor b = add.contiguous();
+  const at::Tensor w = weight.contiguous();
+  AddNormed out{at::empty_like(a), at::empty_like(a)};
+  const int64_t rows = cols == 0 ? 0 : a.numel() / cols;
+  const c10::cuda::CUDAGuard guard(a.device());
+  RL_CHECK_CUDA(kernels::AddRmsNorm(a.data_ptr(), b.data_ptr(), w.data_ptr(),
+                                    out.sum.data_ptr(), out.normed.data_ptr(), rows, cols,
+                                    static_cast<float>(eps), CodeOf(a),
+                                    c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor SiluMul(const at::Tensor& gate_up) {
+  CheckNoGrad({&gate_up}, "SiluMul");
+  const int64_t inner = gate_up.size(-1) / 2;
+  RL_CHECK(gate_up.size(-1) == 2 * inner, Error, "SiluMul: gate_up's last dim {} is odd",
+           gate_up.size(-1));
+  const at::Tensor in = gate_up.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape.back() = inner;
+  at::Tensor out = at::empty(shape, in.options());
+  const int64_t rows = inner == 0 ? 0 : out.numel() / inner;
+  const c10::cuda::CUDAGuard guard(in.device());
+  RL_CHECK_CUDA(kernels::SiluMul(in.data_ptr(), out.data_ptr(), rows, inner, CodeOf(in),
+                                 c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                         double eps, const at::Tensor& cos, const at::Tensor& sin,
+                         bool interleaved, int64_t q_heads, int64_t kv_heads, int64_t dim,
+                         const DecodeCache& cache) {
+  CheckNoGrad({&qkv, &q_norm, &k_norm}, "DecodeQkvPrep");
+  const int64_t batch = qkv.size(0);
+  const int64_t half = cos.size(-1);
+  const at::Tensor& k = cache.key;
+  const at::Tensor& v = cache.value;
+  const at::Tensor& pos = cache.position;
+  RL_CHECK(qkv.dim() == 3 && qkv.size(1) == 1 && qkv.size(2) >= (q_heads + 2 * kv_heads) * dim &&
+               qkv.stride(2) == 1 && dim <= kMaxHeadDim && 2 * half <= dim &&
+               cos.numel() == half && sin.numel() == half && q_norm.defined() == k_norm.defined() &&
+               k.dim() == 4 && v.dim() == 4 && k.size(0) >= batch && k.size(1) == kv_heads &&
+               k.size(3) == dim && k.stride(3) == 1 && v.sizes() == k.sizes() && v.stride(3) == 1 &&
+               pos.numel() == 1 && pos.scalar_type() == at::kLong,
+           Error,
+           "DecodeQkvPrep: qkv [{}] with {} q and {} kv heads of {}, caches [{}], cos [{}]",
+           fmt::join(qkv.sizes(), ", "), q_heads, kv_heads, dim, fmt::join(k.sizes(), ", "),
+           fmt::join(cos.sizes(), ", "));
+  for (const at::Tensor* t : {&q_norm, &k_norm, &cos, &sin, &k, &v}) {
+    RL_CHECK(!t->defined() || (t->scalar_type() == qkv.scalar_type() && t->device() == qkv.device()),
+             Error, "DecodeQkvPrep: every tensor must be {} on {}",
+             c10::toString(qkv.scalar_type()), qkv.device().str());
+  }
+  at::Tensor q = at::empty({batch, q_heads, dim}, qkv.options());
+  QkvPrepShape shape;
+  shape.q_heads = q_heads;
+  shape.kv_heads = kv_heads;
+  shape.dim = dim;
+  shape.half = half;
+  shape.interleaved = interleaved;
+  shape.qkv_stride = qkv.stride(0);
+  shape.k_stride_b = k.stride(0);
+  shape.k_stride_h = k.stride(1);
+  shape.k_stride_t = k.stride(2);
+  shape.v_stride_b = v.stride(0);
+  shape.v_stride_h = v.stride(1);
+  shape.v_stride_t = v.stride(2);
+  shape.eps = static_cast<float>(eps);
+  const at::Tensor c = cos.contiguous();
+  const at::Tensor s = sin.contiguous();
+  const at::Tensor qn = q_norm.defined() ? q_norm.contiguous() : q_norm;
+  const at::Tensor kn = k_norm.defined() ? k_norm.contiguous() : k_norm;
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  RL_CHECK_CUDA(kernels::DecodeQkvPrep(
+      qkv.data_ptr(), qn.defined() ? qn.data_ptr() : nullptr,
+      kn.defined() ? kn.data_ptr() : nullptr, c.data_ptr(), s.data_ptr(), pos.data_ptr<int64_t>(),
+      q.data_ptr(), k.data_ptr(), v.data_ptr(), batch, shape, CodeOf(qkv),
+      c10::cuda::getCurrentCUDAStream()));
+  return q;
+}
+
+bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache) {
+  const at::Tensor& k = cache.key;
+  const at::Tensor& v = cache.value;
+  if (!Supported(k) || k.dim() != 4 || v.sizes() != k.sizes() ||
+      v.scalar_type() != k.scalar_type() || v.device() != k.device() ||
+      !DecodeAttentionSupports(q_heads, k.size(1), k.size(3))) {
+    return false;
+  }
+  const int64_t vec = k.size(3) / 32;
+  const auto rows_aligned = [&](const at::Tensor& t) {
+    return t.stride(3) == 1 && Aligned(t, vec) && t.stride(0) % vec == 0 &&
+           t.stride(1) % vec == 0 && t.stride(2) % vec == 0;
+  };
+  return rows_aligned(k) && rows_aligned(v);
+}
+
+at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
+                           double scale) {
+  CheckNoGrad({&q}, "DecodeAttention");
+  RL_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == cache.key.scalar_type() &&
+               q.device() == cache.key.device() && q.size(2) == cache.key.size(3) &&
+               Aligned(q, q.size(2) / 32) && DecodeAttentionTakes(q.size(1), cache) &&
+               cache.key.size(0) >= q.size(0) &&
+               key_length >= 1 && key_length <= cache.key.size(2) &&
+               cache.position.numel() == 1 && cache.position.scalar_type() == at::kLong,
+           Error, "DecodeAttention: q [{}] against caches [{}] over {} keys",
+           fmt::join(q.sizes(), ", "), fmt::join(cache.key.sizes(), ", "), key_length);
+  const int64_t batch = q.size(0);
+  const int64_t q_heads = q.size(1);
+  const int64_t dim = q.size(2);
+  DecodeAttentionShape shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
+                                                   static_cast<float>(scale));
+  shape.k_stride_b = cache.key.stride(0);
+  shape.k_stride_h = cache.key.stride(1);
+  shape.k_stride_t = cache.key.stride(2);
+  shape.v_stride_b = cache.value.stride(0);
+  shape.v_stride_h = cache.value.stride(1);
+  shape.v_stride_t = cache.value.stride(2);
+  at::Tensor out = at::empty({batch, q_heads * dim}, q.options());
+  at::Tensor partial_out, partial_stats;
+  if (shape.splits > 1) {
+    const at::TensorOptions fp32 = q.options().dtype(at::kFloat);
+    partial_out = at::empty({batch, q_heads, shape.splits, dim}, fp32);
+    partial_stats = at::empty({batch, q_heads, shape.splits, 2}, fp32);
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  RL_CHECK_CUDA(kernels::DecodeAttention(
+      q.data_ptr(), cache.key.data_ptr(), cache.value.data_ptr(),
+      cache.position.data_ptr<int64_t>(), out.data_ptr(),
+      partial_out.defined() ? partial_out.data_ptr<float>() : nullptr,
+      partial_stats.defined() ? partial_stats.data_ptr<float>() : nullptr, batch, dim, shape, CodeOf(q),
+      c10::cuda::getCurrentCUDAStream()));
+  return out;
 }
 
 }  // namespace rl::kernels

@@ -1,6 +1,6 @@
 // Tensor entry points of our CUDA kernels (trainer/kernels/cuda_kernels.h): where they apply
-// (Supported), RMSNorm (with its gradient), the RoPE the rollout engine decodes with, and the
-// token log-prob / entropy of the training loss with its gradient.
+// (Supported), RMSNorm (with its gradient), the RoPE the rollout engine decodes with, the token
+// log-prob / entropy of the training loss with its gradient, and the decode step's fused kernels.
 //
 // Failures: tensors on another device or of another dtype than the kernels take throw rl::Error
 // (callers ask Supported first); a failed launch throws rl::CudaError.
@@ -57,6 +57,48 @@ at::Tensor TokenLogProbsRowsGrad(const at::Tensor& rows, const at::Tensor& targe
                                  const at::Tensor& lse, const at::Tensor& entropy,
                                  const at::Tensor& grad_log_probs,
                                  const at::Tensor& grad_entropy);
+
+// The decode step's kernels (Note [Decode kernels] in trainer/model/layers.cc), without
+// autograd: inputs must not require grad. Each throws rl::Error on tensors they do not take.
+
+// sum = x + add and RmsNorm(sum, weight) in one kernel, bit for bit what the add and
+// FusedRmsNorm give: x and add [..., cols] of one shape, weight [cols], all of one Supported
+// dtype.
+struct AddNormed {
+  at::Tensor sum;
+  at::Tensor normed;
+};
+AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
+                     double eps);
+
+// silu(gate_up[..., :inner]) * gate_up[..., inner:] for gate_up [..., 2 inner] (Supported), in
+// one kernel, bit for bit what at::silu and the product give.
+at::Tensor SiluMul(const at::Tensor& gate_up);
+
+// The key and value cache tensors of one layer ([B, kv_heads, T, dim] views) and the device-side
+// position [1] int64 a decode step writes and reads.
+struct DecodeCache {
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor position;
+};
+
+// DecodeQkvPrep (cuda_kernels.h): q/k norms (q_norm and k_norm both defined, or both not), RoPE
+// with the position's cos/sin [1, half] and the cache writes of qkv [B, 1, (Hq + 2 Hkv) dim] (rows
+// contiguous); returns q [B, Hq, dim].
+at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                         double eps, const at::Tensor& cos, const at::Tensor& sin,
+                         bool interleaved, int64_t q_heads, int64_t kv_heads, int64_t dim,
+                         const DecodeCache& cache);
+
+// True when DecodeAttention takes q_heads query heads against `cache` (Supported caches,
+// DecodeAttentionSupports and aligned rows).
+bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache);
+
+// Attention of q [B, Hq, dim] (contiguous, of the caches' dtype) over cache positions [0, position] of rows [0, B),
+// which lie within the first key_length positions: [B, Hq * dim].
+at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
+                           double scale);
 
 }  // namespace rl::kernels
 

@@ -320,11 +320,25 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
                            const ExpertDispatch* dispatch, int64_t batch) const {
   ctx.kernels = kernels_;
   ctx.latent_mla_decode = latent_mla_decode_;
-  at::Tensor topk;  // DSA selection of the last full indexer layer
+  // x += pending (a block's output, when defined) and the next norm of x; one kernel where the
+  // engine's kernels apply (Note [Decode kernels] in layers.cc), the same bits.
+  const auto add_norm = [&](at::Tensor& x, const at::Tensor& pending, const at::Tensor& weight) {
+    if (pending.defined() && kernels_ == Kernels::kFused && kernels::Supported(x) &&
+        !x.requires_grad() && !pending.requires_grad() && pending.sizes() == x.sizes() &&
+        pending.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type()) {
+      kernels::AddNormed out = kernels::AddRmsNorm(x, pending, weight, config_.rms_norm_eps);
+      x = std::move(out.sum);
+      return std::move(out.normed);
+    }
+    if (pending.defined()) x = x + pending;
+    return RmsNorm(x, weight, config_.rms_norm_eps);
+  };
+  at::Tensor topk;     // DSA selection of the last full indexer layer
+  at::Tensor pending;  // the last block's output, not yet added to x
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
-    at::Tensor h = RmsNorm(x, layer.input_norm, config_.rms_norm_eps);
+    at::Tensor h = add_norm(x, pending, layer.input_norm);
     if (config_.attention_kind() == AttentionKind::kGqa) {
       h = tensor_group_ != nullptr  // Note [Tensor-parallel attention]
               ? TensorParallelGqaAttention(layer.gqa, h, ctx, *tensor_group_, sequence_parallel_,
@@ -350,13 +364,12 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
         indexer_observer_(static_cast<int64_t>(l), topk);
       }
     }
-    x = x + h;
-    h = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
+    h = add_norm(x, h, layer.post_norm);
     if (layer.mlp_type == MlpType::kDense) {
       h = tensor_group_ != nullptr
               ? TensorParallelMlp(layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, h,
                                   *tensor_group_, sequence_parallel_)
-              : DenseMlp(layer.mlp, h);
+              : DenseMlp(layer.mlp, h, kernels_);
     } else {
       at::Tensor chosen;
       at::Tensor replay =
@@ -374,9 +387,9 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
         routing_observer_(static_cast<int64_t>(l), chosen);
       }
     }
-    x = x + h;
+    pending = std::move(h);
   }
-  return RmsNorm(x, final_norm_, config_.rms_norm_eps);
+  return add_norm(x, pending, final_norm_);
 }
 
 at::Tensor Decoder::Logits(const at::Tensor& tokens) const {

@@ -210,6 +210,29 @@ at::Tensor AppendToCache(const at::Tensor& cache, int64_t dim, const at::Tensor&
   return rows.narrow(dim, 0, ctx.start + s);
 }
 
+// Note [Decode kernels]
+// A decode step of the rollout engine (Kernels::kFused, one new position at a device-side
+// position, on CUDA) runs each GQA layer as
+//   AddRmsNorm (the previous block's residual add and this norm), the q/k/v GEMM,
+//   DecodeQkvPrep (q/k norms, RoPE, the cache writes), DecodeAttention (+ its merge kernel when
+//   the keys are split), the o GEMM, AddRmsNorm, the gate/up GEMM, SiluMul, the down GEMM:
+// 9 or 10 kernels, where the LibTorch ops took 27 (tools/bench/decode_bench counts them). All but
+// DecodeAttention compute bit for bit what the ops computed (trainer/kernels/fused_ops.h); the
+// attention reads only the positions up to the step's (SDPA read the whole key block under a
+// mask) and sums in another order, so its output differs from SDPA's by rounding. Graph replays
+// and eager steps run the same kernels, so they stay bit-identical.
+bool FusedDecodeStep(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& qkv,
+                     int64_t s) {
+  return ctx.kernels == Kernels::kFused && ctx.position.defined() && ctx.cache != nullptr &&
+         s == 1 && kernels::Supported(qkv) && !qkv.requires_grad() &&
+         qkv.stride(-1) == 1 && w.q_norm.defined() == w.k_norm.defined() &&
+         ctx.rope->cos.scalar_type() == qkv.scalar_type() &&
+         kernels::DecodeAttentionTakes(
+             ctx.config->num_attention_heads,
+             kernels::DecodeCache{ctx.cache->key, ctx.cache->value, ctx.position}) &&
+         ctx.cache->key.scalar_type() == qkv.scalar_type();
+}
+
 }  // namespace
 
 at::Tensor AtLeastFloat(const at::Tensor& t) {
@@ -299,6 +322,15 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
   at::Tensor q, k, v;
   if (w.qkv_proj.defined()) {
     const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias);
+    if (FusedDecodeStep(w, ctx, qkv, s)) {  // Note [Decode kernels]
+      const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
+      const at::Tensor query = kernels::DecodeQkvPrep(
+          qkv, w.q_norm, w.k_norm, c.rms_norm_eps, ctx.rope->cos, ctx.rope->sin,
+          c.rope_interleave, heads, kv_heads, d, cache);
+      const at::Tensor out =
+          kernels::DecodeAttention(query, cache, ctx.key_mask.size(-1), c.attention_scale());
+      return Linear(out.view({b, 1, heads * d}), w.o_proj, w.o_bias);
+    }
     q = qkv.narrow(-1, 0, heads * d).view({b, s, heads, d});
     k = qkv.narrow(-1, heads * d, kv_heads * d).view({b, s, kv_heads, d});
     v = qkv.narrow(-1, (heads + kv_heads) * d, kv_heads * d).view({b, s, kv_heads, d});
@@ -451,9 +483,12 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   return Linear(out, w.o_proj, w.o_bias);
 }
 
-at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x) {
+at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl) {
   if (w.gate_up_proj.defined()) {
     const at::Tensor gate_up = Linear(x, w.gate_up_proj);
+    if (impl == Kernels::kFused && kernels::Supported(gate_up) && !gate_up.requires_grad()) {
+      return Linear(kernels::SiluMul(gate_up), w.down_proj);  // Note [Decode kernels]
+    }
     const int64_t inner = w.down_proj.size(1);
     return Linear(at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner),
                   w.down_proj);

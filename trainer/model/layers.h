@@ -160,7 +160,9 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
 at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::Tensor& q_resid,
                        const AttentionContext& ctx);
 
-at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x);
+// With Kernels::kFused on CUDA, outside autograd, silu(gate) * up runs as one kernel (the same
+// bits; Note [Decode kernels] in layers.cc).
+at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl = Kernels::kLibTorch);
 
 struct Routing {
   at::Tensor indices;  // [tokens, k] int64

@@ -250,6 +250,11 @@ TEST_CASE("Weights live in one engine-layout storage that the Decoder reads") {
   engine->set_weight_version(3);
   CHECK(engine->weight_version() == 3);
 
+  // The fused q/k/v and gate/up rows are back to back in that storage, so an inference Decoder
+  // over the engine's weights (as the engine builds one on a GPU) computes each group as one GEMM.
+  const model::Decoder fused(f.config, engine->weights(), model::Kernels::kFused);
+  CHECK(fused.fused_projections() == 2 * f.config.num_hidden_layers);
+
   model::TensorMap incomplete = f.params;
   incomplete.erase("model.norm.weight");
   CHECK_THROWS_WITH(engine->LoadWeights(incomplete), Catch::Contains("model.norm.weight"));

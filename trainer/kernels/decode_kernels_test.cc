@@ -1,0 +1,186 @@
+// The decode step's kernels (fused_ops.h) against the LibTorch ops they replace, on a GPU: bit for
+// bit where the header says so, and DecodeAttention within bf16 rounding of an fp64 reference.
+// Skipped loudly without a CUDA device (CI has none; the GPU machine runs it).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+
+#include "trainer/kernels/fused_ops.h"
+
+namespace rl::kernels {
+namespace {
+
+bool HaveGpuOrWarn() {
+  if (c10::cuda::device_count() > 0) return true;
+  WARN("SKIPPED: no CUDA device; the decode kernel tests did not run");
+  SUCCEED();
+  return false;
+}
+
+at::TensorOptions On(at::ScalarType dtype) {
+  return at::TensorOptions().dtype(dtype).device(at::kCUDA);
+}
+
+bool SameBits(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         at::equal(a.contiguous().view(-1), b.contiguous().view(-1));
+}
+
+TEST_CASE("AddRmsNorm is the add and FusedRmsNorm, bit for bit") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(1);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const auto& shape : {std::vector<int64_t>{64, 1, 1024}, std::vector<int64_t>{3, 7168}}) {
+      const at::Tensor x = at::randn(shape, On(dtype)) * 4;
+      const at::Tensor add = at::randn(shape, On(dtype));
+      const at::Tensor weight = at::randn({shape.back()}, On(dtype));
+      const AddNormed fused = AddRmsNorm(x, add, weight, 1e-6);
+      const at::Tensor sum = x + add;
+      CHECK(SameBits(fused.sum, sum));
+      CHECK(SameBits(fused.normed, FusedRmsNorm(sum, weight, 1e-6)));
+    }
+  }
+}
+
+TEST_CASE("SiluMul is at::silu of the gate times the up half, bit for bit") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(2);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    const at::Tensor gate_up = at::randn({64, 1, 2 * 3072}, On(dtype)) * 3;
+    const at::Tensor expected = at::silu(gate_up.narrow(-1, 0, 3072)) * gate_up.narrow(-1, 3072, 3072);
+    CHECK(SameBits(SiluMul(gate_up), expected));
+  }
+}
+
+struct PrepCase {
+  int64_t q_heads, kv_heads, dim, half;
+  bool norms, interleaved;
+};
+
+TEST_CASE("DecodeQkvPrep is RmsNorm, RoPE and the cache writes, bit for bit") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(3);
+  const int64_t batch = 5, max_length = 40, position = 17;
+  for (const PrepCase& c : {PrepCase{16, 8, 128, 64, true, false},
+                            PrepCase{32, 4, 128, 32, false, false},
+                            PrepCase{8, 8, 64, 32, true, true}, PrepCase{4, 2, 256, 128, true, false}}) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+      const int64_t width = (c.q_heads + 2 * c.kv_heads) * c.dim;
+      const at::Tensor qkv = at::randn({batch, 1, width}, On(dtype)) * 2;
+      const at::Tensor q_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
+      const at::Tensor k_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
+      const at::Tensor cos = at::randn({1, c.half}, On(dtype));
+      const at::Tensor sin = at::randn({1, c.half}, On(dtype));
+      at::Tensor key = at::zeros({batch + 1, c.kv_heads, max_length, c.dim}, On(dtype));
+      at::Tensor value = at::zeros_like(key);
+      const at::Tensor pos = at::full({1}, position, On(at::kLong));
+      const at::Tensor q = DecodeQkvPrep(qkv, q_norm, k_norm, 1e-6, cos, sin, c.interleaved,
+                                         c.q_heads, c.kv_heads, c.dim, DecodeCache{key, value, pos});
+
+      // The ops GqaAttention runs without the decode kernels.
+      at::Tensor q_ref = qkv.narrow(-1, 0, c.q_heads * c.dim).view({batch, 1, c.q_heads, c.dim});
+      at::Tensor k_ref =
+          qkv.narrow(-1, c.q_heads * c.dim, c.kv_heads * c.dim).view({batch, 1, c.kv_heads, c.dim});
+      const at::Tensor v_ref = qkv.narrow(-1, (c.q_heads + c.kv_heads) * c.dim, c.kv_heads * c.dim)
+                                   .view({batch, c.kv_heads, c.dim});
+      if (c.norms) {
+        q_ref = FusedRmsNorm(q_ref, q_norm, 1e-6);
+        k_ref = FusedRmsNorm(k_ref, k_norm, 1e-6);
+      }
+      q_ref = RopeInference(q_ref, cos, sin, c.interleaved).view({batch, c.q_heads, c.dim});
+      k_ref = RopeInference(k_ref, cos, sin, c.interleaved).view({batch, c.kv_heads, c.dim});
+      CHECK(SameBits(q, q_ref));
+      CHECK(SameBits(key.narrow(0, 0, batch).select(2, position), k_ref));
+      CHECK(SameBits(value.narrow(0, 0, batch).select(2, position), v_ref));
+      // Nothing else was written.
+      key.narrow(0, 0, batch).select(2, position).zero_();
+      value.narrow(0, 0, batch).select(2, position).zero_();
+      CHECK(key.abs().sum().item<double>() == 0);
+      CHECK(value.abs().sum().item<double>() == 0);
+    }
+  }
+}
+
+// softmax(q k^T scale) v over positions [0, position] in fp64, q [B, Hq, D], caches [B, Hkv, T, D].
+at::Tensor ReferenceAttention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+                              int64_t position, double scale) {
+  const int64_t batch = q.size(0), q_heads = q.size(1), dim = q.size(2);
+  const int64_t group = q_heads / key.size(1);
+  const at::Tensor k = key.narrow(0, 0, batch).narrow(2, 0, position + 1).to(at::kDouble)
+                           .repeat_interleave(group, 1);  // [B, Hq, P, D]
+  const at::Tensor v = value.narrow(0, 0, batch).narrow(2, 0, position + 1).to(at::kDouble)
+                           .repeat_interleave(group, 1);
+  const at::Tensor scores = at::matmul(q.to(at::kDouble).unsqueeze(2), k.transpose(2, 3)) * scale;
+  return at::matmul(at::softmax(scores, -1), v).view({batch, q_heads * dim});
+}
+
+struct AttentionCase {
+  int64_t batch, q_heads, kv_heads, dim, key_length, position;
+};
+
+TEST_CASE("DecodeAttention is softmax attention over the positions up to the step's") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(4);
+  // Batch 1 splits the keys over many blocks; batch 64 x 8 heads runs one block per head.
+  for (const AttentionCase& c : {AttentionCase{1, 16, 8, 128, 256, 130},
+                                 AttentionCase{64, 16, 8, 128, 256, 200},
+                                 AttentionCase{3, 32, 4, 128, 512, 0},
+                                 AttentionCase{2, 8, 8, 64, 64, 63},
+                                 AttentionCase{4, 16, 2, 256, 1024, 700}}) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+      at::Tensor key = at::randn({c.batch + 1, c.kv_heads, c.key_length + 8, c.dim}, On(dtype));
+      at::Tensor value = at::randn_like(key);
+      // Positions past the step's hold NaN: they must not be read.
+      key.narrow(2, c.position + 1, c.key_length + 7 - c.position).fill_(NAN);
+      value.narrow(2, c.position + 1, c.key_length + 7 - c.position).fill_(NAN);
+      const at::Tensor q = at::randn({c.batch, c.q_heads, c.dim}, On(dtype));
+      const DecodeCache cache{key, value, at::full({1}, c.position, On(at::kLong))};
+      REQUIRE(DecodeAttentionTakes(c.q_heads, cache));
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
+      const at::Tensor out = DecodeAttention(q, cache, c.key_length, scale);
+      const at::Tensor expected = ReferenceAttention(q, key, value, c.position, scale);
+      const double error = (out.to(at::kDouble) - expected).abs().max().item<double>();
+      INFO("batch " << c.batch << ", heads " << c.q_heads << "/" << c.kv_heads << ", dim "
+                    << c.dim << ", position " << c.position << ", " << c10::toString(dtype));
+      // bf16: one rounding of outputs of magnitude < 4; fp32: summation order.
+      CHECK(error < (dtype == at::kBFloat16 ? 1.6e-2 : 1e-5));
+    }
+  }
+}
+
+TEST_CASE("DecodeAttention reads its position on the device, so a graph replay follows it") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(5);
+  const at::Tensor key = at::randn({2, 8, 256, 128}, On(at::kBFloat16));
+  const at::Tensor value = at::randn_like(key);
+  const at::Tensor q = at::randn({2, 16, 128}, On(at::kBFloat16));
+  const at::Tensor position = at::full({1}, 10, On(at::kLong));
+  const DecodeCache cache{key, value, position};
+  at::cuda::CUDAGraph graph;
+  at::Tensor out;
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
+    DecodeAttention(q, cache, 256, 0.1);  // warm-up outside the capture
+    graph.capture_begin();
+    out = DecodeAttention(q, cache, 256, 0.1);
+    graph.capture_end();
+  }
+  for (const int64_t p : {int64_t{10}, int64_t{200}, int64_t{255}}) {
+    position.fill_(p);
+    graph.replay();
+    c10::cuda::device_synchronize();
+    CHECK(SameBits(out, DecodeAttention(q, cache, 256, 0.1)));
+    const double error =
+        (out.to(at::kDouble) - ReferenceAttention(q, key, value, p, 0.1)).abs().max().item<double>();
+    CHECK(error < 1.6e-2);
+  }
+}
+
+}  // namespace
+}  // namespace rl::kernels
