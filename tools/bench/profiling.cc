@@ -30,7 +30,8 @@ void ProfileToFile(const std::function<void()>& step, const std::string& path) {
 
 int64_t CountDeviceActivities(const std::function<void()>& step) {
   int64_t count = 0;
-  for (const auto& event : Profile(step)->events()) {
+  const auto result = Profile(step);  // the events live as long as the result
+  for (const auto& event : result->events()) {
     if (event.deviceType() == c10::DeviceType::CUDA) ++count;
   }
   return count;

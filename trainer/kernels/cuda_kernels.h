@@ -66,6 +66,15 @@ cudaError_t TokenLogProbsBackward(const void* logits, const int64_t* targets, co
 
 // The decode step (decode_kernels.cu; Note [Decode kernels] in trainer/model/layers.cc).
 
+constexpr int64_t kSmallLinearMaxRows = 8;
+
+// y [rows, n_out] = x [rows, k_in] w^T + bias for rows <= kSmallLinearMaxRows (the projections of
+// a decode step of a few rows, where a GEMM library's tiles are mostly idle): x, w [n_out, k_in]
+// and y contiguous and 16-byte aligned, k_in a multiple of 16 bytes' elements, bias [n_out] or
+// null; fp32 sums, rounded once.
+cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
+                        int64_t n_out, int64_t k_in, DtypeCode dtype, cudaStream_t stream);
+
 // out [rows, inner] = silu(gate) * up for gate_up [rows, 2 inner] (gate, then up, per row), with
 // the roundings of at::silu and the product as separate LibTorch ops.
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,
@@ -100,13 +109,14 @@ struct DecodeAttentionShape {
   int64_t q_heads = 0, kv_heads = 0;
   int64_t k_stride_b = 0, k_stride_h = 0, k_stride_t = 0;  // the key cache [B, Hkv, T, dim]
   int64_t v_stride_b = 0, v_stride_h = 0, v_stride_t = 0;
+  int64_t key_length = 0;  // the cache positions a step may read
   int64_t chunk = 0;
   int splits = 1;
   float scale = 1;
 };
 
-// True when DecodeAttention takes this head layout: dim 64, 128 or 256, and at most 8 query
-// heads per key/value head.
+// True when DecodeAttention takes this head layout: dim 64, 128 or 256, and q_heads a multiple
+// of kv_heads.
 bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim);
 
 // The split of `key_length` keys (the most a step may see) for a batch (strides left zero).
@@ -116,10 +126,13 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
 // softmax(q k^T scale) v for one query position per row: q [batch, q_heads, dim] (contiguous),
 // query head h reading key/value head h / (q_heads / kv_heads) at cache positions
 // [0, *position] (position on the device); out [batch, q_heads, dim] (contiguous). fp32 scores,
-// softmax and sums; the keys of a (row, head) are split into blocks (shape.splits), merged by a
-// second kernel when there are several, through partial_out [batch, q_heads, splits, dim] and
-// partial_stats [batch, q_heads, splits, 2] (fp32 scratch; unused with one split). q, the caches'
-// rows and out must be aligned to dim / 32 elements.
+// softmax and sums. The keys of a (row, head) are split into shape.splits blocks; with several,
+// each block writes partial_out [batch, q_heads, splits, dim] and partial_stats [batch, q_heads,
+// splits, 2] (fp32 scratch, unused with one split) and the last block of a row and head merges
+// them in split order, so the result does not depend on the blocks' timing. The merge counts
+// blocks in a counter array of the module, which each merge leaves zeroed: two launches must not
+// run concurrently (one stream). q, the caches' rows and out must be aligned to dim / 32
+// elements.
 cudaError_t DecodeAttention(const void* q, const void* k, const void* v, const int64_t* position,
                             void* out, float* partial_out, float* partial_stats, int64_t batch,
                             int64_t dim, const DecodeAttentionShape& shape, DtypeCode dtype,

@@ -1,4 +1,5 @@
-// The decode-step kernels of cuda_kernels.h: SiluMul, DecodeQkvPrep and DecodeAttention.
+// The decode-step kernels of cuda_kernels.h: SmallLinear, SiluMul, DecodeQkvPrep and
+// DecodeAttention.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,9 +12,9 @@ namespace rl::kernels {
 namespace {
 
 constexpr int kDecodeWarps = 4;          // warps per block of the decode kernels
-constexpr int kMaxGroup = 8;             // query heads per key/value head
+constexpr int kMaxGroup = 8;             // query heads per DecodeAttention block
 constexpr int kKeysPerIteration = 4;     // keys a warp loads at once
-constexpr int kBlocksPerSm = 8;          // DecodeAttention splits the keys until about this many
+constexpr int kBlocksPerSm = 32;         // DecodeAttention splits the keys until about this many
 
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
@@ -118,94 +119,132 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
   }
 }
 
-// kVec consecutive elements of T at `src` (aligned to their size, which DecodeAttention's caller
-// checks), as floats, in one vector load.
+// kVec consecutive elements of T, loaded as one vector (aligned to their size, which
+// DecodeAttention's caller checks).
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <typename T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> LoadPack(const T* __restrict__ src) {
+  return *reinterpret_cast<const Pack<T, kVec>*>(src);
+}
+
 template <typename T, int kVec>
 __device__ __forceinline__ void LoadRow(const T* __restrict__ src, float (&dst)[kVec]) {
-  struct alignas(sizeof(T) * kVec) Pack {
-    T v[kVec];
-  };
-  const Pack pack = *reinterpret_cast<const Pack*>(src);
+  const Pack<T, kVec> pack = LoadPack<T, kVec>(src);
+#pragma unroll
   for (int e = 0; e < kVec; ++e) dst[e] = ToFloat(pack.v[e]);
 }
 
-// Block (split, kv head, row): the G query heads of one key/value head against keys
+// Per (row, group of kGroup query heads) a counter of the splits that have written their partial
+// results; the last one merges them and sets it back to 0 (so every launch finds zeros).
+constexpr int64_t kMaxMergeSlots = int64_t{1} << 16;
+__device__ unsigned int g_split_counters[kMaxMergeSlots];
+
+// Block (split, head group, row): kGroup query heads that share one key/value head, against keys
 // [split * chunk, min(split * chunk + chunk, position + 1)). Warp w takes keys
 // begin + w * kKeysPerIteration + i * kDecodeWarps * kKeysPerIteration, each with an online
 // softmax; the warps are merged in shared memory. Lane l holds dims [l kVec, l kVec + kVec).
-// With one split the block writes the normalised output; with more, its unnormalised partial
-// output, max and sum for DecodeAttentionCombineKernel. A split past the position writes nothing.
-template <typename T, int kVec>
-__global__ void DecodeAttentionKernel(const T* __restrict__ q, const T* __restrict__ k,
-                                      const T* __restrict__ v,
-                                      const int64_t* __restrict__ position, T* __restrict__ out,
-                                      float* __restrict__ partial_out,
-                                      float* __restrict__ partial_stats, DecodeAttentionShape p) {
+// With one split the block writes the normalised output. With more, it writes its unnormalised
+// output, max and sum, and the last split of its (row, head group) to finish merges the splits
+// in split order (so the result does not depend on which is last). A split past the position
+// does nothing.
+template <typename T, int kVec, int kGroup>
+__global__ void __launch_bounds__(kDecodeWarps * 32)
+    DecodeAttentionKernel(const T* __restrict__ q, const T* __restrict__ k,
+                          const T* __restrict__ v, const int64_t* __restrict__ position,
+                          T* __restrict__ out, float* __restrict__ partial_out,
+                          float* __restrict__ partial_stats, DecodeAttentionShape p) {
   constexpr int kDim = 32 * kVec;
-  __shared__ float warp_out[kDecodeWarps][kMaxGroup][kDim];
-  __shared__ float warp_max[kDecodeWarps][kMaxGroup];
-  __shared__ float warp_sum[kDecodeWarps][kMaxGroup];
+  __shared__ float warp_out[kDecodeWarps][kGroup][kDim];
+  __shared__ float warp_max[kDecodeWarps][kGroup];
+  __shared__ float warp_sum[kDecodeWarps][kGroup];
+  __shared__ bool merge;
   const int split = blockIdx.x;
-  const int64_t kv_head = blockIdx.y;
+  const int64_t first_head = blockIdx.y * static_cast<int64_t>(kGroup);  // query heads
+  const int64_t kv_head = first_head / (p.q_heads / p.kv_heads);
   const int64_t b = blockIdx.z;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int group = static_cast<int>(p.q_heads / p.kv_heads);
-  const int64_t pos = *position;
   const int64_t begin = split * p.chunk;
-  if (begin > pos) return;
-  const int64_t end = begin + p.chunk < pos + 1 ? begin + p.chunk : pos + 1;
-
-  float query[kMaxGroup][kVec];
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g < group) {
-      LoadRow<T, kVec>(q + ((b * p.q_heads + kv_head * group + g) * kDim + lane * kVec),
-                       query[g]);
-    }
-  }
-  float running_max[kMaxGroup], running_sum[kMaxGroup], acc[kMaxGroup][kVec];
-  for (int g = 0; g < kMaxGroup; ++g) {
-    running_max[g] = -FLT_MAX;
-    running_sum[g] = 0.0f;
-    for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
-  }
+  const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
+  constexpr int64_t kStride = kDecodeWarps * kKeysPerIteration;
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h + lane * kVec;
-  for (int64_t t0 = begin + warp * kKeysPerIteration; t0 < end;
-       t0 += kDecodeWarps * kKeysPerIteration) {
-    float keys[kKeysPerIteration][kVec], values[kKeysPerIteration][kVec];
+  // The keys [t0, t0 + kKeysPerIteration) of an iteration (clamped into the chunk, in bounds; the
+  // ones past the position get no weight), loaded while the previous iteration computes. The
+  // first load does not wait for the position.
+  Pack<T, kVec> keys[kKeysPerIteration], values[kKeysPerIteration];
+  const auto load = [&](int64_t t0) {
+#pragma unroll
     for (int u = 0; u < kKeysPerIteration; ++u) {
-      if (t0 + u < end) {
-        LoadRow<T, kVec>(k_base + (t0 + u) * p.k_stride_t, keys[u]);
-        LoadRow<T, kVec>(v_base + (t0 + u) * p.v_stride_t, values[u]);
+      const int64_t t = t0 + u < chunk_end ? t0 + u : chunk_end - 1;
+      keys[u] = LoadPack<T, kVec>(k_base + t * p.k_stride_t);
+      values[u] = LoadPack<T, kVec>(v_base + t * p.v_stride_t);
+    }
+  };
+  int64_t t0 = begin + warp * kKeysPerIteration;
+  if (t0 < chunk_end) load(t0);
+  float query[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    LoadRow<T, kVec>(q + ((b * p.q_heads + first_head + g) * kDim + lane * kVec), query[g]);
+  }
+  const int64_t pos = *position;
+  const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;
+  float running_max[kGroup], running_sum[kGroup], acc[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    running_max[g] = -FLT_MAX;
+    running_sum[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
+  }
+  for (; t0 < end; t0 += kStride) {
+    float key[kKeysPerIteration][kVec], value[kKeysPerIteration][kVec];
+#pragma unroll
+    for (int u = 0; u < kKeysPerIteration; ++u) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        key[u][e] = ToFloat(keys[u].v[e]);
+        value[u][e] = ToFloat(values[u].v[e]);
       }
     }
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g >= group) break;
+    if (t0 + kStride < end) load(t0 + kStride);
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
       float scores[kKeysPerIteration];
       float step_max = running_max[g];
+#pragma unroll
       for (int u = 0; u < kKeysPerIteration; ++u) {
         float dot = 0.0f;
-        if (t0 + u < end) {
-          for (int e = 0; e < kVec; ++e) dot += query[g][e] * keys[u][e];
-        }
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) dot += query[g][e] * key[u][e];
         dot = WarpSum(dot);
         scores[u] = t0 + u < end ? dot * p.scale : -FLT_MAX;
         step_max = fmaxf(step_max, scores[u]);
       }
       const float correction = expf(running_max[g] - step_max);
       running_sum[g] *= correction;
+#pragma unroll
       for (int e = 0; e < kVec; ++e) acc[g][e] *= correction;
+#pragma unroll
       for (int u = 0; u < kKeysPerIteration; ++u) {
-        if (t0 + u >= end) break;
+        if (t0 + u >= end) break;  // a key past the position (whose value may be anything)
         const float weight = expf(scores[u] - step_max);
         running_sum[g] += weight;
-        for (int e = 0; e < kVec; ++e) acc[g][e] += weight * values[u][e];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[g][e] += weight * value[u][e];
       }
       running_max[g] = step_max;
     }
   }
-  for (int g = 0; g < group; ++g) {
+  if (begin > pos) return;  // a split past the position: no part in the merge
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
     for (int e = 0; e < kVec; ++e) warp_out[warp][g][lane * kVec + e] = acc[g][e];
     if (lane == 0) {
       warp_max[warp][g] = running_max[g];
@@ -214,7 +253,7 @@ __global__ void DecodeAttentionKernel(const T* __restrict__ q, const T* __restri
   }
   __syncthreads();
   // Merge the warps: thread i takes (g, d) = (i / kDim, i % kDim), and so on.
-  for (int i = threadIdx.x; i < group * kDim; i += blockDim.x) {
+  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
     const int g = i / kDim;
     const int d = i % kDim;
     float m = -FLT_MAX;
@@ -226,7 +265,7 @@ __global__ void DecodeAttentionKernel(const T* __restrict__ q, const T* __restri
       sum += warp_sum[w][g] * scale;
       o += warp_out[w][g][d] * scale;
     }
-    const int64_t row = b * p.q_heads + kv_head * group + g;  // [B, Hq]
+    const int64_t row = b * p.q_heads + first_head + g;  // [B, Hq]
     if (p.splits == 1) {
       out[row * kDim + d] = FromFloat<T>(o / sum);
     } else {
@@ -237,30 +276,103 @@ __global__ void DecodeAttentionKernel(const T* __restrict__ q, const T* __restri
       }
     }
   }
+  if (p.splits == 1) return;
+
+  // The last split to finish merges (threadFenceReduction in CUDA's samples).
+  const int64_t used = pos / p.chunk + 1 < p.splits ? pos / p.chunk + 1 : p.splits;
+  __threadfence();  // this block's partial results are visible before it counts itself
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int* counter = &g_split_counters[b * gridDim.y + blockIdx.y];
+    merge = atomicAdd(counter, 1u) + 1 == static_cast<unsigned int>(used);
+    if (merge) *counter = 0;
+  }
+  __syncthreads();
+  if (!merge) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
+    const int g = i / kDim;
+    const int d = i % kDim;
+    const int64_t row = b * p.q_heads + first_head + g;
+    const float* stats = partial_stats + row * p.splits * 2;
+    float m = -FLT_MAX;
+    for (int64_t s = 0; s < used; ++s) m = fmaxf(m, __ldcg(stats + 2 * s));
+    float sum = 0.0f, o = 0.0f;
+    for (int64_t s = 0; s < used; ++s) {
+      const float scale = expf(__ldcg(stats + 2 * s) - m);
+      sum += __ldcg(stats + 2 * s + 1) * scale;
+      o += __ldcg(partial_out + (row * p.splits + s) * kDim + d) * scale;
+    }
+    out[row * kDim + d] = FromFloat<T>(o / sum);
+  }
 }
 
-// Block per (row, query head), a thread per dim: merges the splits that hold keys.
-template <typename T>
-__global__ void DecodeAttentionCombineKernel(const float* __restrict__ partial_out,
-                                             const float* __restrict__ partial_stats,
-                                             const int64_t* __restrict__ position,
-                                             T* __restrict__ out, int64_t dim,
-                                             DecodeAttentionShape p) {
-  const int64_t row = blockIdx.x;
-  const int64_t used = *position / p.chunk + 1;  // splits with keys
-  const int64_t splits = used < p.splits ? used : p.splits;
-  const float* stats = partial_stats + row * p.splits * 2;
-  float m = -FLT_MAX;
-  for (int64_t s = 0; s < splits; ++s) m = fmaxf(m, stats[2 * s]);
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    float sum = 0.0f, o = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) {
-      const float scale = expf(stats[2 * s] - m);
-      sum += stats[2 * s + 1] * scale;
-      o += partial_out[(row * p.splits + s) * dim + d] * scale;
+// y [rows, n_out] = x [rows, k_in] w^T (+ bias) for rows <= kRows: a warp per output feature
+// reads its weight row once in 16-byte vectors, four at a time, and every row of x with it (x is
+// small and stays in L1/L2); fp32 sums, one rounding.
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kThreads)
+    SmallLinearKernel(const T* __restrict__ x, const T* __restrict__ w,
+                      const T* __restrict__ bias, T* __restrict__ y, int64_t rows, int64_t n_out,
+                      int64_t k_in) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kUnroll = 4;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t n = blockIdx.x * static_cast<int64_t>(kWarps) + warp;
+  if (n >= n_out) return;
+  const T* w_row = w + n * k_in;
+  float acc[kRows];
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
+  for (int64_t k0 = lane * kVec; k0 < k_in; k0 += 32 * kVec * kUnroll) {
+    Pack<T, kVec> weights[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t kk = k0 + u * 32 * kVec;
+      if (kk < k_in) weights[u] = LoadPack<T, kVec>(w_row + kk);
     }
-    out[row * dim + d] = FromFloat<T>(o / sum);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t kk = k0 + u * 32 * kVec;
+      if (kk >= k_in) break;
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        if (m >= rows) break;
+        const Pack<T, kVec> in = LoadPack<T, kVec>(x + m * k_in + kk);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[m] += ToFloat(weights[u].v[e]) * ToFloat(in.v[e]);
+      }
+    }
   }
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) acc[m] = WarpSum(acc[m]);
+  if (lane == 0) {
+    const float b = bias != nullptr ? ToFloat(bias[n]) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      if (m < rows) y[m * n_out + n] = FromFloat<T>(acc[m] + b);
+    }
+  }
+}
+
+template <typename T, int kRows>
+cudaError_t LaunchSmallLinear(const void* x, const void* w, const void* bias, void* y,
+                              int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
+  const int64_t blocks = (n_out + kWarps - 1) / kWarps;
+  SmallLinearKernel<T, kRows><<<blocks, kThreads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<T*>(y), rows, n_out, k_in);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t DispatchSmallLinear(const void* x, const void* w, const void* bias, void* y,
+                                int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
+  if (rows <= 1) return LaunchSmallLinear<T, 1>(x, w, bias, y, rows, n_out, k_in, stream);
+  if (rows <= 2) return LaunchSmallLinear<T, 2>(x, w, bias, y, rows, n_out, k_in, stream);
+  if (rows <= 4) return LaunchSmallLinear<T, 4>(x, w, bias, y, rows, n_out, k_in, stream);
+  return LaunchSmallLinear<T, 8>(x, w, bias, y, rows, n_out, k_in, stream);
 }
 
 int MultiprocessorCount() {
@@ -275,21 +387,45 @@ int MultiprocessorCount() {
   return count;
 }
 
-template <typename T, int kVec>
+// The most query heads per block that divide the heads per key/value head.
+int64_t HeadsPerBlock(int64_t q_heads, int64_t kv_heads) {
+  const int64_t group = q_heads / kv_heads;
+  int64_t heads = kMaxGroup;
+  while (group % heads != 0) heads /= 2;
+  return heads;
+}
+
+template <typename T, int kVec, int kGroup>
 cudaError_t LaunchDecodeAttention(const void* q, const void* k, const void* v,
                                   const int64_t* position, void* out, float* partial_out,
                                   float* partial_stats, int64_t batch,
                                   const DecodeAttentionShape& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.kv_heads),
+  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.q_heads / kGroup),
                   static_cast<unsigned>(batch));
-  DecodeAttentionKernel<T, kVec><<<grid, kDecodeWarps * 32, 0, stream>>>(
+  DecodeAttentionKernel<T, kVec, kGroup><<<grid, kDecodeWarps * 32, 0, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), position,
       static_cast<T*>(out), partial_out, partial_stats, p);
-  if (p.splits > 1) {
-    DecodeAttentionCombineKernel<T><<<batch * p.q_heads, 32 * kVec, 0, stream>>>(
-        partial_out, partial_stats, position, static_cast<T*>(out), 32 * kVec, p);
-  }
   return cudaGetLastError();
+}
+
+template <typename T, int kVec>
+cudaError_t DispatchGroup(const void* q, const void* k, const void* v, const int64_t* position,
+                          void* out, float* partial_out, float* partial_stats, int64_t batch,
+                          const DecodeAttentionShape& p, cudaStream_t stream) {
+  switch (HeadsPerBlock(p.q_heads, p.kv_heads)) {
+    case 1:
+      return LaunchDecodeAttention<T, kVec, 1>(q, k, v, position, out, partial_out,
+                                               partial_stats, batch, p, stream);
+    case 2:
+      return LaunchDecodeAttention<T, kVec, 2>(q, k, v, position, out, partial_out,
+                                               partial_stats, batch, p, stream);
+    case 4:
+      return LaunchDecodeAttention<T, kVec, 4>(q, k, v, position, out, partial_out,
+                                               partial_stats, batch, p, stream);
+    default:
+      return LaunchDecodeAttention<T, kVec, 8>(q, k, v, position, out, partial_out,
+                                               partial_stats, batch, p, stream);
+  }
 }
 
 template <typename T>
@@ -299,20 +435,31 @@ cudaError_t DispatchDecodeAttention(const void* q, const void* k, const void* v,
                                     const DecodeAttentionShape& p, cudaStream_t stream) {
   switch (dim) {
     case 64:
-      return LaunchDecodeAttention<T, 2>(q, k, v, position, out, partial_out, partial_stats,
-                                         batch, p, stream);
+      return DispatchGroup<T, 2>(q, k, v, position, out, partial_out, partial_stats, batch, p,
+                                 stream);
     case 128:
-      return LaunchDecodeAttention<T, 4>(q, k, v, position, out, partial_out, partial_stats,
-                                         batch, p, stream);
+      return DispatchGroup<T, 4>(q, k, v, position, out, partial_out, partial_stats, batch, p,
+                                 stream);
     case 256:
-      return LaunchDecodeAttention<T, 8>(q, k, v, position, out, partial_out, partial_stats,
-                                         batch, p, stream);
+      return DispatchGroup<T, 8>(q, k, v, position, out, partial_out, partial_stats, batch, p,
+                                 stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
+
+cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
+                        int64_t n_out, int64_t k_in, DtypeCode dtype, cudaStream_t stream) {
+  if (rows > kSmallLinearMaxRows || k_in % (dtype == kBFloat16 ? 8 : 4) != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || n_out == 0) return cudaSuccess;
+  return dtype == kBFloat16
+             ? DispatchSmallLinear<__nv_bfloat16>(x, w, bias, y, rows, n_out, k_in, stream)
+             : DispatchSmallLinear<float>(x, w, bias, y, rows, n_out, k_in, stream);
+}
 
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,
                     cudaStream_t stream) {
@@ -359,20 +506,23 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
   p.q_heads = q_heads;
   p.kv_heads = kv_heads;
   p.scale = scale;
-  const int64_t pairs = batch * kv_heads;
-  const int64_t wanted = (static_cast<int64_t>(kBlocksPerSm) * MultiprocessorCount() + pairs - 1) /
-                         pairs;  // splits that bring the grid to about kBlocksPerSm per SM
+  p.key_length = key_length;
+  const int64_t blocks = batch * (q_heads / HeadsPerBlock(q_heads, kv_heads));
+  // Splits that bring the grid to about kBlocksPerSm blocks per SM, each of at least one
+  // iteration of every warp, and no more blocks than there are merge counters.
+  const int64_t wanted =
+      (static_cast<int64_t>(kBlocksPerSm) * MultiprocessorCount() + blocks - 1) / blocks;
   const int64_t min_chunk = kDecodeWarps * kKeysPerIteration;
   const int64_t most = (key_length + min_chunk - 1) / min_chunk;
-  const int64_t splits = std::max<int64_t>(1, std::min(wanted, most));
+  int64_t splits = std::max<int64_t>(1, std::min(wanted, most));
+  if (blocks > kMaxMergeSlots) splits = 1;
   p.chunk = (key_length + splits - 1) / splits;
   p.splits = static_cast<int>((key_length + p.chunk - 1) / p.chunk);
   return p;
 }
 
 bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim) {
-  return (dim == 64 || dim == 128 || dim == 256) && kv_heads > 0 && q_heads % kv_heads == 0 &&
-         q_heads / kv_heads <= kMaxGroup;
+  return (dim == 64 || dim == 128 || dim == 256) && kv_heads > 0 && q_heads % kv_heads == 0;
 }
 
 cudaError_t DecodeAttention(const void* q, const void* k, const void* v, const int64_t* position,

@@ -58,6 +58,35 @@ TEST_CASE("SiluMul is at::silu of the gate times the up half, bit for bit") {
   }
 }
 
+TEST_CASE("SmallLinear is x w^T + b up to one rounding, for up to 8 rows") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(6);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const int64_t rows : {1, 3, 8}) {
+      for (const bool with_bias : {false, true}) {
+        const at::Tensor x = at::randn({rows, 1, 1024}, On(dtype));
+        const at::Tensor w = at::randn({3000, 1024}, On(dtype)) / 32;
+        const at::Tensor b = with_bias ? at::randn({3000}, On(dtype)) : at::Tensor();
+        REQUIRE(SmallLinearTakes(x, w, b));
+        const at::Tensor y = SmallLinear(x, w, b);
+        at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
+        if (with_bias) expected = expected + b.to(at::kDouble);
+        INFO(rows << " rows, bias " << with_bias << ", " << c10::toString(dtype));
+        CHECK(y.sizes() == expected.sizes());
+        // |y| < 8: one bf16 rounding is below 3.2e-2; fp32 sums of 1024 terms stay near 1e-5.
+        const double error = (y.to(at::kDouble) - expected).abs().max().item<double>();
+        CHECK(error < (dtype == at::kBFloat16 ? 3.2e-2 : 2e-5));
+      }
+    }
+  }
+  // Nine rows, a misaligned width or autograd are not taken.
+  const at::Tensor w = at::randn({64, 1024}, On(at::kBFloat16));
+  CHECK_FALSE(SmallLinearTakes(at::randn({9, 1024}, On(at::kBFloat16)), w, {}));
+  CHECK_FALSE(SmallLinearTakes(at::randn({1, 1020}, On(at::kBFloat16)),
+                               at::randn({64, 1020}, On(at::kBFloat16)), {}));
+  CHECK_FALSE(SmallLinearTakes(at::randn({1, 1024}, On(at::kBFloat16)).requires_grad_(), w, {}));
+}
+
 struct PrepCase {
   int64_t q_heads, kv_heads, dim, half;
   bool norms, interleaved;
@@ -127,12 +156,15 @@ struct AttentionCase {
 TEST_CASE("DecodeAttention is softmax attention over the positions up to the step's") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(4);
-  // Batch 1 splits the keys over many blocks; batch 64 x 8 heads runs one block per head.
+  // Batch 1 splits the keys over many blocks, batch 64 over few; 96 / 8 and 24 / 4 heads take 4
+  // and 2 query heads per block.
   for (const AttentionCase& c : {AttentionCase{1, 16, 8, 128, 256, 130},
                                  AttentionCase{64, 16, 8, 128, 256, 200},
                                  AttentionCase{3, 32, 4, 128, 512, 0},
                                  AttentionCase{2, 8, 8, 64, 64, 63},
-                                 AttentionCase{4, 16, 2, 256, 1024, 700}}) {
+                                 AttentionCase{4, 16, 2, 256, 1024, 700},
+                                 AttentionCase{2, 96, 8, 128, 256, 77},
+                                 AttentionCase{1, 24, 4, 64, 512, 511}}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
       at::Tensor key = at::randn({c.batch + 1, c.kv_heads, c.key_length + 8, c.dim}, On(dtype));
       at::Tensor value = at::randn_like(key);

@@ -232,6 +232,37 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
   return out;
 }
 
+bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!Supported(x) || x.requires_grad() || w.requires_grad() || x.dim() == 0 || w.dim() != 2 ||
+      w.scalar_type() != x.scalar_type() || w.device() != x.device() || !w.is_contiguous() ||
+      x.size(-1) != w.size(1) || (b.defined() && (b.requires_grad() || b.dim() != 1 ||
+                                                  b.size(0) != w.size(0) ||
+                                                  b.scalar_type() != x.scalar_type()))) {
+    return false;
+  }
+  const int64_t k = w.size(1);
+  const int64_t rows = k == 0 ? 0 : x.numel() / k;
+  const int64_t vec = 16 / x.element_size();
+  return rows >= 1 && rows <= kSmallLinearMaxRows && k % vec == 0 && Aligned(w, vec);
+}
+
+at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  RL_CHECK(SmallLinearTakes(x, w, b), Error, "SmallLinear: x [{}] and w [{}] do not fit the kernel",
+           fmt::join(x.sizes(), ", "), fmt::join(w.sizes(), ", "));
+  at::Tensor in = x.contiguous();
+  if (!Aligned(in, 16 / in.element_size())) in = in.clone();
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  at::Tensor y = at::empty(shape, x.options());
+  const at::Tensor bias = b.defined() ? b.contiguous() : b;
+  const c10::cuda::CUDAGuard guard(x.device());
+  RL_CHECK_CUDA(kernels::SmallLinear(in.data_ptr(), w.data_ptr(),
+                                     bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(),
+                                     in.numel() / w.size(1), w.size(0), w.size(1), CodeOf(in),
+                                     c10::cuda::getCurrentCUDAStream()));
+  return y;
+}
+
 at::Tensor SiluMul(const at::Tensor& gate_up) {
   CheckNoGrad({&gate_up}, "SiluMul");
   const int64_t inner = gate_up.size(-1) / 2;

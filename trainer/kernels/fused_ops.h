@@ -71,6 +71,13 @@ struct AddNormed {
 AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
                      double eps);
 
+// x [..., k] w^T + b as at::linear computes it up to the order of its sums, for at most
+// kSmallLinearMaxRows (8) rows of x, by our kernel: SmallLinearTakes says whether it applies
+// (Supported x of w's dtype, no autograd, w [n, k] contiguous, 16-byte aligned rows, b undefined
+// or [n] of the dtype).
+bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+
 // silu(gate_up[..., :inner]) * gate_up[..., inner:] for gate_up [..., 2 inner] (Supported), in
 // one kernel, bit for bit what at::silu and the product give.
 at::Tensor SiluMul(const at::Tensor& gate_up);

@@ -307,7 +307,7 @@ at::Tensor Decoder::Hidden(const at::Tensor& tokens, KvCache* cache, int64_t sta
 }
 
 at::Tensor Decoder::WholeLogits(const at::Tensor& hidden) const {
-  const at::Tensor slice = Linear(hidden, lm_head_);  // [..., V_r] under TP
+  const at::Tensor slice = Linear(hidden, lm_head_, {}, kernels_);  // [..., V_r] under TP
   if (tensor_group_ == nullptr) return slice;
   std::vector<int64_t> shape = hidden.sizes().vec();
   shape.back() = config_.vocab_size;

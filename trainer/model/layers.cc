@@ -49,6 +49,13 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
   return at::linear(padded, w, bias).narrow(0, 0, rows).reshape(shape);
 }
 
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Kernels impl) {
+  if (impl == Kernels::kFused && kernels::SmallLinearTakes(x, w, b)) {
+    return kernels::SmallLinear(x, w, b);
+  }
+  return Linear(x, w, b);
+}
+
 namespace {
 
 constexpr double kMlaLatentNormEps = 1e-6;  // transformers builds q_a/kv_a norms with the default
@@ -321,7 +328,7 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
   const int64_t d = c.head_dim;
   at::Tensor q, k, v;
   if (w.qkv_proj.defined()) {
-    const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias);
+    const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias, ctx.kernels);
     if (FusedDecodeStep(w, ctx, qkv, s)) {  // Note [Decode kernels]
       const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
       const at::Tensor query = kernels::DecodeQkvPrep(
@@ -329,7 +336,7 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
           c.rope_interleave, heads, kv_heads, d, cache);
       const at::Tensor out =
           kernels::DecodeAttention(query, cache, ctx.key_mask.size(-1), c.attention_scale());
-      return Linear(out.view({b, 1, heads * d}), w.o_proj, w.o_bias);
+      return Linear(out.view({b, 1, heads * d}), w.o_proj, w.o_bias, ctx.kernels);
     }
     q = qkv.narrow(-1, 0, heads * d).view({b, s, heads, d});
     k = qkv.narrow(-1, heads * d, kv_heads * d).view({b, s, kv_heads, d});
@@ -485,9 +492,9 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
 
 at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl) {
   if (w.gate_up_proj.defined()) {
-    const at::Tensor gate_up = Linear(x, w.gate_up_proj);
+    const at::Tensor gate_up = Linear(x, w.gate_up_proj, {}, impl);
     if (impl == Kernels::kFused && kernels::Supported(gate_up) && !gate_up.requires_grad()) {
-      return Linear(kernels::SiluMul(gate_up), w.down_proj);  // Note [Decode kernels]
+      return Linear(kernels::SiluMul(gate_up), w.down_proj, {}, impl);  // Note [Decode kernels]
     }
     const int64_t inner = w.down_proj.size(1);
     return Linear(at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner),

@@ -35,6 +35,10 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b 
 // kernels] in decoder.h): LibTorch ops, or our fused CUDA kernels where the tensors allow.
 enum class Kernels { kLibTorch, kFused };
 
+// Linear, and with kFused on a few rows of CUDA input outside autograd our small-batch kernel
+// (kernels::SmallLinear: a decode step's projections; Note [Decode kernels] in layers.cc).
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Kernels impl);
+
 // transformers' RMSNorm: normalise in fp32, cast back to x's dtype, then multiply by the weight.
 // kFused (the default): when x and the weight are CUDA fp32/bf16 tensors of one dtype, one kernel
 // with the same rounding steps and a kernel backward (trainer/kernels/fused_ops.h), in training
