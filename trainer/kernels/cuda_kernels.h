@@ -66,7 +66,7 @@ cudaError_t TokenLogProbsBackward(const void* logits, const int64_t* targets, co
 
 // The decode step (decode_kernels.cu; Note [Decode kernels] in trainer/model/layers.cc).
 
-constexpr int64_t kSmallLinearMaxRows = 8;
+constexpr int64_t kSmallLinearMaxRows = 2;  // past 2 rows cuBLAS is faster (fused_kernels_bench)
 
 // y [rows, n_out] = x [rows, k_in] w^T + bias for rows <= kSmallLinearMaxRows (the projections of
 // a decode step of a few rows, where a GEMM library's tiles are mostly idle): x, w [n_out, k_in]
@@ -119,9 +119,11 @@ struct DecodeAttentionShape {
 // of kv_heads.
 bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim);
 
-// The split of `key_length` keys (the most a step may see) for a batch (strides left zero).
+// The split of `key_length` keys (the most a step may see) for a batch (strides left zero): the
+// keys of each (row, head group) are split until the grid has about `blocks_per_sm` blocks per
+// multiprocessor (0: the default, chosen by tools/bench/fused_kernels_bench; 1: no split).
 DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,
-                                         int64_t key_length, float scale);
+                                         int64_t key_length, float scale, int blocks_per_sm = 0);
 
 // softmax(q k^T scale) v for one query position per row: q [batch, q_heads, dim] (contiguous),
 // query head h reading key/value head h / (q_heads / kv_heads) at cache positions

@@ -13,8 +13,9 @@ namespace {
 
 constexpr int kDecodeWarps = 4;          // warps per block of the decode kernels
 constexpr int kMaxGroup = 8;             // query heads per DecodeAttention block
-constexpr int kKeysPerIteration = 4;     // keys a warp loads at once
-constexpr int kBlocksPerSm = 32;         // DecodeAttention splits the keys until about this many
+// Keys a warp of DecodeAttention loads at once: 8 rows of up to 128 dims, 4 of 256 (registers).
+constexpr int KeysPerIteration(int vec) { return vec <= 4 ? 8 : 4; }
+constexpr int kBlocksPerSm = 2;  // DecodeAttention splits the keys until about this many (measured)
 
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
@@ -145,7 +146,7 @@ __device__ unsigned int g_split_counters[kMaxMergeSlots];
 
 // Block (split, head group, row): kGroup query heads that share one key/value head, against keys
 // [split * chunk, min(split * chunk + chunk, position + 1)). Warp w takes keys
-// begin + w * kKeysPerIteration + i * kDecodeWarps * kKeysPerIteration, each with an online
+// begin + w * kKeys + i * kDecodeWarps * kKeys (kKeys = KeysPerIteration(kVec)), each with an online
 // softmax; the warps are merged in shared memory. Lane l holds dims [l kVec, l kVec + kVec).
 // With one split the block writes the normalised output. With more, it writes its unnormalised
 // output, max and sum, and the last split of its (row, head group) to finish merges the splits
@@ -170,6 +171,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int lane = threadIdx.x % 32;
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
+  constexpr int kKeysPerIteration = KeysPerIteration(kVec);
   constexpr int64_t kStride = kDecodeWarps * kKeysPerIteration;
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h + lane * kVec;
@@ -370,9 +372,7 @@ template <typename T>
 cudaError_t DispatchSmallLinear(const void* x, const void* w, const void* bias, void* y,
                                 int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
   if (rows <= 1) return LaunchSmallLinear<T, 1>(x, w, bias, y, rows, n_out, k_in, stream);
-  if (rows <= 2) return LaunchSmallLinear<T, 2>(x, w, bias, y, rows, n_out, k_in, stream);
-  if (rows <= 4) return LaunchSmallLinear<T, 4>(x, w, bias, y, rows, n_out, k_in, stream);
-  return LaunchSmallLinear<T, 8>(x, w, bias, y, rows, n_out, k_in, stream);
+  return LaunchSmallLinear<T, 2>(x, w, bias, y, rows, n_out, k_in, stream);
 }
 
 int MultiprocessorCount() {
@@ -501,7 +501,8 @@ cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_nor
 }
 
 DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,
-                                         int64_t key_length, float scale) {
+                                         int64_t key_length, float scale, int blocks_per_sm) {
+  if (blocks_per_sm <= 0) blocks_per_sm = kBlocksPerSm;
   DecodeAttentionShape p;
   p.q_heads = q_heads;
   p.kv_heads = kv_heads;
@@ -511,8 +512,8 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
   // Splits that bring the grid to about kBlocksPerSm blocks per SM, each of at least one
   // iteration of every warp, and no more blocks than there are merge counters.
   const int64_t wanted =
-      (static_cast<int64_t>(kBlocksPerSm) * MultiprocessorCount() + blocks - 1) / blocks;
-  const int64_t min_chunk = kDecodeWarps * kKeysPerIteration;
+      (static_cast<int64_t>(blocks_per_sm) * MultiprocessorCount() + blocks - 1) / blocks;
+  const int64_t min_chunk = kDecodeWarps * KeysPerIteration(4);
   const int64_t most = (key_length + min_chunk - 1) / min_chunk;
   int64_t splits = std::max<int64_t>(1, std::min(wanted, most));
   if (blocks > kMaxMergeSlots) splits = 1;

@@ -349,7 +349,7 @@ bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache) {
 }
 
 at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
-                           double scale) {
+                           double scale, int blocks_per_sm) {
   CheckNoGrad({&q}, "DecodeAttention");
   RL_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == cache.key.scalar_type() &&
                q.device() == cache.key.device() && q.size(2) == cache.key.size(3) &&
@@ -363,7 +363,7 @@ at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_
   const int64_t q_heads = q.size(1);
   const int64_t dim = q.size(2);
   DecodeAttentionShape shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
-                                                   static_cast<float>(scale));
+                                                   static_cast<float>(scale), blocks_per_sm);
   shape.k_stride_b = cache.key.stride(0);
   shape.k_stride_h = cache.key.stride(1);
   shape.k_stride_t = cache.key.stride(2);

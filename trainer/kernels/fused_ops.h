@@ -72,7 +72,7 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
                      double eps);
 
 // x [..., k] w^T + b as at::linear computes it up to the order of its sums, for at most
-// kSmallLinearMaxRows (8) rows of x, by our kernel: SmallLinearTakes says whether it applies
+// kSmallLinearMaxRows (2) rows of x, by our kernel: SmallLinearTakes says whether it applies
 // (Supported x of w's dtype, no autograd, w [n, k] contiguous, 16-byte aligned rows, b undefined
 // or [n] of the dtype).
 bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
@@ -104,8 +104,9 @@ bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache);
 
 // Attention of q [B, Hq, dim] (contiguous, of the caches' dtype) over cache positions [0, position] of rows [0, B),
 // which lie within the first key_length positions: [B, Hq * dim].
+// `blocks_per_sm`: PlanDecodeAttention's (0: its default).
 at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
-                           double scale);
+                           double scale, int blocks_per_sm = 0);
 
 }  // namespace rl::kernels
 
