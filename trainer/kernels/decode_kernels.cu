@@ -13,8 +13,7 @@ namespace {
 
 constexpr int kDecodeWarps = 4;          // warps per block of the decode kernels
 constexpr int kMaxGroup = 8;             // query heads per DecodeAttention block
-// Keys a warp of DecodeAttention loads at once: 8 rows of up to 128 dims, 4 of 256 (registers).
-constexpr int KeysPerIteration(int vec) { return vec <= 4 ? 8 : 4; }
+constexpr int kKeysPerIteration = 4;  // keys a warp loads at once (8 measured slower at batch 64)
 constexpr int kBlocksPerSm = 2;  // DecodeAttention splits the keys until about this many (measured)
 
 template <typename T>
@@ -146,7 +145,7 @@ __device__ unsigned int g_split_counters[kMaxMergeSlots];
 
 // Block (split, head group, row): kGroup query heads that share one key/value head, against keys
 // [split * chunk, min(split * chunk + chunk, position + 1)). Warp w takes keys
-// begin + w * kKeys + i * kDecodeWarps * kKeys (kKeys = KeysPerIteration(kVec)), each with an online
+// begin + w * kKeysPerIteration + i * kDecodeWarps * kKeysPerIteration, each with an online
 // softmax; the warps are merged in shared memory. Lane l holds dims [l kVec, l kVec + kVec).
 // With one split the block writes the normalised output. With more, it writes its unnormalised
 // output, max and sum, and the last split of its (row, head group) to finish merges the splits
@@ -171,7 +170,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int lane = threadIdx.x % 32;
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
-  constexpr int kKeysPerIteration = KeysPerIteration(kVec);
   constexpr int64_t kStride = kDecodeWarps * kKeysPerIteration;
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h + lane * kVec;
@@ -513,7 +511,7 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
   // iteration of every warp, and no more blocks than there are merge counters.
   const int64_t wanted =
       (static_cast<int64_t>(blocks_per_sm) * MultiprocessorCount() + blocks - 1) / blocks;
-  const int64_t min_chunk = kDecodeWarps * KeysPerIteration(4);
+  const int64_t min_chunk = kDecodeWarps * kKeysPerIteration;
   const int64_t most = (key_length + min_chunk - 1) / min_chunk;
   int64_t splits = std::max<int64_t>(1, std::min(wanted, most));
   if (blocks > kMaxMergeSlots) splits = 1;

@@ -12,7 +12,6 @@
 #include <limits>
 
 #include "trainer/kernels/fused_ops.h"
-#include "trainer/rollout/sampler.h"
 
 namespace rl::kernels {
 namespace {
@@ -212,25 +211,6 @@ TEST_CASE("DecodeAttention reads its position on the device, so a graph replay f
     const double error =
         (out.to(at::kDouble) - ReferenceAttention(q, key, value, p, 0.1)).abs().max().item<double>();
     CHECK(error < 1.6e-2);
-  }
-}
-
-TEST_CASE("Greedy sampling on CUDA takes the argmax with log_softmax's log-prob") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(7);
-  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
-    at::Tensor logits = (at::randn({64, 151936}, On(at::kFloat)) * 4).to(dtype);
-    logits[3][17] = logits[3].max().item<double>() + 1;  // a tie at the top of row 3: the first
-    logits[3][90000] = logits[3][17];                    // index wins
-    rollout::SamplerConfig greedy;
-    greedy.temperature = 0;
-    const rollout::SampledTokens got = rollout::SampleWithUniforms(logits, greedy, at::Tensor());
-    const at::Tensor want = logits.to(at::kFloat).argmax(-1);
-    CHECK(at::equal(got.tokens, want));
-    CHECK(got.tokens[3].item<int64_t>() == 17);
-    const at::Tensor want_lp =
-        at::log_softmax(logits.to(at::kFloat), -1).gather(1, want.unsqueeze(1)).squeeze(1);
-    CHECK((got.log_probs - want_lp).abs().max().item<double>() < 1e-4);
   }
 }
 

@@ -8,7 +8,6 @@
 #include <cmath>
 
 #include "launch/check.h"
-#include "trainer/kernels/fused_ops.h"
 
 namespace rl::rollout {
 
@@ -39,14 +38,6 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
            c10::toString(logits.scalar_type()), fmt::join(logits.sizes(), ", "));
   const int64_t batch = logits.size(0);
   const int64_t vocab = logits.size(1);
-  if (IsGreedy(config) && LogProbTemperature(config) == 1.0 && kernels::Supported(logits) &&
-      logits.is_contiguous() && !logits.requires_grad()) {
-    // Note [Rollout log-probs]: the argmax, and its log-prob from one pass over the logits.
-    SampledTokens out;
-    out.tokens = logits.argmax(-1);
-    out.log_probs = kernels::TokenLogProbsRows(logits, out.tokens).log_probs;
-    return out;
-  }
   // Note [Rollout log-probs]: the scaled, untruncated distribution.
   const at::Tensor scaled = logits.to(at::kFloat) / LogProbTemperature(config);  // [B, V]
   const at::Tensor log_probs_all = at::log_softmax(scaled, -1);                  // [B, V]

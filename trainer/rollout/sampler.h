@@ -21,10 +21,6 @@
 // deliberately not reflected. With T == 0 the scaled distribution is undefined; greedy rows then
 // report log_softmax(logits) (T taken as 1), so a trainer that uses rollout temperature 1 for
 // greedy rollouts matches.
-// On CUDA a greedy row at temperature 1 takes argmax and its log-prob from the bf16/fp32 logits
-// directly, by our log-prob kernel (trainer/kernels/fused_ops.h TokenLogProbsRows: one pass, no
-// fp32 copy of the [batch, vocab] logits); the log-prob equals log_softmax's up to the order of
-// its sums.
 //
 // Randomness: only the uniforms. SampleWithUniforms takes them explicitly (the engine draws one per
 // row from that row's own CPU generator, so a row's tokens do not depend on its batch-mates);
