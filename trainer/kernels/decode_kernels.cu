@@ -11,10 +11,12 @@
 namespace rl::kernels {
 namespace {
 
-constexpr int kDecodeWarps = 4;          // warps per block of the decode kernels
-constexpr int kMaxGroup = 8;             // query heads per DecodeAttention block
-constexpr int kKeysPerIteration = 4;  // keys a warp loads at once (8 measured slower at batch 64)
-constexpr int kBlocksPerSm = 2;  // DecodeAttention splits the keys until about this many (measured)
+constexpr int kDecodeWarps = 4;        // warps per block of the decode kernels
+constexpr int kMaxGroup = 8;           // query heads per DecodeAttention block
+constexpr int kKeysPerIteration = 4;   // keys a warp loads at once (8: slower at batch 64)
+// DecodeAttention splits the keys until the grid has about this many blocks per SM: 2 was the
+// fastest at batch 64 and as fast as any at batch 1 (tools/bench/fused_kernels_bench).
+constexpr int kBlocksPerSm = 2;
 
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,

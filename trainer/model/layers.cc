@@ -221,13 +221,16 @@ at::Tensor AppendToCache(const at::Tensor& cache, int64_t dim, const at::Tensor&
 // A decode step of the rollout engine (Kernels::kFused, one new position at a device-side
 // position, on CUDA) runs each GQA layer as
 //   AddRmsNorm (the previous block's residual add and this norm), the q/k/v GEMM,
-//   DecodeQkvPrep (q/k norms, RoPE, the cache writes), DecodeAttention (+ its merge kernel when
-//   the keys are split), the o GEMM, AddRmsNorm, the gate/up GEMM, SiluMul, the down GEMM:
-// 9 or 10 kernels, where the LibTorch ops took 27 (tools/bench/decode_bench counts them). All but
-// DecodeAttention compute bit for bit what the ops computed (trainer/kernels/fused_ops.h); the
-// attention reads only the positions up to the step's (SDPA read the whole key block under a
-// mask) and sums in another order, so its output differs from SDPA's by rounding. Graph replays
-// and eager steps run the same kernels, so they stay bit-identical.
+//   DecodeQkvPrep (q/k norms, RoPE, the cache writes), DecodeAttention, the o GEMM, AddRmsNorm,
+//   the gate/up GEMM, SiluMul, the down GEMM:
+// 9 kernels (and a reduction where cuBLAS splits a GEMM's sums), where the LibTorch ops took 27
+// (tools/bench/decode_bench counts them). For
+// one or two rows the GEMMs (and the LM head) are SmallLinear, a warp per output feature. All
+// but DecodeAttention and SmallLinear compute bit for bit what the ops computed
+// (trainer/kernels/fused_ops.h); the attention reads only the positions up to the step's (SDPA
+// read the whole key block under a mask) and both sum in another order than SDPA and cuBLAS, so
+// they differ from them by rounding. Graph replays and eager steps run the same kernels, so they
+// stay bit-identical. trainer/kernels/decode_kernels_test.cc checks each kernel on the GPU.
 bool FusedDecodeStep(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& qkv,
                      int64_t s) {
   return ctx.kernels == Kernels::kFused && ctx.position.defined() && ctx.cache != nullptr &&
