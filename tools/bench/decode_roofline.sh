@@ -3,8 +3,8 @@
 # tools/bench/decode_roofline.sh OUT_DIR DECODE_BENCH [BEFORE_DECODE_BENCH]
 # For three random bf16 checkpoints made by transformers_reference.py make (Qwen3-0.6B-shaped
 # dense; GLM-4.7-Flash cut to 4 layers: MLA + MoE; Qwen3-30B-A3B cut to 4 layers: MoE), greedy,
-# prompt 128, 128 new tokens, DECODE_BENCH (at batch 64 with --compare-eager: graph replays must
-# equal eager steps) and, when given, BEFORE_DECODE_BENCH (another build, for a before/after ratio in the same
+# prompt 128, 128 new tokens, DECODE_BENCH --compare-eager (graph replays must equal eager steps)
+# and, when given, BEFORE_DECODE_BENCH (another build, for a before/after ratio in the same
 # call). Writes OUT_DIR/decode.jsonl (each line with "model", "build") and prints a table:
 # tokens/s, the roofline fraction, kernels per layer of one decode step, and after / before.
 set -euo pipefail
@@ -27,11 +27,7 @@ print(json.dumps({"model": sys.argv[1], "build": sys.argv[2], **json.loads(sys.s
 for model in qwen3_0.6b glm47_flash_4layer qwen3_moe_4layer; do
   python3 "$here/transformers_reference.py" make --shape "$model" --out "$out/$model" > /dev/null
   for batch in 64 1; do
-    if [ "$batch" = 64 ]; then
-      run "$model" after "$after" --batch "$batch" --compare-eager
-    else
-      run "$model" after "$after" --batch "$batch"
-    fi
+    run "$model" after "$after" --batch "$batch" --compare-eager
     if [ -n "$before" ]; then run "$model" before "$before" --batch "$batch"; fi
   done
   rm -rf "${out:?}/$model"

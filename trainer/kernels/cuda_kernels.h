@@ -75,6 +75,24 @@ constexpr int64_t kSmallLinearMaxRows = 2;  // past 2 rows cuBLAS is faster (fus
 cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                         int64_t n_out, int64_t k_in, DtypeCode dtype, cudaStream_t stream);
 
+// The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
+constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;
+
+// SmallLinear of RmsNorm(x + add) (of x alone when add is null), with the norm's weight [k_in]
+// and eps: the residual add and the norm of a decoder layer folded into the next projection. Each
+// block normalises the rows itself (bit for bit AddRmsNorm's result); sum [rows, k_in] receives
+// x + add (not written without add).
+cudaError_t SmallLinearAddRmsNorm(const void* x, const void* add, const void* norm_weight,
+                                  float eps, void* sum, const void* w, const void* bias, void* y,
+                                  int64_t rows, int64_t n_out, int64_t k_in, DtypeCode dtype,
+                                  cudaStream_t stream);
+
+// SmallLinear of SiluMul(gate_up) for gate_up [rows, 2 inner]: the gated MLP's activation folded
+// into its down projection (w [n_out, inner]); bit for bit SiluMul's values as the input.
+cudaError_t SmallLinearSiluMul(const void* gate_up, const void* w, const void* bias, void* y,
+                               int64_t rows, int64_t n_out, int64_t inner, DtypeCode dtype,
+                               cudaStream_t stream);
+
 // out [rows, inner] = silu(gate) * up for gate_up [rows, 2 inner] (gate, then up, per row), with
 // the roundings of at::silu and the product as separate LibTorch ops.
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,

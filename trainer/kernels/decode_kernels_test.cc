@@ -87,6 +87,36 @@ TEST_CASE("SmallLinear is x w^T + b up to one rounding, for up to 2 rows") {
   CHECK_FALSE(SmallLinearTakes(at::randn({1, 1024}, On(at::kBFloat16)).requires_grad_(), w, {}));
 }
 
+TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(8);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const int64_t rows : {1, 2}) {
+      const at::Tensor x = at::randn({rows, 1, 1024}, On(dtype)) * 3;
+      const at::Tensor add = at::randn({rows, 1, 1024}, On(dtype));
+      const at::Tensor norm = at::randn({1024}, On(dtype));
+      const at::Tensor w = at::randn({4096, 1024}, On(dtype)) / 32;
+      const at::Tensor b = at::randn({4096}, On(dtype));
+      REQUIRE(SmallLinearStagedTakes(x, 1024, w, b));
+      const SummedLinear folded = SmallLinearAddRmsNorm(x, add, norm, 1e-6, w, b);
+      const AddNormed unfolded = AddRmsNorm(x, add, norm, 1e-6);
+      CHECK(SameBits(folded.sum, unfolded.sum));
+      CHECK(SameBits(folded.out, SmallLinear(unfolded.normed, w, b)));
+      // Without an add: the norm of x alone, and x as the sum.
+      const SummedLinear first = SmallLinearAddRmsNorm(x, {}, norm, 1e-6, w, b);
+      CHECK(SameBits(first.out, SmallLinear(FusedRmsNorm(x, norm, 1e-6), w, b)));
+      CHECK(first.sum.data_ptr() == x.data_ptr());
+
+      const at::Tensor gate_up = at::randn({rows, 1, 2 * 3072}, On(dtype)) * 3;
+      const at::Tensor down = at::randn({1024, 3072}, On(dtype)) / 64;
+      CHECK(SameBits(SmallLinearSiluMul(gate_up, down, {}), SmallLinear(SiluMul(gate_up), down, {})));
+    }
+  }
+  // Inputs larger than the staging memory are not taken.
+  const at::Tensor wide = at::randn({2, 1, 65536}, On(at::kFloat));
+  CHECK_FALSE(SmallLinearStagedTakes(wide, 65536, at::randn({8, 65536}, On(at::kFloat)), {}));
+}
+
 struct PrepCase {
   int64_t q_heads, kv_heads, dim, half;
   bool norms, interleaved;

@@ -263,6 +263,65 @@ at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return y;
 }
 
+bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,
+                            const at::Tensor& b) {
+  if (!Supported(x) || x.requires_grad() || x.dim() == 0 || x.size(-1) == 0 ||
+      !w.defined() || w.dim() != 2 || w.size(1) != k || w.requires_grad() ||
+      w.scalar_type() != x.scalar_type() || w.device() != x.device() || !w.is_contiguous() ||
+      (b.defined() && (b.requires_grad() || b.dim() != 1 || b.size(0) != w.size(0) ||
+                       b.scalar_type() != x.scalar_type()))) {
+    return false;
+  }
+  const int64_t rows = x.numel() / x.size(-1);
+  const int64_t vec = 16 / x.element_size();
+  return rows >= 1 && rows <= kSmallLinearMaxRows && k % vec == 0 && Aligned(w, vec) &&
+         rows * k * x.element_size() <= kSmallLinearMaxStagedBytes;
+}
+
+SummedLinear SmallLinearAddRmsNorm(const at::Tensor& x, const at::Tensor& add,
+                                   const at::Tensor& norm_weight, double eps, const at::Tensor& w,
+                                   const at::Tensor& b) {
+  const int64_t k = x.size(-1);
+  RL_CHECK(SmallLinearStagedTakes(x, k, w, b) &&
+               (!add.defined() || (add.sizes() == x.sizes() &&
+                                   add.scalar_type() == x.scalar_type() && !add.requires_grad())) &&
+               norm_weight.numel() == k && norm_weight.scalar_type() == x.scalar_type(),
+           Error, "SmallLinearAddRmsNorm: x [{}] and w [{}] do not fit the kernel",
+           fmt::join(x.sizes(), ", "), fmt::join(w.sizes(), ", "));
+  const at::Tensor in = x.contiguous();
+  const at::Tensor a = add.defined() ? add.contiguous() : add;
+  const at::Tensor nw = norm_weight.contiguous();
+  const at::Tensor bias = b.defined() ? b.contiguous() : b;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  SummedLinear out{a.defined() ? at::empty_like(in) : in, at::empty(shape, x.options())};
+  const c10::cuda::CUDAGuard guard(x.device());
+  RL_CHECK_CUDA(kernels::SmallLinearAddRmsNorm(
+      in.data_ptr(), a.defined() ? a.data_ptr() : nullptr, nw.data_ptr(),
+      static_cast<float>(eps), a.defined() ? out.sum.data_ptr() : nullptr, w.data_ptr(),
+      bias.defined() ? bias.data_ptr() : nullptr, out.out.data_ptr(), in.numel() / k, w.size(0),
+      k, CodeOf(in), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b) {
+  const int64_t inner = gate_up.size(-1) / 2;
+  RL_CHECK(gate_up.size(-1) == 2 * inner && SmallLinearStagedTakes(gate_up, inner, w, b), Error,
+           "SmallLinearSiluMul: gate_up [{}] and w [{}] do not fit the kernel",
+           fmt::join(gate_up.sizes(), ", "), fmt::join(w.sizes(), ", "));
+  const at::Tensor in = gate_up.contiguous();
+  const at::Tensor bias = b.defined() ? b.contiguous() : b;
+  std::vector<int64_t> shape = gate_up.sizes().vec();
+  shape.back() = w.size(0);
+  at::Tensor y = at::empty(shape, gate_up.options());
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  RL_CHECK_CUDA(kernels::SmallLinearSiluMul(in.data_ptr(), w.data_ptr(),
+                                            bias.defined() ? bias.data_ptr() : nullptr,
+                                            y.data_ptr(), in.numel() / (2 * inner), w.size(0),
+                                            inner, CodeOf(in), c10::cuda::getCurrentCUDAStream()));
+  return y;
+}
+
 at::Tensor SiluMul(const at::Tensor& gate_up) {
   CheckNoGrad({&gate_up}, "SiluMul");
   const int64_t inner = gate_up.size(-1) / 2;

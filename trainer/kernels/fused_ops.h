@@ -78,6 +78,24 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
 bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
+// The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
+// one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
+// apply to an input x whose staged rows have k elements (x [..., k] for the norm, gate_up
+// [..., 2 k] for the activation) against w [n, k].
+bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,
+                            const at::Tensor& b);
+// Linear(RmsNorm(x + add, norm_weight, eps), w, b) (`out`) and x + add (`sum`; x itself when add
+// is undefined): AddRmsNorm folded into the projection after it.
+struct SummedLinear {
+  at::Tensor sum;
+  at::Tensor out;
+};
+SummedLinear SmallLinearAddRmsNorm(const at::Tensor& x, const at::Tensor& add,
+                                   const at::Tensor& norm_weight, double eps, const at::Tensor& w,
+                                   const at::Tensor& b);
+// Linear(SiluMul(gate_up), w, b): the activation folded into the down projection.
+at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b);
+
 // silu(gate_up[..., :inner]) * gate_up[..., inner:] for gate_up [..., 2 inner] (Supported), in
 // one kernel, bit for bit what at::silu and the product give.
 at::Tensor SiluMul(const at::Tensor& gate_up);

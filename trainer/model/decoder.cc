@@ -338,6 +338,7 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
+    if (SmallDecodeLayer(layer, ctx, x, pending)) continue;
     at::Tensor h = add_norm(x, pending, layer.input_norm);
     if (config_.attention_kind() == AttentionKind::kGqa) {
       h = tensor_group_ != nullptr  // Note [Tensor-parallel attention]
@@ -390,6 +391,32 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
     pending = std::move(h);
   }
   return add_norm(x, pending, final_norm_);
+}
+
+bool Decoder::SmallDecodeLayer(const Layer& layer, const AttentionContext& ctx, at::Tensor& x,
+                               at::Tensor& pending) const {
+  const GqaWeights& w = layer.gqa;
+  const MlpWeights& mlp = layer.mlp;
+  const int64_t hidden = config_.hidden_size;
+  if (kernels_ != Kernels::kFused || tensor_group_ != nullptr ||
+      config_.attention_kind() != AttentionKind::kGqa || layer.mlp_type != MlpType::kDense ||
+      !mlp.gate_up_proj.defined() || (pending.defined() && pending.sizes() != x.sizes()) ||
+      !GqaDecodeKernelsApply(w, ctx, x) ||
+      !kernels::SmallLinearStagedTakes(x, hidden, w.qkv_proj, w.qkv_bias) ||
+      !kernels::SmallLinearStagedTakes(x, hidden, mlp.gate_up_proj, {}) ||
+      !kernels::SmallLinearStagedTakes(x, mlp.down_proj.size(1), mlp.down_proj, {})) {
+    return false;
+  }
+  const double eps = config_.rms_norm_eps;
+  const kernels::SummedLinear qkv =
+      kernels::SmallLinearAddRmsNorm(x, pending, layer.input_norm, eps, w.qkv_proj, w.qkv_bias);
+  const at::Tensor attention =
+      Linear(GqaDecodeAttention(w, qkv.out, ctx), w.o_proj, w.o_bias, kernels_);
+  const kernels::SummedLinear gate_up =
+      kernels::SmallLinearAddRmsNorm(qkv.sum, attention, layer.post_norm, eps, mlp.gate_up_proj, {});
+  pending = kernels::SmallLinearSiluMul(gate_up.out, mlp.down_proj, {});
+  x = gate_up.sum;
+  return true;
 }
 
 at::Tensor Decoder::Logits(const at::Tensor& tokens) const {

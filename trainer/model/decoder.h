@@ -195,6 +195,12 @@ class Decoder {
   };
 
   void CheckTokens(const at::Tensor& tokens) const;
+  // Note [Decode kernels] (layers.cc): a dense GQA layer of a decode step of one or two rows with
+  // its norms folded into the projections after them and the activation into the down
+  // projection: x += pending, then pending = the attention and MLP blocks' output with x
+  // updated in between. False (nothing done) where the kernels do not apply.
+  bool SmallDecodeLayer(const Layer& layer, const AttentionContext& ctx, at::Tensor& x,
+                        at::Tensor& pending) const;
   // The layers and the final norm over embedded tokens x [batch, seq, hidden]; `ctx` without
   // its per-layer cache, which comes from `cache` when given.
   // `batch`: the batch size, which the tensor-parallel attention needs under sequence

@@ -217,32 +217,6 @@ at::Tensor AppendToCache(const at::Tensor& cache, int64_t dim, const at::Tensor&
   return rows.narrow(dim, 0, ctx.start + s);
 }
 
-// Note [Decode kernels]
-// A decode step of the rollout engine (Kernels::kFused, one new position at a device-side
-// position, on CUDA) runs each GQA layer as
-//   AddRmsNorm (the previous block's residual add and this norm), the q/k/v GEMM,
-//   DecodeQkvPrep (q/k norms, RoPE, the cache writes), DecodeAttention, the o GEMM, AddRmsNorm,
-//   the gate/up GEMM, SiluMul, the down GEMM:
-// 9 kernels (and a reduction where cuBLAS splits a GEMM's sums), where the LibTorch ops took 27
-// (tools/bench/decode_bench counts them). For
-// one or two rows the GEMMs (and the LM head) are SmallLinear, a warp per output feature. All
-// but DecodeAttention and SmallLinear compute bit for bit what the ops computed
-// (trainer/kernels/fused_ops.h); the attention reads only the positions up to the step's (SDPA
-// read the whole key block under a mask) and both sum in another order than SDPA and cuBLAS, so
-// they differ from them by rounding. Graph replays and eager steps run the same kernels, so they
-// stay bit-identical. trainer/kernels/decode_kernels_test.cc checks each kernel on the GPU.
-bool FusedDecodeStep(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& qkv,
-                     int64_t s) {
-  return ctx.kernels == Kernels::kFused && ctx.position.defined() && ctx.cache != nullptr &&
-         s == 1 && kernels::Supported(qkv) && !qkv.requires_grad() &&
-         qkv.stride(-1) == 1 && w.q_norm.defined() == w.k_norm.defined() &&
-         ctx.rope->cos.scalar_type() == qkv.scalar_type() &&
-         kernels::DecodeAttentionTakes(
-             ctx.config->num_attention_heads,
-             kernels::DecodeCache{ctx.cache->key, ctx.cache->value, ctx.position}) &&
-         ctx.cache->key.scalar_type() == qkv.scalar_type();
-}
-
 }  // namespace
 
 at::Tensor AtLeastFloat(const at::Tensor& t) {
@@ -322,6 +296,46 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   return at::cat({out, x.narrow(-1, 2 * half, d - 2 * half)}, -1);
 }
 
+// Note [Decode kernels]
+// A decode step of the rollout engine (Kernels::kFused, one new position at a device-side
+// position, on CUDA) runs each GQA layer as
+//   AddRmsNorm (the previous block's residual add and this norm), the q/k/v GEMM,
+//   DecodeQkvPrep (q/k norms, RoPE, the cache writes), DecodeAttention, the o GEMM, AddRmsNorm,
+//   the gate/up GEMM, SiluMul, the down GEMM:
+// 9 kernels (and a reduction where cuBLAS splits a GEMM's sums), where the LibTorch ops took 27
+// (tools/bench/decode_bench counts them). For one or two rows the GEMMs (and the LM head) are
+// SmallLinear, a warp per output feature, and a dense layer (Decoder::SmallDecodeLayer) folds
+// each AddRmsNorm into the projection after it and SiluMul into the down projection (each block
+// of those computes its input rows itself): 6 kernels. All but DecodeAttention and SmallLinear
+// compute bit for bit what the ops computed, and the folded projections what the unfolded
+// kernels compute (trainer/kernels/fused_ops.h); the attention reads only the positions up to
+// the step's (SDPA read the whole key block under a mask) and both sum in another order than
+// SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps run the
+// same kernels, so they stay bit-identical. trainer/kernels/decode_kernels_test.cc checks each
+// kernel on the GPU.
+bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x) {
+  return ctx.kernels == Kernels::kFused && ctx.position.defined() && ctx.cache != nullptr &&
+         x.dim() == 3 && x.size(1) == 1 && kernels::Supported(x) && !x.requires_grad() &&
+         w.qkv_proj.defined() && w.q_norm.defined() == w.k_norm.defined() &&
+         ctx.rope->cos.scalar_type() == x.scalar_type() &&
+         ctx.cache->key.scalar_type() == x.scalar_type() &&
+         kernels::DecodeAttentionTakes(
+             ctx.config->num_attention_heads,
+             kernels::DecodeCache{ctx.cache->key, ctx.cache->value, ctx.position});
+}
+
+at::Tensor GqaDecodeAttention(const GqaWeights& w, const at::Tensor& qkv,
+                              const AttentionContext& ctx) {
+  const ModelConfig& c = *ctx.config;
+  const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
+  const at::Tensor query = kernels::DecodeQkvPrep(
+      qkv.stride(-1) == 1 ? qkv : qkv.contiguous(), w.q_norm, w.k_norm, c.rms_norm_eps,
+      ctx.rope->cos, ctx.rope->sin, c.rope_interleave, c.num_attention_heads,
+      c.num_key_value_heads, c.head_dim, cache);
+  return kernels::DecodeAttention(query, cache, ctx.key_mask.size(-1), c.attention_scale())
+      .view({qkv.size(0), 1, c.num_attention_heads * c.head_dim});
+}
+
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const AttentionContext& ctx) {
   const ModelConfig& c = *ctx.config;
   const int64_t b = x.size(0);
@@ -332,14 +346,8 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
   at::Tensor q, k, v;
   if (w.qkv_proj.defined()) {
     const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias, ctx.kernels);
-    if (FusedDecodeStep(w, ctx, qkv, s)) {  // Note [Decode kernels]
-      const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
-      const at::Tensor query = kernels::DecodeQkvPrep(
-          qkv, w.q_norm, w.k_norm, c.rms_norm_eps, ctx.rope->cos, ctx.rope->sin,
-          c.rope_interleave, heads, kv_heads, d, cache);
-      const at::Tensor out =
-          kernels::DecodeAttention(query, cache, ctx.key_mask.size(-1), c.attention_scale());
-      return Linear(out.view({b, 1, heads * d}), w.o_proj, w.o_bias, ctx.kernels);
+    if (GqaDecodeKernelsApply(w, ctx, x)) {  // Note [Decode kernels]
+      return Linear(GqaDecodeAttention(w, qkv, ctx), w.o_proj, w.o_bias, ctx.kernels);
     }
     q = qkv.narrow(-1, 0, heads * d).view({b, s, heads, d});
     k = qkv.narrow(-1, heads * d, kv_heads * d).view({b, s, kv_heads, d});

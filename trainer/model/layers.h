@@ -150,6 +150,15 @@ struct AttentionContext {
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
                         const AttentionContext& ctx);
 
+// Note [Decode kernels] (layers.cc): whether a decode step's GQA attention over x [B, 1, H] runs
+// by the decode kernels (Kernels::kFused, a device-side position, the cache, fused q/k/v weights,
+// CUDA tensors the kernels take), and that attention from the q/k/v projection's output qkv
+// [B, 1, (Hq + 2 Hkv) D], writing the new keys and values to the cache: [B, 1, Hq D], before the
+// o projection.
+bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x);
+at::Tensor GqaDecodeAttention(const GqaWeights& w, const at::Tensor& qkv,
+                              const AttentionContext& ctx);
+
 // A decode step with a cache (one new position), Kernels::kFused and ctx.latent_mla_decode attends
 // in the latent space (Note [MLA decode in the latent space] in layers.cc).
 // `topk` carries the DSA selection between layers: a layer with its own indexer overwrites it, a
