@@ -1,5 +1,5 @@
-// The decode-step kernels of cuda_kernels.h: SmallLinear, SiluMul, DecodeQkvPrep and
-// DecodeAttention.
+// The decode-step kernels of cuda_kernels.h: SmallLinear (with its staged inputs), SiluMul,
+// DecodeQkvPrep and DecodeAttention.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -309,16 +309,69 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   }
 }
 
-// y [rows, n_out] = x [rows, k_in] w^T (+ bias) for rows <= kRows: a warp per output feature
-// reads its weight row once in 16-byte vectors, four at a time, and every row of x with it (x is
-// small and stays in L1/L2); fp32 sums, one rounding.
-template <typename T, int kRows>
+// How SmallLinearKernel gets its input rows x [rows, k_in].
+enum class SmallInput {
+  kPlain,    // x itself (global memory; small, it stays in L1/L2)
+  kAddNorm,  // RmsNorm(x + add) (or of x, without add), staged in shared memory
+  kSiluMul,  // silu(gate) * up of x [rows, 2 k_in], staged in shared memory
+};
+
+// The staged inputs of SmallLinearKernel, computed by the whole block into `staged` [rows, k_in]
+// (x's dtype) with the roundings of RmsNormKernel (the same loop and BlockSum, kThreads threads)
+// and SiluMulKernel. Block 0 writes x + add to `sum`.
+template <typename T, SmallInput kMode>
+__device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
+                           const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
+                           T* staged, int64_t rows, int64_t k_in) {
+  __shared__ float scratch[kWarps];
+  for (int64_t m = 0; m < rows; ++m) {
+    T* row = staged + m * k_in;
+    if constexpr (kMode == SmallInput::kSiluMul) {
+      const T* gate = x + m * 2 * k_in;
+      for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
+        const float g = ToFloat(gate[i]);
+        const float u = ToFloat(gate[k_in + i]);
+        const float silu = ToFloat(FromFloat<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g)))));
+        row[i] = FromFloat<T>(__fmul_rn(silu, u));
+      }
+    } else {
+      float squares = 0.0f;
+      for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
+        const T v = add != nullptr
+                        ? FromFloat<T>(__fadd_rn(ToFloat(x[m * k_in + i]), ToFloat(add[m * k_in + i])))
+                        : x[m * k_in + i];
+        if (add != nullptr && blockIdx.x == 0) sum[m * k_in + i] = v;
+        row[i] = v;
+        squares += ToFloat(v) * ToFloat(v);
+      }
+      const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(k_in) + eps);
+      for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
+        const T h = FromFloat<T>(__fmul_rn(ToFloat(row[i]), inv));
+        row[i] = FromFloat<T>(__fmul_rn(ToFloat(norm_weight[i]), ToFloat(h)));
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// y [rows, n_out] = input [rows, k_in] w^T (+ bias) for rows <= kRows: a warp per output feature
+// reads its weight row once in 16-byte vectors, four at a time, and every input row with it;
+// fp32 sums, one rounding. The input is x, or staged from x by the whole block first (kMode).
+template <typename T, int kRows, SmallInput kMode>
 __global__ void __launch_bounds__(kThreads)
-    SmallLinearKernel(const T* __restrict__ x, const T* __restrict__ w,
-                      const T* __restrict__ bias, T* __restrict__ y, int64_t rows, int64_t n_out,
-                      int64_t k_in) {
+    SmallLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
+                      const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
+                      const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+                      int64_t rows, int64_t n_out, int64_t k_in) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
+  extern __shared__ __align__(16) unsigned char staged_bytes[];
+  const T* input = x;
+  if constexpr (kMode != SmallInput::kPlain) {
+    T* staged = reinterpret_cast<T*>(staged_bytes);
+    StageInput<T, kMode>(x, add, norm_weight, eps, sum, staged, rows, k_in);
+    input = staged;
+  }
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t n = blockIdx.x * static_cast<int64_t>(kWarps) + warp;
@@ -341,7 +394,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int m = 0; m < kRows; ++m) {
         if (m >= rows) break;
-        const Pack<T, kVec> in = LoadPack<T, kVec>(x + m * k_in + kk);
+        const Pack<T, kVec> in = LoadPack<T, kVec>(input + m * k_in + kk);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[m] += ToFloat(weights[u].v[e]) * ToFloat(in.v[e]);
       }
@@ -358,21 +411,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, int kRows>
-cudaError_t LaunchSmallLinear(const void* x, const void* w, const void* bias, void* y,
-                              int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
-  const int64_t blocks = (n_out + kWarps - 1) / kWarps;
-  SmallLinearKernel<T, kRows><<<blocks, kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
-      static_cast<T*>(y), rows, n_out, k_in);
+struct SmallLinearArgs {
+  const void* x;
+  const void* add;
+  const void* norm_weight;
+  float eps;
+  void* sum;
+  const void* w;
+  const void* bias;
+  void* y;
+  int64_t rows, n_out, k_in;
+};
+
+template <typename T, int kRows, SmallInput kMode>
+cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
+  const auto kernel = SmallLinearKernel<T, kRows, kMode>;
+  const int64_t staged = kMode == SmallInput::kPlain ? 0 : a.rows * a.k_in * sizeof(T);
+  if (staged > kSmallLinearMaxStagedBytes) return cudaErrorInvalidValue;
+  // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
+  // past the default 48 KiB.
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallLinearMaxStagedBytes);
+  if (opt_in != cudaSuccess) return opt_in;
+  const int64_t blocks = (a.n_out + kWarps - 1) / kWarps;
+  kernel<<<blocks, kThreads, staged, stream>>>(
+      static_cast<const T*>(a.x), static_cast<const T*>(a.add),
+      static_cast<const T*>(a.norm_weight), a.eps, static_cast<T*>(a.sum),
+      static_cast<const T*>(a.w), static_cast<const T*>(a.bias), static_cast<T*>(a.y), a.rows,
+      a.n_out, a.k_in);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t DispatchSmallLinear(const void* x, const void* w, const void* bias, void* y,
-                                int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
-  if (rows <= 1) return LaunchSmallLinear<T, 1>(x, w, bias, y, rows, n_out, k_in, stream);
-  return LaunchSmallLinear<T, 2>(x, w, bias, y, rows, n_out, k_in, stream);
+template <SmallInput kMode>
+cudaError_t DispatchSmallLinear(const SmallLinearArgs& a, DtypeCode dtype, cudaStream_t stream) {
+  if (a.rows > kSmallLinearMaxRows || a.k_in % (dtype == kBFloat16 ? 8 : 4) != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.rows == 0 || a.n_out == 0) return cudaSuccess;
+  if (dtype == kBFloat16) {
+    return a.rows <= 1 ? LaunchSmallLinear<__nv_bfloat16, 1, kMode>(a, stream)
+                       : LaunchSmallLinear<__nv_bfloat16, 2, kMode>(a, stream);
+  }
+  return a.rows <= 1 ? LaunchSmallLinear<float, 1, kMode>(a, stream)
+                     : LaunchSmallLinear<float, 2, kMode>(a, stream);
 }
 
 int MultiprocessorCount() {
@@ -452,13 +533,23 @@ cudaError_t DispatchDecodeAttention(const void* q, const void* k, const void* v,
 
 cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                         int64_t n_out, int64_t k_in, DtypeCode dtype, cudaStream_t stream) {
-  if (rows > kSmallLinearMaxRows || k_in % (dtype == kBFloat16 ? 8 : 4) != 0) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || n_out == 0) return cudaSuccess;
-  return dtype == kBFloat16
-             ? DispatchSmallLinear<__nv_bfloat16>(x, w, bias, y, rows, n_out, k_in, stream)
-             : DispatchSmallLinear<float>(x, w, bias, y, rows, n_out, k_in, stream);
+  return DispatchSmallLinear<SmallInput::kPlain>(
+      {x, nullptr, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, k_in}, dtype, stream);
+}
+
+cudaError_t SmallLinearAddRmsNorm(const void* x, const void* add, const void* norm_weight,
+                                  float eps, void* sum, const void* w, const void* bias, void* y,
+                                  int64_t rows, int64_t n_out, int64_t k_in, DtypeCode dtype,
+                                  cudaStream_t stream) {
+  return DispatchSmallLinear<SmallInput::kAddNorm>(
+      {x, add, norm_weight, eps, sum, w, bias, y, rows, n_out, k_in}, dtype, stream);
+}
+
+cudaError_t SmallLinearSiluMul(const void* gate_up, const void* w, const void* bias, void* y,
+                               int64_t rows, int64_t n_out, int64_t inner, DtypeCode dtype,
+                               cudaStream_t stream) {
+  return DispatchSmallLinear<SmallInput::kSiluMul>(
+      {gate_up, nullptr, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, inner}, dtype, stream);
 }
 
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,
