@@ -80,7 +80,7 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add
   const T* row = x + offset;
   if (add != nullptr) {
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      sum[offset + i] = FromFloat<T>(__fadd_rn(ToFloat(row[i]), ToFloat(add[offset + i])));
+      sum[offset + i] = AddRounded<T>(ToFloat(row[i]), ToFloat(add[offset + i]));
     }
     row = sum + offset;  // each thread reads back only what it wrote
   }
@@ -93,8 +93,7 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add
   const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
   if (inv_rms != nullptr && threadIdx.x == 0) inv_rms[blockIdx.x] = inv;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const T h = FromFloat<T>(__fmul_rn(ToFloat(row[i]), inv));
-    out_row[i] = FromFloat<T>(__fmul_rn(ToFloat(weight[i]), ToFloat(h)));
+    out_row[i] = RmsNormed<T>(ToFloat(row[i]), inv, ToFloat(weight[i]));
   }
 }
 
@@ -165,13 +164,8 @@ __global__ void RopeKernel(const T* __restrict__ x, const T* __restrict__ cos,
   const int64_t i2 = p.interleaved ? 2 * i + 1 : i + p.half;
   const float x1 = ToFloat(in[i1 * p.stride_d]);
   const float x2 = ToFloat(in[i2 * p.stride_d]);
-  const float c = ToFloat(cos[s * p.half + i]);
-  const float n = ToFloat(sin[s * p.half + i]);
-  // Rounded like the LibTorch ops x1 * cos - x2 * sin and x2 * cos + x1 * sin (the _rn
-  // intrinsics keep the compiler from contracting a product and the sum into one FMA).
-  const float a = ToFloat(FromFloat<T>(__fmul_rn(j < p.half ? x1 : x2, c)));
-  const float e = ToFloat(FromFloat<T>(__fmul_rn(j < p.half ? x2 : x1, n)));
-  out[index] = FromFloat<T>(j < p.half ? __fsub_rn(a, e) : __fadd_rn(a, e));
+  out[index] = Rotated<T>(j < p.half, x1, x2, ToFloat(cos[s * p.half + i]),
+                          ToFloat(sin[s * p.half + i]));
 }
 
 template <typename T>

@@ -27,18 +27,9 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
        i += stride) {
     const int64_t r = i / inner;
     const int64_t j = i - r * inner;
-    const float g = ToFloat(gate_up[r * 2 * inner + j]);
-    const float u = ToFloat(gate_up[r * 2 * inner + inner + j]);
-    // at::silu: g / (1 + exp(-g)) in fp32, rounded; then the product, rounded.
-    const float s = ToFloat(FromFloat<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g)))));
-    out[i] = FromFloat<T>(__fmul_rn(s, u));
+    out[i] = SiluTimes<T>(ToFloat(gate_up[r * 2 * inner + j]),
+                          ToFloat(gate_up[r * 2 * inner + inner + j]));
   }
-}
-
-// Sum over the lanes of a warp, every lane getting it, in BlockSum's order within a warp.
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
-  return v;
 }
 
 // One warp per (row, head) of the q, k and v heads of qkv. Lane l holds the head's elements
@@ -88,10 +79,7 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
     const float inv = rsqrtf(sums[0] / static_cast<float>(p.dim) + p.eps);
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t j = lane + 32 * i;
-      if (j < p.dim) {
-        const float h = ToFloat(FromFloat<T>(__fmul_rn(x[i], inv)));
-        x[i] = ToFloat(FromFloat<T>(__fmul_rn(ToFloat(norm[j]), h)));
-      }
+      if (j < p.dim) x[i] = ToFloat(RmsNormed<T>(x[i], inv, ToFloat(norm[j])));
     }
   }
   for (int i = 0; i < kPerLane; ++i) {
@@ -109,15 +97,11 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
       dst[j] = FromFloat<T>(x[i]);
       continue;
     }
-    // RopeKernel's arithmetic, on the normed values.
+    // RopeKernel's pairs and arithmetic, on the normed values.
     const int64_t r = j < p.half ? j : j - p.half;
     const float x1 = normed[warp][p.interleaved ? 2 * r : r];
     const float x2 = normed[warp][p.interleaved ? 2 * r + 1 : r + p.half];
-    const float c = ToFloat(cos[r]);
-    const float n = ToFloat(sin[r]);
-    const float a = ToFloat(FromFloat<T>(__fmul_rn(j < p.half ? x1 : x2, c)));
-    const float e = ToFloat(FromFloat<T>(__fmul_rn(j < p.half ? x2 : x1, n)));
-    dst[j] = FromFloat<T>(j < p.half ? __fsub_rn(a, e) : __fadd_rn(a, e));
+    dst[j] = Rotated<T>(j < p.half, x1, x2, ToFloat(cos[r]), ToFloat(sin[r]));
   }
 }
 
@@ -329,16 +313,13 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
     if constexpr (kMode == SmallInput::kSiluMul) {
       const T* gate = x + m * 2 * k_in;
       for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
-        const float g = ToFloat(gate[i]);
-        const float u = ToFloat(gate[k_in + i]);
-        const float silu = ToFloat(FromFloat<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g)))));
-        row[i] = FromFloat<T>(__fmul_rn(silu, u));
+        row[i] = SiluTimes<T>(ToFloat(gate[i]), ToFloat(gate[k_in + i]));
       }
     } else {
       float squares = 0.0f;
       for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
         const T v = add != nullptr
-                        ? FromFloat<T>(__fadd_rn(ToFloat(x[m * k_in + i]), ToFloat(add[m * k_in + i])))
+                        ? AddRounded<T>(ToFloat(x[m * k_in + i]), ToFloat(add[m * k_in + i]))
                         : x[m * k_in + i];
         if (add != nullptr && blockIdx.x == 0) sum[m * k_in + i] = v;
         row[i] = v;
@@ -346,8 +327,7 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
       }
       const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(k_in) + eps);
       for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
-        const T h = FromFloat<T>(__fmul_rn(ToFloat(row[i]), inv));
-        row[i] = FromFloat<T>(__fmul_rn(ToFloat(norm_weight[i]), ToFloat(h)));
+        row[i] = RmsNormed<T>(ToFloat(row[i]), inv, ToFloat(norm_weight[i]));
       }
     }
   }
