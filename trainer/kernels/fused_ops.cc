@@ -207,6 +207,23 @@ bool Aligned(const at::Tensor& t, int64_t elements) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(bytes) == 0;
 }
 
+// The kernel's conditions on its rows of x (Supported, outside autograd, at most
+// kSmallLinearMaxRows of them; x's last dim counts rows, and each row feeds k inputs) and on
+// w [n, k] (x's dtype, contiguous, k a multiple of 16 bytes' elements, aligned) and b ([n] or
+// undefined).
+bool SmallLinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const at::Tensor& b) {
+  if (!Supported(x) || x.requires_grad() || x.dim() == 0 || x.size(-1) == 0 || !w.defined() ||
+      w.dim() != 2 || w.size(1) != k || w.requires_grad() || w.scalar_type() != x.scalar_type() ||
+      w.device() != x.device() || !w.is_contiguous() ||
+      (b.defined() && (b.requires_grad() || b.dim() != 1 || b.size(0) != w.size(0) ||
+                       b.scalar_type() != x.scalar_type()))) {
+    return false;
+  }
+  const int64_t rows = x.numel() / x.size(-1);
+  const int64_t vec = 16 / x.element_size();
+  return rows >= 1 && rows <= kSmallLinearMaxRows && k % vec == 0 && Aligned(w, vec);
+}
+
 }  // namespace
 
 AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
@@ -233,17 +250,7 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
 }
 
 bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (!Supported(x) || x.requires_grad() || w.requires_grad() || x.dim() == 0 || w.dim() != 2 ||
-      w.scalar_type() != x.scalar_type() || w.device() != x.device() || !w.is_contiguous() ||
-      x.size(-1) != w.size(1) || (b.defined() && (b.requires_grad() || b.dim() != 1 ||
-                                                  b.size(0) != w.size(0) ||
-                                                  b.scalar_type() != x.scalar_type()))) {
-    return false;
-  }
-  const int64_t k = w.size(1);
-  const int64_t rows = k == 0 ? 0 : x.numel() / k;
-  const int64_t vec = 16 / x.element_size();
-  return rows >= 1 && rows <= kSmallLinearMaxRows && k % vec == 0 && Aligned(w, vec);
+  return x.defined() && x.dim() > 0 && SmallLinearFits(x, x.size(-1), w, b);
 }
 
 at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
@@ -265,17 +272,8 @@ at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
 bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,
                             const at::Tensor& b) {
-  if (!Supported(x) || x.requires_grad() || x.dim() == 0 || x.size(-1) == 0 ||
-      !w.defined() || w.dim() != 2 || w.size(1) != k || w.requires_grad() ||
-      w.scalar_type() != x.scalar_type() || w.device() != x.device() || !w.is_contiguous() ||
-      (b.defined() && (b.requires_grad() || b.dim() != 1 || b.size(0) != w.size(0) ||
-                       b.scalar_type() != x.scalar_type()))) {
-    return false;
-  }
-  const int64_t rows = x.numel() / x.size(-1);
-  const int64_t vec = 16 / x.element_size();
-  return rows >= 1 && rows <= kSmallLinearMaxRows && k % vec == 0 && Aligned(w, vec) &&
-         rows * k * x.element_size() <= kSmallLinearMaxStagedBytes;
+  return SmallLinearFits(x, k, w, b) &&
+         x.numel() / x.size(-1) * k * x.element_size() <= kSmallLinearMaxStagedBytes;
 }
 
 SummedLinear SmallLinearAddRmsNorm(const at::Tensor& x, const at::Tensor& add,
