@@ -26,8 +26,6 @@ set -euo pipefail
 mode="$1"
 shift
 here="$(dirname "$0")"
-weight_tol=1e-6
-norm_tol=1e-5
 # shellcheck source=tests/parallel_runs.sh
 . "$here/parallel_runs.sh"
 

@@ -29,8 +29,6 @@ set -euo pipefail
 mode="$1"
 shift
 here="$(dirname "$0")"
-weight_tol=1e-6
-norm_tol=1e-5
 # shellcheck source=tests/parallel_runs.sh
 . "$here/parallel_runs.sh"
 layouts=("2 2 1" "4 2 1" "4 4 1")  # -np, TP, EP
