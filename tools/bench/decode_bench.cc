@@ -123,12 +123,11 @@ int64_t KernelsPerDecodeStep(const rl::rollout::RolloutEngine& engine, const at:
                              int64_t batch, int64_t position) {
   const rl::model::ModelConfig& config = engine.config();
   const rl::model::Decoder decoder(config, engine.weights(), rl::model::Kernels::kFused);
-  const at::ScalarType dtype = engine.weights().begin()->second.scalar_type();
   rl::model::KvCache cache =
-      rl::model::KvCache::Allocate(config, batch, position + 1, dtype, device);
+      rl::model::KvCache::Allocate(config, batch, position + 1, decoder.dtype(), device);
   cache.storage().zero_();
   const rl::model::RopeTable rope =
-      rl::model::MakeRopeTable(config, 0, position + 1, dtype, device);
+      rl::model::MakeRopeTable(config, 0, position + 1, decoder.dtype(), device);
   const at::Tensor tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
   const at::Tensor at_position =
       at::full({1}, position, at::TensorOptions().dtype(at::kLong).device(device));
