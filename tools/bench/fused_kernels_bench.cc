@@ -7,8 +7,9 @@
 //     [rows, vocab] bf16 logits, fused vs log_softmax(logits.float()).gather, best of --rounds,
 //     and the ratio;
 //  3. speed of the decode step's kernels at Qwen3-0.6B widths, bf16, each timed as a CUDA graph
-//     of 100 calls (no launch gaps), in us per call: DecodeAttention (batch 1 and 64, 8 key/value
-//     heads, 16 query heads, 192 of 256 keys) at several blocks_per_sm against SDPA over the key
+//     of 100 calls (no launch gaps), in us per call: DecodeAttention (batch 1 and 64, 16 query
+//     heads on 8 key/value heads (Qwen3-0.6B) and 32 on 4 (Qwen3-30B-A3B), 192 of 256 keys) at
+//     several blocks_per_sm against SDPA over the key
 //     block with a mask, as the LibTorch decode step ran it; SmallLinear against at::linear for
 //     1 and 2 rows (the rows it takes) at each projection's shape.
 // Exit status 1 when an agreement check fails. Needs a GPU.
@@ -26,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "launch/device.h"
@@ -98,8 +100,10 @@ void DecodeKernelSpeeds(const at::Device& device) {
   const auto on = [&](at::ScalarType dtype) {
     return at::TensorOptions().dtype(dtype).device(device);
   };
-  const int64_t q_heads = 16, kv_heads = 8, dim = 128, keys = 256, position = 191;
-  for (const int64_t batch : {1, 64}) {
+  const int64_t dim = 128, keys = 256, position = 191;
+  for (const auto& [batch, q_heads, kv_heads] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 16, 8}, {64, 16, 8}, {1, 32, 4}, {64, 32, 4}}) {
     const at::Tensor key = at::randn({batch, kv_heads, keys, dim}, on(at::kBFloat16));
     const at::Tensor value = at::randn_like(key);
     const at::Tensor q = at::randn({batch, q_heads, dim}, on(at::kBFloat16));
@@ -109,8 +113,9 @@ void DecodeKernelSpeeds(const at::Device& device) {
       at::scaled_dot_product_attention(q.view({batch, kv_heads, q_heads / kv_heads, dim}), key,
                                        value, mask, 0.0, false, 0.088);
     });
-    std::printf("decode attention batch %lld: SDPA with a mask %.1f us", static_cast<long long>(batch),
-                sdpa);
+    std::printf("decode attention batch %lld, %lld/%lld heads: SDPA with a mask %.1f us",
+                static_cast<long long>(batch), static_cast<long long>(q_heads),
+                static_cast<long long>(kv_heads), sdpa);
     for (const int blocks_per_sm : {1, 2, 4, 8, 16, 32}) {
       std::printf(", %d blocks/SM %.1f us", blocks_per_sm, MicrosPerCall([&] {
                     rl::kernels::DecodeAttention(q, cache, keys, 0.088, blocks_per_sm);

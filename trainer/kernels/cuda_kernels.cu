@@ -69,31 +69,61 @@ __device__ SoftmaxStats BlockMerge(SoftmaxStats v, SoftmaxStats* scratch) {
 }
 
 // With `add` (and `sum`): the row is x + add, rounded to the dtype as LibTorch's add rounds it,
-// and is written to `sum`.
-template <typename T>
+// and is written to `sum`. Thread i takes elements i, i + kThreads, ... of the row; with kPerThread
+// > 0 (cols <= kPerThread * kThreads) it holds them in registers between the passes, which then
+// read the row once (in a decode step the passes' round trips to memory were most of its time),
+// with 0 it reads them again each pass. The sums are the same either way.
+template <typename T, int kPerThread>
 __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add,
                               const T* __restrict__ weight, T* __restrict__ out,
                               T* __restrict__ sum, float* __restrict__ inv_rms, int64_t cols,
                               float eps) {
   __shared__ float scratch[kWarps];
   const int64_t offset = blockIdx.x * cols;
-  const T* row = x + offset;
-  if (add != nullptr) {
-    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      sum[offset + i] = AddRounded<T>(ToFloat(row[i]), ToFloat(add[offset + i]));
-    }
-    row = sum + offset;  // each thread reads back only what it wrote
-  }
   T* out_row = out + offset;
-  float squares = 0.0f;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const float v = ToFloat(row[i]);
-    squares += v * v;
-  }
-  const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
-  if (inv_rms != nullptr && threadIdx.x == 0) inv_rms[blockIdx.x] = inv;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    out_row[i] = RmsNormed<T>(ToFloat(row[i]), inv, ToFloat(weight[i]));
+  if constexpr (kPerThread > 0) {
+    float v[kPerThread], w[kPerThread];
+    float squares = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int64_t i = threadIdx.x + j * static_cast<int64_t>(kThreads);
+      if (i >= cols) break;
+      w[j] = ToFloat(weight[i]);
+      if (add != nullptr) {
+        const T rounded = AddRounded<T>(ToFloat(x[offset + i]), ToFloat(add[offset + i]));
+        sum[offset + i] = rounded;
+        v[j] = ToFloat(rounded);
+      } else {
+        v[j] = ToFloat(x[offset + i]);
+      }
+      squares += v[j] * v[j];
+    }
+    const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
+    if (inv_rms != nullptr && threadIdx.x == 0) inv_rms[blockIdx.x] = inv;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int64_t i = threadIdx.x + j * static_cast<int64_t>(kThreads);
+      if (i >= cols) break;
+      out_row[i] = RmsNormed<T>(v[j], inv, w[j]);
+    }
+  } else {
+    const T* row = x + offset;
+    if (add != nullptr) {
+      for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+        sum[offset + i] = AddRounded<T>(ToFloat(row[i]), ToFloat(add[offset + i]));
+      }
+      row = sum + offset;  // each thread reads back only what it wrote
+    }
+    float squares = 0.0f;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      const float v = ToFloat(row[i]);
+      squares += v * v;
+    }
+    const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
+    if (inv_rms != nullptr && threadIdx.x == 0) inv_rms[blockIdx.x] = inv;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      out_row[i] = RmsNormed<T>(ToFloat(row[i]), inv, ToFloat(weight[i]));
+    }
   }
 }
 
@@ -224,9 +254,13 @@ cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, vo
                           float* inv_rms, int64_t rows, int64_t cols, float eps,
                           cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormKernel<<<rows, kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(add), static_cast<const T*>(weight),
-      static_cast<T*>(out), static_cast<T*>(sum), inv_rms, cols, eps);
+  const auto kernel = cols <= 4 * kThreads    ? RmsNormKernel<T, 4>
+                      : cols <= 8 * kThreads  ? RmsNormKernel<T, 8>
+                      : cols <= 32 * kThreads ? RmsNormKernel<T, 32>
+                                              : RmsNormKernel<T, 0>;
+  kernel<<<rows, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(add),
+                                        static_cast<const T*>(weight), static_cast<T*>(out),
+                                        static_cast<T*>(sum), inv_rms, cols, eps);
   return cudaGetLastError();
 }
 

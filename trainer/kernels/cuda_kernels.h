@@ -158,6 +158,30 @@ cudaError_t DecodeAttention(const void* q, const void* k, const void* v, const i
                             int64_t dim, const DecodeAttentionShape& shape, DtypeCode dtype,
                             cudaStream_t stream);
 
+// DecodeQkvPrep's inputs, for DecodeQkvAttention.
+struct QkvPrepInputs {
+  const void* qkv = nullptr;
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  QkvPrepShape shape;
+};
+
+// True when DecodeQkvAttention takes this head layout: DecodeAttentionSupports, with q_heads /
+// kv_heads of 1, 2, 4 or 8 (so that one block of a split reads each key/value head).
+bool DecodeQkvAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim);
+
+// DecodeQkvPrep and then DecodeAttention in one kernel, bit for bit the two (without writing q):
+// each block normalises and rotates its query heads itself, and the block whose split holds the
+// position also the step's key and value heads, which it writes to the caches before it reads
+// them. prep.shape's strides are those of k_cache and v_cache; the rest as for the two.
+cudaError_t DecodeQkvAttention(const QkvPrepInputs& prep, const int64_t* position, void* k_cache,
+                               void* v_cache, void* out, float* partial_out,
+                               float* partial_stats, int64_t batch,
+                               const DecodeAttentionShape& shape, DtypeCode dtype,
+                               cudaStream_t stream);
+
 }  // namespace rl::kernels
 
 #endif  // RL_TRAINER_KERNELS_CUDA_KERNELS_H_

@@ -13,10 +13,14 @@ namespace {
 
 constexpr int kDecodeWarps = 4;        // warps per block of the decode kernels
 constexpr int kMaxGroup = 8;           // query heads per DecodeAttention block
-constexpr int kKeysPerIteration = 4;   // keys a warp loads at once (8: slower at batch 64)
-// DecodeAttention splits the keys until the grid has about this many blocks per SM: 2 was the
-// fastest at batch 64 and as fast as any at batch 1 (tools/bench/fused_kernels_bench).
-constexpr int kBlocksPerSm = 2;
+constexpr int kKeysPerIteration = 4;   // keys a warp takes at once (8: slower at batch 64)
+// Iterations of keys and values a DecodeAttention warp has in flight, in shared memory (one, in
+// registers, took 22.6 us at batch 64 where 4 take 21.3 us: tools/bench/fused_kernels_bench).
+constexpr int kStages = 4;
+// DecodeAttention splits the keys until the grid has about this many blocks per SM: 1 was the
+// fastest at batch 64 (by 27% with 8 query heads per key/value head; 2 splits them in two) and
+// as fast as any at batch 1 (tools/bench/fused_kernels_bench).
+constexpr int kBlocksPerSm = 1;
 
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
@@ -32,34 +36,20 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
   }
 }
 
-// One warp per (row, head) of the q, k and v heads of qkv. Lane l holds the head's elements
-// l, l + 32, ... (as RmsNormKernel's block of kThreads holds one element per thread).
+// One head of a row of qkv as DecodeQkvPrep writes it, into dst, by one warp: a value head as it
+// is; a query or key head normalised by `norm` (unless null) and rotated by cos / sin. Lane l
+// holds the head's elements l, l + 32, ... (as RmsNormKernel's block of kThreads holds one element
+// per thread). `normed` is the warp's scratch of kMaxHeadDim floats.
 template <typename T>
-__global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
-                                    const T* __restrict__ k_norm, const T* __restrict__ cos,
-                                    const T* __restrict__ sin,
-                                    const int64_t* __restrict__ position, T* __restrict__ q_out,
-                                    T* __restrict__ k_cache, T* __restrict__ v_cache,
-                                    int64_t batch, QkvPrepShape p) {
+__device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restrict__ norm,
+                         const T* __restrict__ cos, const T* __restrict__ sin,
+                         const QkvPrepShape& p, float* __restrict__ normed, T* __restrict__ dst) {
   constexpr int kPerLane = kMaxHeadDim / 32;
-  __shared__ float normed[kDecodeWarps][kMaxHeadDim];
-  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t heads = p.q_heads + 2 * p.kv_heads;
-  const int64_t index = blockIdx.x * static_cast<int64_t>(kDecodeWarps) + warp;
-  if (index >= batch * heads) return;
-  const int64_t b = index / heads;
-  const int64_t head = index % heads;
-  const int64_t pos = *position;
-  const T* in = qkv + b * p.qkv_stride + head * p.dim;
-  if (head >= p.q_heads + p.kv_heads) {  // a value head: into the cache as it is
-    T* dst = v_cache + b * p.v_stride_b + (head - p.q_heads - p.kv_heads) * p.v_stride_h +
-             pos * p.v_stride_t;
+  if (value) {
     for (int64_t j = lane; j < p.dim; j += 32) dst[j] = in[j];
     return;
   }
-  const bool is_q = head < p.q_heads;
-  const T* norm = is_q ? q_norm : k_norm;
   float x[kPerLane];
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
@@ -84,12 +74,9 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
   }
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
-    if (j < p.dim) normed[warp][j] = x[i];
+    if (j < p.dim) normed[j] = x[i];
   }
   __syncwarp();
-  T* dst = is_q ? q_out + (b * p.q_heads + head) * p.dim
-                : k_cache + b * p.k_stride_b + (head - p.q_heads) * p.k_stride_h +
-                      pos * p.k_stride_t;
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
     if (j >= p.dim) break;
@@ -99,11 +86,51 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
     }
     // RopeKernel's pairs and arithmetic, on the normed values.
     const int64_t r = j < p.half ? j : j - p.half;
-    const float x1 = normed[warp][p.interleaved ? 2 * r : r];
-    const float x2 = normed[warp][p.interleaved ? 2 * r + 1 : r + p.half];
+    const float x1 = normed[p.interleaved ? 2 * r : r];
+    const float x2 = normed[p.interleaved ? 2 * r + 1 : r + p.half];
     dst[j] = Rotated<T>(j < p.half, x1, x2, ToFloat(cos[r]), ToFloat(sin[r]));
   }
+  __syncwarp();  // `normed` may be the warp's next head's
 }
+
+// One warp per (row, head) of the q, k and v heads of qkv.
+template <typename T>
+__global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
+                                    const T* __restrict__ k_norm, const T* __restrict__ cos,
+                                    const T* __restrict__ sin,
+                                    const int64_t* __restrict__ position, T* __restrict__ q_out,
+                                    T* __restrict__ k_cache, T* __restrict__ v_cache,
+                                    int64_t batch, QkvPrepShape p) {
+  __shared__ float normed[kDecodeWarps][kMaxHeadDim];
+  const int warp = threadIdx.x / 32;
+  const int64_t heads = p.q_heads + 2 * p.kv_heads;
+  const int64_t index = blockIdx.x * static_cast<int64_t>(kDecodeWarps) + warp;
+  if (index >= batch * heads) return;
+  const int64_t b = index / heads;
+  const int64_t head = index % heads;
+  const int64_t pos = *position;
+  const bool is_q = head < p.q_heads;
+  const bool value = head >= p.q_heads + p.kv_heads;
+  const int64_t kv_head = head - p.q_heads - (value ? p.kv_heads : 0);
+  T* dst = is_q    ? q_out + (b * p.q_heads + head) * p.dim
+           : value ? v_cache + b * p.v_stride_b + kv_head * p.v_stride_h + pos * p.v_stride_t
+                   : k_cache + b * p.k_stride_b + kv_head * p.k_stride_h + pos * p.k_stride_t;
+  PrepHead(qkv + b * p.qkv_stride + head * p.dim, value, is_q ? q_norm : k_norm, cos, sin, p,
+           normed[warp], dst);
+}
+
+// DecodeQkvPrep's inputs, for a DecodeAttentionKernel that prepares its own heads (kPrep).
+template <typename T>
+struct PrepPointers {
+  const T* qkv = nullptr;
+  const T* q_norm = nullptr;
+  const T* k_norm = nullptr;
+  const T* cos = nullptr;
+  const T* sin = nullptr;
+  T* k_cache = nullptr;
+  T* v_cache = nullptr;
+  QkvPrepShape shape;
+};
 
 // kVec consecutive elements of T, loaded as one vector (aligned to their size, which
 // DecodeAttention's caller checks).
@@ -124,6 +151,24 @@ __device__ __forceinline__ void LoadRow(const T* __restrict__ src, float (&dst)[
   for (int e = 0; e < kVec; ++e) dst[e] = ToFloat(pack.v[e]);
 }
 
+// kBytes (4, 8, 16 or a multiple of 16, aligned to the lesser of itself and 16) from global to
+// shared memory without passing through registers (cp.async); they may be read once this thread's
+// cp.async.wait_group has counted them.
+template <int kBytes>
+__device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
+  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  if constexpr (kBytes <= 16) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(to), "l"(global),
+                 "n"(kBytes));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to + 16 * i),
+                   "l"(static_cast<const char*>(global) + 16 * i));
+    }
+  }
+}
+
 // Per (row, group of kGroup query heads) a counter of the splits that have written their partial
 // results; the last one merges them and sets it back to 0 (so every launch finds zeros).
 constexpr int64_t kMaxMergeSlots = int64_t{1} << 16;
@@ -132,18 +177,25 @@ __device__ unsigned int g_split_counters[kMaxMergeSlots];
 // Block (split, head group, row): kGroup query heads that share one key/value head, against keys
 // [split * chunk, min(split * chunk + chunk, position + 1)). Warp w takes keys
 // begin + w * kKeysPerIteration + i * kDecodeWarps * kKeysPerIteration, each with an online
-// softmax; the warps are merged in shared memory. Lane l holds dims [l kVec, l kVec + kVec).
+// softmax, their keys and values copied kStages - 1 iterations ahead into a ring of the warp's in
+// shared memory; the warps are merged in shared memory. Lane l holds dims [l kVec, l kVec + kVec).
 // With one split the block writes the normalised output. With more, it writes its unnormalised
 // output, max and sum, and the last split of its (row, head group) to finish merges the splits
 // in split order (so the result does not depend on which is last). A split past the position
 // does nothing.
-template <typename T, int kVec, int kGroup>
+// With kPrep (kGroup the query heads of a key/value head, so a block is the only one of its split
+// to read that head), the block first computes what DecodeQkvPrepKernel would, from `prep`: its
+// query heads into shared memory (q is not read), and, in the split that holds the position, the
+// key and value heads of the step, which it writes to the caches before it reads them.
+template <typename T, int kVec, int kGroup, bool kPrep>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
-    DecodeAttentionKernel(const T* __restrict__ q, const T* __restrict__ k,
-                          const T* __restrict__ v, const int64_t* __restrict__ position,
-                          T* __restrict__ out, float* __restrict__ partial_out,
-                          float* __restrict__ partial_stats, DecodeAttentionShape p) {
+    DecodeAttentionKernel(const T* __restrict__ q, PrepPointers<T> prep, const T* k, const T* v,
+                          const int64_t* __restrict__ position, T* __restrict__ out,
+                          float* __restrict__ partial_out, float* __restrict__ partial_stats,
+                          DecodeAttentionShape p) {
   constexpr int kDim = 32 * kVec;
+  __shared__ __align__(16) T prepared_q[kPrep ? kGroup : 1][kDim];
+  __shared__ float normed[kPrep ? kDecodeWarps : 1][kMaxHeadDim];
   __shared__ float warp_out[kDecodeWarps][kGroup][kDim];
   __shared__ float warp_max[kDecodeWarps][kGroup];
   __shared__ float warp_sum[kDecodeWarps][kGroup];
@@ -157,26 +209,61 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
   constexpr int64_t kStride = kDecodeWarps * kKeysPerIteration;
+  if constexpr (kPrep) {
+    const int64_t pos = *position;
+    if (begin > pos) return;  // a split past the position: no part in the merge
+    const QkvPrepShape& s = prep.shape;
+    const int heads = pos < chunk_end ? kGroup + 2 : kGroup;  // the step's key and value heads
+    for (int h = warp; h < heads; h += kDecodeWarps) {
+      const bool is_q = h < kGroup;
+      const bool value = h == kGroup + 1;
+      const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
+      T* dst = is_q    ? prepared_q[is_q ? h : 0]
+               : value ? prep.v_cache + b * s.v_stride_b + kv_head * s.v_stride_h +
+                             pos * s.v_stride_t
+                       : prep.k_cache + b * s.k_stride_b + kv_head * s.k_stride_h +
+                             pos * s.k_stride_t;
+      PrepHead(prep.qkv + b * s.qkv_stride + head * s.dim, value, is_q ? prep.q_norm : prep.k_norm,
+               prep.cos, prep.sin, s, normed[warp], dst);
+    }
+    __syncthreads();  // the query heads and the cache writes, before they are read
+  }
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h + lane * kVec;
-  // The keys [t0, t0 + kKeysPerIteration) of an iteration (clamped into the chunk, in bounds; the
-  // ones past the position get no weight), loaded while the previous iteration computes. The
-  // first load does not wait for the position.
-  Pack<T, kVec> keys[kKeysPerIteration], values[kKeysPerIteration];
-  const auto load = [&](int64_t t0) {
+  // The warp's ring [kStages][keys, values][kKeysPerIteration][kDim]; a lane copies and reads only
+  // its own kVec dims of each.
+  extern __shared__ __align__(16) unsigned char ring_bytes[];
+  T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kStages * 2 * kKeysPerIteration * kDim) +
+            lane * kVec;
+  const auto slot = [&](int stage, int values, int u) {
+    return ring + ((stage * 2 + values) * kKeysPerIteration + u) * kDim;
+  };
+  // The keys [t0, t0 + kKeysPerIteration) of an iteration into `stage` (clamped into the chunk, in
+  // bounds; the ones past the position get no weight). The first iterations' copies do not wait
+  // for the position to be read.
+  const auto copy = [&](int64_t t0, int stage) {
 #pragma unroll
     for (int u = 0; u < kKeysPerIteration; ++u) {
       const int64_t t = t0 + u < chunk_end ? t0 + u : chunk_end - 1;
-      keys[u] = LoadPack<T, kVec>(k_base + t * p.k_stride_t);
-      values[u] = LoadPack<T, kVec>(v_base + t * p.v_stride_t);
+      CopyAsync<kVec * sizeof(T)>(slot(stage, 0, u), k_base + t * p.k_stride_t);
+      CopyAsync<kVec * sizeof(T)>(slot(stage, 1, u), v_base + t * p.v_stride_t);
     }
   };
+  // One group of copies per iteration, empty past the keys, so that waiting for all but the
+  // newest kStages - 1 groups waits for the current iteration's.
+  const auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
   int64_t t0 = begin + warp * kKeysPerIteration;
-  if (t0 < chunk_end) load(t0);
+#pragma unroll
+  for (int stage = 0; stage + 1 < kStages; ++stage) {
+    if (t0 + stage * kStride < chunk_end) copy(t0 + stage * kStride, stage);
+    commit();
+  }
   float query[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    LoadRow<T, kVec>(q + ((b * p.q_heads + first_head + g) * kDim + lane * kVec), query[g]);
+    LoadRow<T, kVec>(kPrep ? prepared_q[g] + lane * kVec
+                           : q + ((b * p.q_heads + first_head + g) * kDim + lane * kVec),
+                     query[g]);
   }
   const int64_t pos = *position;
   const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;
@@ -188,17 +275,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
   }
-  for (; t0 < end; t0 += kStride) {
+  for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kStages ? 0 : stage + 1) {
+    // The stage read the iteration before is refilled kStages - 1 iterations ahead.
+    const int64_t ahead = t0 + (kStages - 1) * kStride;
+    if (ahead < end) copy(ahead, stage == 0 ? kStages - 1 : stage - 1);
+    commit();
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
     float key[kKeysPerIteration][kVec], value[kKeysPerIteration][kVec];
 #pragma unroll
     for (int u = 0; u < kKeysPerIteration; ++u) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        key[u][e] = ToFloat(keys[u].v[e]);
-        value[u][e] = ToFloat(values[u].v[e]);
-      }
+      LoadRow<T, kVec>(slot(stage, 0, u), key[u]);
+      LoadRow<T, kVec>(slot(stage, 1, u), value[u]);
     }
-    if (t0 + kStride < end) load(t0 + kStride);
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       float scores[kKeysPerIteration];
@@ -227,6 +315,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       running_max[g] = step_max;
     }
   }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // copies past `end` land before the exit
   if (begin > pos) return;  // a split past the position: no part in the merge
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -456,57 +545,92 @@ int64_t HeadsPerBlock(int64_t q_heads, int64_t kv_heads) {
   return heads;
 }
 
-template <typename T, int kVec, int kGroup>
-cudaError_t LaunchDecodeAttention(const void* q, const void* k, const void* v,
-                                  const int64_t* position, void* out, float* partial_out,
-                                  float* partial_stats, int64_t batch,
-                                  const DecodeAttentionShape& p, cudaStream_t stream) {
+// DecodeAttention's and DecodeQkvAttention's arguments: q, or (prep not null) the inputs to
+// compute it from, the caches k and v (written too with prep), and the outputs.
+struct AttentionArgs {
+  const void* q;
+  const QkvPrepInputs* prep;
+  void* k;
+  void* v;
+  const int64_t* position;
+  void* out;
+  float* partial_out;
+  float* partial_stats;
+  int64_t batch;
+};
+
+template <typename T, int kVec, int kGroup, bool kPrep>
+cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionShape& p,
+                                  cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.q_heads / kGroup),
-                  static_cast<unsigned>(batch));
-  DecodeAttentionKernel<T, kVec, kGroup><<<grid, kDecodeWarps * 32, 0, stream>>>(
-      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), position,
-      static_cast<T*>(out), partial_out, partial_stats, p);
+                  static_cast<unsigned>(a.batch));
+  const auto kernel = DecodeAttentionKernel<T, kVec, kGroup, kPrep>;
+  constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * 32 * kVec * sizeof(T);
+  // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
+  // past the default 48 KiB (up to 128 KiB, for fp32 heads of 256).
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring);
+  if (opt_in != cudaSuccess) return opt_in;
+  PrepPointers<T> prep;
+  if (a.prep != nullptr) {
+    prep.qkv = static_cast<const T*>(a.prep->qkv);
+    prep.q_norm = static_cast<const T*>(a.prep->q_norm);
+    prep.k_norm = static_cast<const T*>(a.prep->k_norm);
+    prep.cos = static_cast<const T*>(a.prep->cos);
+    prep.sin = static_cast<const T*>(a.prep->sin);
+    prep.k_cache = static_cast<T*>(a.k);
+    prep.v_cache = static_cast<T*>(a.v);
+    prep.shape = a.prep->shape;
+  }
+  kernel<<<grid, kDecodeWarps * 32, ring, stream>>>(
+      static_cast<const T*>(a.q), prep, static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+      a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats, p);
   return cudaGetLastError();
 }
 
+template <typename T, int kVec, int kGroup>
+cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionShape& p,
+                                  cudaStream_t stream) {
+  return a.prep != nullptr ? LaunchDecodeAttention<T, kVec, kGroup, true>(a, p, stream)
+                           : LaunchDecodeAttention<T, kVec, kGroup, false>(a, p, stream);
+}
+
 template <typename T, int kVec>
-cudaError_t DispatchGroup(const void* q, const void* k, const void* v, const int64_t* position,
-                          void* out, float* partial_out, float* partial_stats, int64_t batch,
-                          const DecodeAttentionShape& p, cudaStream_t stream) {
+cudaError_t DispatchGroup(const AttentionArgs& a, const DecodeAttentionShape& p,
+                          cudaStream_t stream) {
   switch (HeadsPerBlock(p.q_heads, p.kv_heads)) {
     case 1:
-      return LaunchDecodeAttention<T, kVec, 1>(q, k, v, position, out, partial_out,
-                                               partial_stats, batch, p, stream);
+      return LaunchDecodeAttention<T, kVec, 1>(a, p, stream);
     case 2:
-      return LaunchDecodeAttention<T, kVec, 2>(q, k, v, position, out, partial_out,
-                                               partial_stats, batch, p, stream);
+      return LaunchDecodeAttention<T, kVec, 2>(a, p, stream);
     case 4:
-      return LaunchDecodeAttention<T, kVec, 4>(q, k, v, position, out, partial_out,
-                                               partial_stats, batch, p, stream);
+      return LaunchDecodeAttention<T, kVec, 4>(a, p, stream);
     default:
-      return LaunchDecodeAttention<T, kVec, 8>(q, k, v, position, out, partial_out,
-                                               partial_stats, batch, p, stream);
+      return LaunchDecodeAttention<T, kVec, 8>(a, p, stream);
   }
 }
 
 template <typename T>
-cudaError_t DispatchDecodeAttention(const void* q, const void* k, const void* v,
-                                    const int64_t* position, void* out, float* partial_out,
-                                    float* partial_stats, int64_t batch, int64_t dim,
+cudaError_t DispatchDecodeAttention(const AttentionArgs& a, int64_t dim,
                                     const DecodeAttentionShape& p, cudaStream_t stream) {
   switch (dim) {
     case 64:
-      return DispatchGroup<T, 2>(q, k, v, position, out, partial_out, partial_stats, batch, p,
-                                 stream);
+      return DispatchGroup<T, 2>(a, p, stream);
     case 128:
-      return DispatchGroup<T, 4>(q, k, v, position, out, partial_out, partial_stats, batch, p,
-                                 stream);
+      return DispatchGroup<T, 4>(a, p, stream);
     case 256:
-      return DispatchGroup<T, 8>(q, k, v, position, out, partial_out, partial_stats, batch, p,
-                                 stream);
+      return DispatchGroup<T, 8>(a, p, stream);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t RunDecodeAttention(const AttentionArgs& a, int64_t dim, const DecodeAttentionShape& p,
+                               DtypeCode dtype, cudaStream_t stream) {
+  if (!DecodeAttentionSupports(p.q_heads, p.kv_heads, dim)) return cudaErrorInvalidValue;
+  if (a.batch == 0) return cudaSuccess;
+  return dtype == kBFloat16 ? DispatchDecodeAttention<__nv_bfloat16>(a, dim, p, stream)
+                            : DispatchDecodeAttention<float>(a, dim, p, stream);
 }
 
 }  // namespace
@@ -601,13 +725,29 @@ cudaError_t DecodeAttention(const void* q, const void* k, const void* v, const i
                             void* out, float* partial_out, float* partial_stats, int64_t batch,
                             int64_t dim, const DecodeAttentionShape& shape, DtypeCode dtype,
                             cudaStream_t stream) {
-  if (!DecodeAttentionSupports(shape.q_heads, shape.kv_heads, dim)) return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  return dtype == kBFloat16
-             ? DispatchDecodeAttention<__nv_bfloat16>(q, k, v, position, out, partial_out,
-                                                      partial_stats, batch, dim, shape, stream)
-             : DispatchDecodeAttention<float>(q, k, v, position, out, partial_out, partial_stats,
-                                              batch, dim, shape, stream);
+  return RunDecodeAttention({q, nullptr, const_cast<void*>(k), const_cast<void*>(v), position,
+                             out, partial_out, partial_stats, batch},
+                            dim, shape, dtype, stream);
+}
+
+bool DecodeQkvAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim) {
+  return DecodeAttentionSupports(q_heads, kv_heads, dim) &&
+         HeadsPerBlock(q_heads, kv_heads) == q_heads / kv_heads;
+}
+
+cudaError_t DecodeQkvAttention(const QkvPrepInputs& prep, const int64_t* position, void* k_cache,
+                               void* v_cache, void* out, float* partial_out,
+                               float* partial_stats, int64_t batch,
+                               const DecodeAttentionShape& shape, DtypeCode dtype,
+                               cudaStream_t stream) {
+  const QkvPrepShape& s = prep.shape;
+  if (!DecodeQkvAttentionSupports(shape.q_heads, shape.kv_heads, s.dim) ||
+      s.q_heads != shape.q_heads || s.kv_heads != shape.kv_heads || 2 * s.half > s.dim) {
+    return cudaErrorInvalidValue;
+  }
+  return RunDecodeAttention(
+      {nullptr, &prep, k_cache, v_cache, position, out, partial_out, partial_stats, batch}, s.dim,
+      shape, dtype, stream);
 }
 
 }  // namespace rl::kernels

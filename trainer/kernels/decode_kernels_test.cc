@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "trainer/kernels/fused_ops.h"
 
@@ -63,15 +64,17 @@ TEST_CASE("SmallLinear is x w^T + b up to one rounding, for up to 2 rows") {
   at::manual_seed(6);
   for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
     for (const int64_t rows : {1, 2}) {
-      for (const bool with_bias : {false, true}) {
-        const at::Tensor x = at::randn({rows, 1, 1024}, On(dtype));
-        const at::Tensor w = at::randn({3000, 1024}, On(dtype)) / 32;
+      // One pass of a warp over k (4 vectors of 16 bytes a lane), and three.
+      for (const auto& [with_bias, k] : {std::pair<bool, int64_t>{false, 1024}, {true, 1024},
+                                         {true, 3072}}) {
+        const at::Tensor x = at::randn({rows, 1, k}, On(dtype));
+        const at::Tensor w = at::randn({3000, k}, On(dtype)) / std::sqrt(double(k));
         const at::Tensor b = with_bias ? at::randn({3000}, On(dtype)) : at::Tensor();
         REQUIRE(SmallLinearTakes(x, w, b));
         const at::Tensor y = SmallLinear(x, w, b);
         at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
         if (with_bias) expected = expected + b.to(at::kDouble);
-        INFO(rows << " rows, bias " << with_bias << ", " << c10::toString(dtype));
+        INFO(rows << " rows, k " << k << ", bias " << with_bias << ", " << c10::toString(dtype));
         CHECK(y.sizes() == expected.sizes());
         // |y| < 8: one bf16 rounding is below 3.2e-2; fp32 sums of 1024 terms stay near 1e-5.
         const double error = (y.to(at::kDouble) - expected).abs().max().item<double>();
@@ -214,6 +217,54 @@ TEST_CASE("DecodeAttention is softmax attention over the positions up to the ste
       CHECK(error < (dtype == at::kBFloat16 ? 1.6e-2 : 1e-5));
     }
   }
+}
+
+TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for bit") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(10);
+  struct FusedCase {
+    int64_t batch, q_heads, kv_heads, dim, half;
+    bool norms, interleaved;
+    int64_t key_length;
+  };
+  // Many splits (batch 1), one split (batch 64), 1, 2 and 8 query heads per key/value head.
+  for (const FusedCase& c : {FusedCase{1, 16, 8, 128, 64, true, false, 256},
+                             FusedCase{64, 16, 8, 128, 64, true, false, 256},
+                             FusedCase{3, 32, 4, 128, 32, false, false, 512},
+                             FusedCase{2, 8, 8, 64, 32, true, true, 64},
+                             FusedCase{2, 4, 2, 256, 128, true, false, 96}}) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+      // The first position, one in the middle, the last.
+      for (const int64_t position : {int64_t{0}, c.key_length / 2 + 3, c.key_length - 1}) {
+        const int64_t width = (c.q_heads + 2 * c.kv_heads) * c.dim;
+        const at::Tensor qkv = at::randn({c.batch, 1, width}, On(dtype)) * 2;
+        const at::Tensor q_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
+        const at::Tensor k_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
+        const at::Tensor cos = at::randn({1, c.half}, On(dtype));
+        const at::Tensor sin = at::randn({1, c.half}, On(dtype));
+        const at::Tensor key = at::randn({c.batch + 1, c.kv_heads, c.key_length, c.dim}, On(dtype));
+        const at::Tensor value = at::randn_like(key);
+        const at::Tensor pos = at::full({1}, position, On(at::kLong));
+        const DecodeCache fused_cache{key.clone(), value.clone(), pos};
+        const DecodeCache cache{key.clone(), value.clone(), pos};
+        REQUIRE(DecodeQkvAttentionTakes(c.q_heads, cache));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
+        const at::Tensor fused =
+            DecodeQkvAttention(qkv, q_norm, k_norm, 1e-6, cos, sin, c.interleaved, c.q_heads,
+                               c.kv_heads, c.dim, fused_cache, c.key_length, scale);
+        const at::Tensor q = DecodeQkvPrep(qkv, q_norm, k_norm, 1e-6, cos, sin, c.interleaved,
+                                           c.q_heads, c.kv_heads, c.dim, cache);
+        INFO("batch " << c.batch << ", heads " << c.q_heads << "/" << c.kv_heads << ", dim "
+                      << c.dim << ", position " << position << ", " << c10::toString(dtype));
+        CHECK(SameBits(fused, DecodeAttention(q, cache, c.key_length, scale)));
+        CHECK(SameBits(fused_cache.key, cache.key));
+        CHECK(SameBits(fused_cache.value, cache.value));
+      }
+    }
+  }
+  // More than 8 query heads per key/value head take two kernels.
+  const at::Tensor key = at::zeros({1, 2, 64, 128}, On(at::kBFloat16));
+  CHECK_FALSE(DecodeQkvAttentionTakes(32, DecodeCache{key, key.clone(), at::zeros({1}, On(at::kLong))}));
 }
 
 TEST_CASE("DecodeAttention reads its position on the device, so a graph replay follows it") {

@@ -336,11 +336,25 @@ at::Tensor SiluMul(const at::Tensor& gate_up) {
   return out;
 }
 
-at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
-                         double eps, const at::Tensor& cos, const at::Tensor& sin,
-                         bool interleaved, int64_t q_heads, int64_t kv_heads, int64_t dim,
-                         const DecodeCache& cache) {
-  CheckNoGrad({&qkv, &q_norm, &k_norm}, "DecodeQkvPrep");
+namespace {
+
+// DecodeQkvPrep's inputs, checked (errors name `what`), with the caches' layout.
+struct PrepTensors {
+  at::Tensor q_norm, k_norm, cos, sin;  // contiguous
+  QkvPrepShape shape;
+
+  QkvPrepInputs Inputs(const at::Tensor& qkv) const {
+    return {qkv.data_ptr(), q_norm.defined() ? q_norm.data_ptr() : nullptr,
+            k_norm.defined() ? k_norm.data_ptr() : nullptr, cos.data_ptr(), sin.data_ptr(),
+            shape};
+  }
+};
+
+PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tensor& q_norm,
+                        const at::Tensor& k_norm, double eps, const at::Tensor& cos,
+                        const at::Tensor& sin, bool interleaved, int64_t q_heads,
+                        int64_t kv_heads, int64_t dim, const DecodeCache& cache) {
+  CheckNoGrad({&qkv, &q_norm, &k_norm}, what);
   const int64_t batch = qkv.size(0);
   const int64_t half = cos.size(-1);
   const at::Tensor& k = cache.key;
@@ -352,17 +366,20 @@ at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const 
                k.dim() == 4 && v.dim() == 4 && k.size(0) >= batch && k.size(1) == kv_heads &&
                k.size(3) == dim && k.stride(3) == 1 && v.sizes() == k.sizes() && v.stride(3) == 1 &&
                pos.numel() == 1 && pos.scalar_type() == at::kLong,
-           Error,
-           "DecodeQkvPrep: qkv [{}] with {} q and {} kv heads of {}, caches [{}], cos [{}]",
+           Error, "{}: qkv [{}] with {} q and {} kv heads of {}, caches [{}], cos [{}]", what,
            fmt::join(qkv.sizes(), ", "), q_heads, kv_heads, dim, fmt::join(k.sizes(), ", "),
            fmt::join(cos.sizes(), ", "));
   for (const at::Tensor* t : {&q_norm, &k_norm, &cos, &sin, &k, &v}) {
     RL_CHECK(!t->defined() || (t->scalar_type() == qkv.scalar_type() && t->device() == qkv.device()),
-             Error, "DecodeQkvPrep: every tensor must be {} on {}",
-             c10::toString(qkv.scalar_type()), qkv.device().str());
+             Error, "{}: every tensor must be {} on {}", what, c10::toString(qkv.scalar_type()),
+             qkv.device().str());
   }
-  at::Tensor q = at::empty({batch, q_heads, dim}, qkv.options());
-  QkvPrepShape shape;
+  PrepTensors p;
+  p.q_norm = q_norm.defined() ? q_norm.contiguous() : q_norm;
+  p.k_norm = k_norm.defined() ? k_norm.contiguous() : k_norm;
+  p.cos = cos.contiguous();
+  p.sin = sin.contiguous();
+  QkvPrepShape& shape = p.shape;
   shape.q_heads = q_heads;
   shape.kv_heads = kv_heads;
   shape.dim = dim;
@@ -376,16 +393,59 @@ at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const 
   shape.v_stride_h = v.stride(1);
   shape.v_stride_t = v.stride(2);
   shape.eps = static_cast<float>(eps);
-  const at::Tensor c = cos.contiguous();
-  const at::Tensor s = sin.contiguous();
-  const at::Tensor qn = q_norm.defined() ? q_norm.contiguous() : q_norm;
-  const at::Tensor kn = k_norm.defined() ? k_norm.contiguous() : k_norm;
+  return p;
+}
+
+// DecodeAttention's plan for `batch` rows of q_heads against `cache` over key_length positions,
+// with the fp32 scratch of its splits.
+struct AttentionPlan {
+  DecodeAttentionShape shape;
+  at::Tensor partial_out, partial_stats;  // undefined with one split
+
+  float* PartialOut() const { return partial_out.defined() ? partial_out.data_ptr<float>() : nullptr; }
+  float* PartialStats() const {
+    return partial_stats.defined() ? partial_stats.data_ptr<float>() : nullptr;
+  }
+};
+
+AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& cache,
+                            int64_t key_length, double scale, int blocks_per_sm) {
+  AttentionPlan plan;
+  DecodeAttentionShape& shape = plan.shape;
+  shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
+                              static_cast<float>(scale), blocks_per_sm);
+  shape.k_stride_b = cache.key.stride(0);
+  shape.k_stride_h = cache.key.stride(1);
+  shape.k_stride_t = cache.key.stride(2);
+  shape.v_stride_b = cache.value.stride(0);
+  shape.v_stride_h = cache.value.stride(1);
+  shape.v_stride_t = cache.value.stride(2);
+  if (shape.splits > 1) {
+    const at::TensorOptions fp32 = cache.key.options().dtype(at::kFloat);
+    const int64_t dim = cache.key.size(3);
+    plan.partial_out = at::empty({batch, q_heads, shape.splits, dim}, fp32);
+    plan.partial_stats = at::empty({batch, q_heads, shape.splits, 2}, fp32);
+  }
+  return plan;
+}
+
+}  // namespace
+
+at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                         double eps, const at::Tensor& cos, const at::Tensor& sin,
+                         bool interleaved, int64_t q_heads, int64_t kv_heads, int64_t dim,
+                         const DecodeCache& cache) {
+  const PrepTensors prep = CheckedPrep("DecodeQkvPrep", qkv, q_norm, k_norm, eps, cos, sin,
+                                       interleaved, q_heads, kv_heads, dim, cache);
+  const int64_t batch = qkv.size(0);
+  at::Tensor q = at::empty({batch, q_heads, dim}, qkv.options());
+  const QkvPrepInputs in = prep.Inputs(qkv);
   const c10::cuda::CUDAGuard guard(qkv.device());
-  RL_CHECK_CUDA(kernels::DecodeQkvPrep(
-      qkv.data_ptr(), qn.defined() ? qn.data_ptr() : nullptr,
-      kn.defined() ? kn.data_ptr() : nullptr, c.data_ptr(), s.data_ptr(), pos.data_ptr<int64_t>(),
-      q.data_ptr(), k.data_ptr(), v.data_ptr(), batch, shape, CodeOf(qkv),
-      c10::cuda::getCurrentCUDAStream()));
+  RL_CHECK_CUDA(kernels::DecodeQkvPrep(in.qkv, in.q_norm, in.k_norm, in.cos, in.sin,
+                                       cache.position.data_ptr<int64_t>(), q.data_ptr(),
+                                       cache.key.data_ptr(), cache.value.data_ptr(), batch,
+                                       prep.shape, CodeOf(qkv),
+                                       c10::cuda::getCurrentCUDAStream()));
   return q;
 }
 
@@ -405,6 +465,11 @@ bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache) {
   return rows_aligned(k) && rows_aligned(v);
 }
 
+bool DecodeQkvAttentionTakes(int64_t q_heads, const DecodeCache& cache) {
+  return DecodeAttentionTakes(q_heads, cache) &&
+         DecodeQkvAttentionSupports(q_heads, cache.key.size(1), cache.key.size(3));
+}
+
 at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
                            double scale, int blocks_per_sm) {
   CheckNoGrad({&q}, "DecodeAttention");
@@ -419,28 +484,35 @@ at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_
   const int64_t batch = q.size(0);
   const int64_t q_heads = q.size(1);
   const int64_t dim = q.size(2);
-  DecodeAttentionShape shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
-                                                   static_cast<float>(scale), blocks_per_sm);
-  shape.k_stride_b = cache.key.stride(0);
-  shape.k_stride_h = cache.key.stride(1);
-  shape.k_stride_t = cache.key.stride(2);
-  shape.v_stride_b = cache.value.stride(0);
-  shape.v_stride_h = cache.value.stride(1);
-  shape.v_stride_t = cache.value.stride(2);
+  const AttentionPlan plan = PlanAttention(batch, q_heads, cache, key_length, scale, blocks_per_sm);
   at::Tensor out = at::empty({batch, q_heads * dim}, q.options());
-  at::Tensor partial_out, partial_stats;
-  if (shape.splits > 1) {
-    const at::TensorOptions fp32 = q.options().dtype(at::kFloat);
-    partial_out = at::empty({batch, q_heads, shape.splits, dim}, fp32);
-    partial_stats = at::empty({batch, q_heads, shape.splits, 2}, fp32);
-  }
   const c10::cuda::CUDAGuard guard(q.device());
   RL_CHECK_CUDA(kernels::DecodeAttention(
       q.data_ptr(), cache.key.data_ptr(), cache.value.data_ptr(),
-      cache.position.data_ptr<int64_t>(), out.data_ptr(),
-      partial_out.defined() ? partial_out.data_ptr<float>() : nullptr,
-      partial_stats.defined() ? partial_stats.data_ptr<float>() : nullptr, batch, dim, shape, CodeOf(q),
-      c10::cuda::getCurrentCUDAStream()));
+      cache.position.data_ptr<int64_t>(), out.data_ptr(), plan.PartialOut(), plan.PartialStats(),
+      batch, dim, plan.shape, CodeOf(q), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
+                              const at::Tensor& k_norm, double eps, const at::Tensor& cos,
+                              const at::Tensor& sin, bool interleaved, int64_t q_heads,
+                              int64_t kv_heads, int64_t dim, const DecodeCache& cache,
+                              int64_t key_length, double scale) {
+  const PrepTensors prep = CheckedPrep("DecodeQkvAttention", qkv, q_norm, k_norm, eps, cos, sin,
+                                       interleaved, q_heads, kv_heads, dim, cache);
+  const int64_t batch = qkv.size(0);
+  RL_CHECK(DecodeQkvAttentionTakes(q_heads, cache) && key_length >= 1 &&
+               key_length <= cache.key.size(2),
+           Error, "DecodeQkvAttention: {} query heads against caches [{}] over {} keys", q_heads,
+           fmt::join(cache.key.sizes(), ", "), key_length);
+  const AttentionPlan plan = PlanAttention(batch, q_heads, cache, key_length, scale, 0);
+  at::Tensor out = at::empty({batch, q_heads * dim}, qkv.options());
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  RL_CHECK_CUDA(kernels::DecodeQkvAttention(
+      prep.Inputs(qkv), cache.position.data_ptr<int64_t>(), cache.key.data_ptr(),
+      cache.value.data_ptr(), out.data_ptr(), plan.PartialOut(), plan.PartialStats(), batch,
+      plan.shape, CodeOf(qkv), c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

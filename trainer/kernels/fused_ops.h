@@ -126,6 +126,17 @@ bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache);
 at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
                            double scale, int blocks_per_sm = 0);
 
+// DecodeQkvPrep and DecodeAttention in one kernel (cuda_kernels.h), bit for bit the two: the
+// arguments of both; returns DecodeAttention's output (q is not returned). DecodeQkvAttentionTakes
+// says whether it applies: DecodeAttentionTakes, with 1, 2, 4 or 8 query heads per key/value
+// head.
+bool DecodeQkvAttentionTakes(int64_t q_heads, const DecodeCache& cache);
+at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
+                              const at::Tensor& k_norm, double eps, const at::Tensor& cos,
+                              const at::Tensor& sin, bool interleaved, int64_t q_heads,
+                              int64_t kv_heads, int64_t dim, const DecodeCache& cache,
+                              int64_t key_length, double scale);
+
 }  // namespace rl::kernels
 
 #endif  // RL_TRAINER_KERNELS_FUSED_OPS_H_

@@ -300,17 +300,18 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 // A decode step of the rollout engine (Kernels::kFused, one new position at a device-side
 // position, on CUDA) runs each GQA layer as
 //   AddRmsNorm (the previous block's residual add and this norm), the q/k/v GEMM,
-//   DecodeQkvPrep (q/k norms, RoPE, the cache writes), DecodeAttention, the o GEMM, AddRmsNorm,
-//   the gate/up GEMM, SiluMul, the down GEMM:
-// 9 kernels (and a reduction where cuBLAS splits a GEMM's sums), where the LibTorch ops took 27
-// (tools/bench/decode_bench counts them). For one or two rows the GEMMs (and the LM head) are
-// SmallLinear, a warp per output feature, and a dense layer (Decoder::SmallDecodeLayer) folds
-// each AddRmsNorm into the projection after it and SiluMul into the down projection (each block
-// of those computes its input rows itself): 6 kernels. All but DecodeAttention and SmallLinear
-// compute bit for bit what the ops computed, and the folded projections what the unfolded
-// kernels compute (trainer/kernels/fused_ops.h); the attention reads only the positions up to
-// the step's (SDPA read the whole key block under a mask) and both sum in another order than
-// SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps run the
+//   DecodeQkvAttention (q/k norms, RoPE, the cache writes and the attention), the o GEMM,
+//   AddRmsNorm, the gate/up GEMM, SiluMul, the down GEMM:
+// 8 kernels (and a reduction where cuBLAS splits a GEMM's sums), where the LibTorch ops took 27
+// (tools/bench/decode_bench counts them). Where more than 8 query heads share a key/value head,
+// DecodeQkvPrep and DecodeAttention run as two kernels. For one or two rows the GEMMs (and the
+// LM head) are SmallLinear, a warp per output feature, and a dense layer
+// (Decoder::SmallDecodeLayer) folds each AddRmsNorm into the projection after it and SiluMul into
+// the down projection (each block of those computes its input rows itself): 5 kernels. All but
+// the attention and SmallLinear compute bit for bit what the ops computed, and the fused kernels
+// what the unfused ones compute (trainer/kernels/fused_ops.h); the attention reads only the
+// positions up to the step's (SDPA read the whole key block under a mask) and both sum in another
+// order than SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps run the
 // same kernels, so they stay bit-identical. trainer/kernels/decode_kernels_test.cc checks each
 // kernel on the GPU.
 bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x) {
@@ -328,12 +329,20 @@ at::Tensor GqaDecodeAttention(const GqaWeights& w, const at::Tensor& qkv,
                               const AttentionContext& ctx) {
   const ModelConfig& c = *ctx.config;
   const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
+  const at::Tensor rows = qkv.stride(-1) == 1 ? qkv : qkv.contiguous();
+  const int64_t key_length = ctx.key_mask.size(-1);
+  const std::vector<int64_t> shape{qkv.size(0), 1, c.num_attention_heads * c.head_dim};
+  if (kernels::DecodeQkvAttentionTakes(c.num_attention_heads, cache)) {
+    return kernels::DecodeQkvAttention(rows, w.q_norm, w.k_norm, c.rms_norm_eps, ctx.rope->cos,
+                                       ctx.rope->sin, c.rope_interleave, c.num_attention_heads,
+                                       c.num_key_value_heads, c.head_dim, cache, key_length,
+                                       c.attention_scale())
+        .view(shape);
+  }
   const at::Tensor query = kernels::DecodeQkvPrep(
-      qkv.stride(-1) == 1 ? qkv : qkv.contiguous(), w.q_norm, w.k_norm, c.rms_norm_eps,
-      ctx.rope->cos, ctx.rope->sin, c.rope_interleave, c.num_attention_heads,
-      c.num_key_value_heads, c.head_dim, cache);
-  return kernels::DecodeAttention(query, cache, ctx.key_mask.size(-1), c.attention_scale())
-      .view({qkv.size(0), 1, c.num_attention_heads * c.head_dim});
+      rows, w.q_norm, w.k_norm, c.rms_norm_eps, ctx.rope->cos, ctx.rope->sin, c.rope_interleave,
+      c.num_attention_heads, c.num_key_value_heads, c.head_dim, cache);
+  return kernels::DecodeAttention(query, cache, key_length, c.attention_scale()).view(shape);
 }
 
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const AttentionContext& ctx) {
