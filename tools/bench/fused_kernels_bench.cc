@@ -9,7 +9,7 @@
 //  3. speed of the decode step's kernels at Qwen3-0.6B widths, bf16, each timed as a CUDA graph
 //     of 100 calls (no launch gaps), in us per call: DecodeAttention (batch 1 and 64, 16 query
 //     heads on 8 key/value heads (Qwen3-0.6B) and 32 on 4 (Qwen3-30B-A3B), 192 of 256 keys) at
-//     several blocks_per_sm against SDPA over the key
+//     several blocks_per_sm (and the CUDA-core kernel at the default) against SDPA over the key
 //     block with a mask, as the LibTorch decode step ran it; SmallLinear against at::linear for
 //     1 and 2 rows (the rows it takes) at each projection's shape.
 // Exit status 1 when an agreement check fails. Needs a GPU.
@@ -121,8 +121,20 @@ void DecodeKernelSpeeds(const at::Device& device) {
                     rl::kernels::DecodeAttention(q, cache, keys, 0.088, blocks_per_sm);
                   }));
     }
-    std::printf(" (default %.1f us)\n",
-                MicrosPerCall([&] { rl::kernels::DecodeAttention(q, cache, keys, 0.088); }));
+    if (batch == 64) {  // the slabs of the cache 66 KiB apart instead of 64 KiB
+      const at::Tensor padded_key =
+          at::randn({batch, kv_heads, keys + 8, dim}, on(at::kBFloat16)).narrow(2, 0, keys);
+      const at::Tensor padded_value = at::randn_like(padded_key);
+      const rl::kernels::DecodeCache padded{padded_key, padded_value, cache.position};
+      std::printf(", cache rows padded %.1f us", MicrosPerCall([&] {
+                    rl::kernels::DecodeAttention(q, padded, keys, 0.088);
+                  }));
+    }
+    std::printf(" (default %.1f us; CUDA cores %.1f us)\n",
+                MicrosPerCall([&] { rl::kernels::DecodeAttention(q, cache, keys, 0.088); }),
+                MicrosPerCall([&] {
+                  rl::kernels::DecodeAttention(q, cache, keys, 0.088, 0, /*tensor_cores=*/false);
+                }));
   }
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};

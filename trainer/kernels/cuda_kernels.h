@@ -131,6 +131,9 @@ struct DecodeAttentionShape {
   int64_t chunk = 0;
   int splits = 1;
   float scale = 1;
+  // bf16 caches whose rows are 16-byte aligned: the tensor-core kernel (Note [Tensor-core decode
+  // attention] in decode_kernels.cu); its P is rounded to bf16, the other's weights are not.
+  bool tensor_cores = false;
 };
 
 // True when DecodeAttention takes this head layout: dim 64, 128 or 256, and q_heads a multiple

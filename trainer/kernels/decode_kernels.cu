@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/kernel_util.cuh"
@@ -174,6 +175,99 @@ __device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
 constexpr int64_t kMaxMergeSlots = int64_t{1} << 16;
 __device__ unsigned int g_split_counters[kMaxMergeSlots];
 
+// The first phase of a decode attention block with kPrep: what DecodeQkvPrepKernel would compute
+// for it, from `prep`: its query heads into `prepared_q`, and, in the split that holds the
+// position, the step's key and value heads, written to the caches. Ends with a barrier, so that
+// the block reads all of them after.
+template <typename T, int kDim, int kGroup, int kBlockWarps>
+__device__ void PrepareHeads(const PrepPointers<T>& prep, int64_t b, int64_t first_head,
+                             int64_t kv_head, int64_t pos, bool holds_position,
+                             T (&prepared_q)[kGroup][kDim],
+                             float (&normed)[kBlockWarps][kMaxHeadDim]) {
+  const QkvPrepShape& s = prep.shape;
+  const int warp = threadIdx.x / 32;
+  const int heads = holds_position ? kGroup + 2 : kGroup;  // the step's key and value heads
+  for (int h = warp; h < heads; h += kBlockWarps) {
+    const bool is_q = h < kGroup;
+    const bool value = h == kGroup + 1;
+    const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
+    T* dst = is_q    ? prepared_q[is_q ? h : 0]
+             : value ? prep.v_cache + b * s.v_stride_b + kv_head * s.v_stride_h + pos * s.v_stride_t
+                     : prep.k_cache + b * s.k_stride_b + kv_head * s.k_stride_h + pos * s.k_stride_t;
+    PrepHead(prep.qkv + b * s.qkv_stride + head * s.dim, value, is_q ? prep.q_norm : prep.k_norm,
+             prep.cos, prep.sin, s, normed[warp], dst);
+  }
+  __syncthreads();  // the query heads and the cache writes, before they are read
+}
+
+// The end of a decode attention block: the warps' unnormalised outputs warp_out [w][g][d], maxima
+// and sums merged in warp order, then written normalised (one split) or as the split's partial
+// results, the last split of the (row, head group) to finish merging the splits in split order.
+template <typename T, int kDim, int kGroup, int kBlockWarps>
+__device__ void MergeWarpsAndSplits(const float (&warp_out)[kBlockWarps][kGroup][kDim],
+                                    const float (&warp_max)[kBlockWarps][kGroup],
+                                    const float (&warp_sum)[kBlockWarps][kGroup], int64_t b,
+                                    int64_t first_head, int split, int64_t pos,
+                                    T* __restrict__ out, float* __restrict__ partial_out,
+                                    float* __restrict__ partial_stats,
+                                    const DecodeAttentionShape& p) {
+  __shared__ bool merge;
+  __syncthreads();
+  // Merge the warps: thread i takes (g, d) = (i / kDim, i % kDim), and so on.
+  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
+    const int g = i / kDim;
+    const int d = i % kDim;
+    float m = -FLT_MAX;
+    for (int w = 0; w < kBlockWarps; ++w) m = fmaxf(m, warp_max[w][g]);
+    float sum = 0.0f, o = 0.0f;
+    for (int w = 0; w < kBlockWarps; ++w) {
+      if (warp_sum[w][g] == 0.0f) continue;  // a warp that saw no key
+      const float scale = expf(warp_max[w][g] - m);
+      sum += warp_sum[w][g] * scale;
+      o += warp_out[w][g][d] * scale;
+    }
+    const int64_t row = b * p.q_heads + first_head + g;  // [B, Hq]
+    if (p.splits == 1) {
+      out[row * kDim + d] = FromFloat<T>(o / sum);
+    } else {
+      partial_out[(row * p.splits + split) * kDim + d] = o;
+      if (d == 0) {
+        partial_stats[(row * p.splits + split) * 2] = m;
+        partial_stats[(row * p.splits + split) * 2 + 1] = sum;
+      }
+    }
+  }
+  if (p.splits == 1) return;
+
+  // The last split to finish merges (threadFenceReduction in CUDA's samples).
+  const int64_t used = pos / p.chunk + 1 < p.splits ? pos / p.chunk + 1 : p.splits;
+  __threadfence();  // this block's partial results are visible before it counts itself
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int* counter = &g_split_counters[b * gridDim.y + blockIdx.y];
+    merge = atomicAdd(counter, 1u) + 1 == static_cast<unsigned int>(used);
+    if (merge) *counter = 0;
+  }
+  __syncthreads();
+  if (!merge) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
+    const int g = i / kDim;
+    const int d = i % kDim;
+    const int64_t row = b * p.q_heads + first_head + g;
+    const float* stats = partial_stats + row * p.splits * 2;
+    float m = -FLT_MAX;
+    for (int64_t s = 0; s < used; ++s) m = fmaxf(m, __ldcg(stats + 2 * s));
+    float sum = 0.0f, o = 0.0f;
+    for (int64_t s = 0; s < used; ++s) {
+      const float scale = expf(__ldcg(stats + 2 * s) - m);
+      sum += __ldcg(stats + 2 * s + 1) * scale;
+      o += __ldcg(partial_out + (row * p.splits + s) * kDim + d) * scale;
+    }
+    out[row * kDim + d] = FromFloat<T>(o / sum);
+  }
+}
+
 // Block (split, head group, row): kGroup query heads that share one key/value head, against keys
 // [split * chunk, min(split * chunk + chunk, position + 1)). Warp w takes keys
 // begin + w * kKeysPerIteration + i * kDecodeWarps * kKeysPerIteration, each with an online
@@ -199,7 +293,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   __shared__ float warp_out[kDecodeWarps][kGroup][kDim];
   __shared__ float warp_max[kDecodeWarps][kGroup];
   __shared__ float warp_sum[kDecodeWarps][kGroup];
-  __shared__ bool merge;
   const int split = blockIdx.x;
   const int64_t first_head = blockIdx.y * static_cast<int64_t>(kGroup);  // query heads
   const int64_t kv_head = first_head / (p.q_heads / p.kv_heads);
@@ -212,21 +305,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   if constexpr (kPrep) {
     const int64_t pos = *position;
     if (begin > pos) return;  // a split past the position: no part in the merge
-    const QkvPrepShape& s = prep.shape;
-    const int heads = pos < chunk_end ? kGroup + 2 : kGroup;  // the step's key and value heads
-    for (int h = warp; h < heads; h += kDecodeWarps) {
-      const bool is_q = h < kGroup;
-      const bool value = h == kGroup + 1;
-      const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
-      T* dst = is_q    ? prepared_q[is_q ? h : 0]
-               : value ? prep.v_cache + b * s.v_stride_b + kv_head * s.v_stride_h +
-                             pos * s.v_stride_t
-                       : prep.k_cache + b * s.k_stride_b + kv_head * s.k_stride_h +
-                             pos * s.k_stride_t;
-      PrepHead(prep.qkv + b * s.qkv_stride + head * s.dim, value, is_q ? prep.q_norm : prep.k_norm,
-               prep.cos, prep.sin, s, normed[warp], dst);
-    }
-    __syncthreads();  // the query heads and the cache writes, before they are read
+    PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, b, first_head, kv_head, pos,
+                                                pos < chunk_end, prepared_q, normed);
   }
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h + lane * kVec;
@@ -326,60 +406,239 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       warp_sum[warp][g] = running_sum[g];
     }
   }
-  __syncthreads();
-  // Merge the warps: thread i takes (g, d) = (i / kDim, i % kDim), and so on.
-  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
-    const int g = i / kDim;
-    const int d = i % kDim;
-    float m = -FLT_MAX;
-    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, warp_max[w][g]);
-    float sum = 0.0f, o = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      if (warp_sum[w][g] == 0.0f) continue;  // a warp that saw no key
-      const float scale = expf(warp_max[w][g] - m);
-      sum += warp_sum[w][g] * scale;
-      o += warp_out[w][g][d] * scale;
-    }
-    const int64_t row = b * p.q_heads + first_head + g;  // [B, Hq]
-    if (p.splits == 1) {
-      out[row * kDim + d] = FromFloat<T>(o / sum);
-    } else {
-      partial_out[(row * p.splits + split) * kDim + d] = o;
-      if (d == 0) {
-        partial_stats[(row * p.splits + split) * 2] = m;
-        partial_stats[(row * p.splits + split) * 2 + 1] = sum;
-      }
-    }
-  }
-  if (p.splits == 1) return;
+  MergeWarpsAndSplits<T, kDim, kGroup, kDecodeWarps>(warp_out, warp_max, warp_sum, b, first_head,
+                                                    split, pos, out, partial_out, partial_stats,
+                                                    p);
+}
 
-  // The last split to finish merges (threadFenceReduction in CUDA's samples).
-  const int64_t used = pos / p.chunk + 1 < p.splits ? pos / p.chunk + 1 : p.splits;
-  __threadfence();  // this block's partial results are visible before it counts itself
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned int* counter = &g_split_counters[b * gridDim.y + blockIdx.y];
-    merge = atomicAdd(counter, 1u) + 1 == static_cast<unsigned int>(used);
-    if (merge) *counter = 0;
+// Note [Tensor-core decode attention]
+// DecodeAttentionKernel spends its time in warp shuffles: each key's dot product with each query
+// head is a 5-step butterfly over the warp (at batch 64 it read the cache at about 2 TB/s, and with
+// 8 query heads per key/value head it was slower than SDPA). For bf16 caches this kernel puts
+// both products on the tensor cores instead (m16n8k16 mma, fp32 sums). The block is the same
+// (split, head group, row) with kMmaWarps warps; warp w takes the tiles of 16 keys
+// begin + 16 (w + kMmaWarps j), copied into a ring of kMmaStages tiles in shared memory by
+// cp.async. Per tile:
+//   S^T [16 keys, 8 heads] = K Q^T: K from the ring (ldmatrix), the query heads (padded with
+//     zeros to 8) held in registers;
+//   an online softmax per head: the tile's maximum over its 16 keys takes 3 shuffles; keys past
+//     the position get weight 0 (their cached values may be anything, so their rows of V are
+//     zeroed in the ring first);
+//   O^T [dim, 8 heads] += V^T P^T: V from the ring (ldmatrix .trans), P^T through 256 bytes of
+//     shared memory as bf16 (as flash attention rounds P), the sum of the weights from the same
+//     rounded values.
+// The warps and splits are merged as in DecodeAttentionKernel (MergeWarpsAndSplits), in a fixed
+// order: graphs and eager steps give the same bits.
+constexpr int kMmaWarps = 4;
+constexpr int kTileKeys = 16;
+constexpr int kMmaStages = 2;
+constexpr int kRowPad = 8;  // elements after each staged key row: ldmatrix's 8 rows hit 8 bank groups
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row, bool transpose) {
+  if (transpose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
   }
-  __syncthreads();
-  if (!merge) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
-    const int g = i / kDim;
-    const int d = i % kDim;
-    const int64_t row = b * p.q_heads + first_head + g;
-    const float* stats = partial_stats + row * p.splits * 2;
-    float m = -FLT_MAX;
-    for (int64_t s = 0; s < used; ++s) m = fmaxf(m, __ldcg(stats + 2 * s));
-    float sum = 0.0f, o = 0.0f;
-    for (int64_t s = 0; s < used; ++s) {
-      const float scale = expf(__ldcg(stats + 2 * s) - m);
-      sum += __ldcg(stats + 2 * s + 1) * scale;
-      o += __ldcg(partial_out + (row * p.splits + s) * kDim + d) * scale;
+}
+
+template <int kDim, int kGroup, bool kPrep>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q,
+                             PrepPointers<__nv_bfloat16> prep, const __nv_bfloat16* k,
+                             const __nv_bfloat16* v, const int64_t* __restrict__ position,
+                             __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out,
+                             float* __restrict__ partial_stats, DecodeAttentionShape p) {
+  using T = __nv_bfloat16;
+  constexpr int kRow = kDim + kRowPad;             // a staged key row, elements
+  constexpr int kTile = kTileKeys * kRow;          // a staged tile of K or V
+  constexpr int kSteps = kDim / 16;                // k16 steps over the dims; also dim tiles
+  constexpr int kPieces = kTileKeys * kDim / 8;    // 16-byte pieces of a tile
+  __shared__ __align__(16) T prepared_q[kPrep ? kGroup : 1][kDim];
+  __shared__ float normed[kPrep ? kMmaWarps : 1][kMaxHeadDim];
+  __shared__ __align__(16) T weights[kMmaWarps][8][kTileKeys + 8];  // P [head][key], padded
+  __shared__ float warp_out[kMmaWarps][kGroup][kDim];
+  __shared__ float warp_max[kMmaWarps][kGroup];
+  __shared__ float warp_sum[kMmaWarps][kGroup];
+  extern __shared__ __align__(16) unsigned char ring_bytes[];
+  const int split = blockIdx.x;
+  const int64_t first_head = blockIdx.y * static_cast<int64_t>(kGroup);
+  const int64_t kv_head = first_head / (p.q_heads / p.kv_heads);
+  const int64_t b = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int64_t begin = split * p.chunk;
+  const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
+  if constexpr (kPrep) {
+    const int64_t pos = *position;
+    if (begin > pos) return;  // a split past the position: no part in the merge
+    PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, b, first_head, kv_head, pos, pos < chunk_end,
+                                             prepared_q, normed);
+  }
+  // The warp's ring [kMmaStages][K, V][kTileKeys][kRow].
+  T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kMmaStages * 2 * kTile);
+  const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h;
+  const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h;
+  constexpr int64_t kStride = kMmaWarps * kTileKeys;
+  const auto copy = [&](int64_t t0, int stage) {
+    T* to = ring + stage * 2 * kTile;
+#pragma unroll
+    for (int i = lane; i < kPieces; i += 32) {
+      const int key = i / (kDim / 8);
+      const int col = i % (kDim / 8) * 8;
+      const int64_t at = t0 + key < chunk_end ? t0 + key : chunk_end - 1;
+      CopyAsync<16>(to + key * kRow + col, k_base + at * p.k_stride_t + col);
+      CopyAsync<16>(to + kTile + key * kRow + col, v_base + at * p.v_stride_t + col);
     }
-    out[row * kDim + d] = FromFloat<T>(o / sum);
+  };
+  const auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
+  int64_t t0 = begin + warp * kTileKeys;
+#pragma unroll
+  for (int stage = 0; stage + 1 < kMmaStages; ++stage) {
+    if (t0 + stage * kStride < chunk_end) copy(t0 + stage * kStride, stage);
+    commit();
   }
+  // Q^T as the B operand of S^T = K Q^T, per k16 step over the dims: column g is head g (zero
+  // past the group), rows 2t, 2t + 1 and 2t + 8, 2t + 9 are its dims.
+  uint32_t query[kSteps][2];
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    query[step][0] = query[step][1] = 0;
+    if (g < kGroup) {
+      const T* row = kPrep ? prepared_q[g < kGroup ? g : 0]
+                           : q + (b * p.q_heads + first_head + g) * kDim;
+      query[step][0] = *reinterpret_cast<const uint32_t*>(row + 16 * step + 2 * t);
+      query[step][1] = *reinterpret_cast<const uint32_t*>(row + 16 * step + 2 * t + 8);
+    }
+  }
+  const int64_t pos = *position;
+  const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;
+  // Heads 2t and 2t + 1 of this lane: running maxima and sums (of its keys g, g + 8 of each
+  // tile), and O^T's dims 16 i + g, 16 i + g + 8.
+  float running_max[2] = {-FLT_MAX, -FLT_MAX};
+  float running_sum[2] = {0.0f, 0.0f};
+  float acc[kSteps][4];
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kMmaStages ? 0 : stage + 1) {
+    const int64_t ahead = t0 + (kMmaStages - 1) * kStride;
+    if (ahead < end) copy(ahead, stage == 0 ? kMmaStages - 1 : stage - 1);
+    commit();
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kMmaStages - 1) : "memory");
+    __syncwarp();  // every lane's copies of the tile have landed
+    const T* keys = ring + stage * 2 * kTile;
+    T* values = ring + stage * 2 * kTile + kTile;
+    const int valid = end - t0 < kTileKeys ? static_cast<int>(end - t0) : kTileKeys;
+    if (valid < kTileKeys) {  // rows past the position: zero, so that 0 weight gives 0
+      for (int i = valid * (kDim / 8) + lane; i < kPieces; i += 32) {
+        *reinterpret_cast<uint4*>(values + i / (kDim / 8) * kRow + i % (kDim / 8) * 8) =
+            make_uint4(0, 0, 0, 0);
+      }
+      __syncwarp();
+    }
+    // S^T = K Q^T: ldmatrix row addresses, lane l -> matrix l / 8, row l % 8: keys (l % 8) +
+    // 8 (matrix & 1), dims 8 (matrix >> 1) of the step.
+    float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int matrix = lane / 8;
+    const T* k_row = keys + (lane % 8 + 8 * (matrix & 1)) * kRow + 8 * (matrix >> 1);
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      uint32_t a[4];
+      LoadMatrices(a, k_row + 16 * step, false);
+      Mma16816(scores, a, query[step][0], query[step][1]);
+    }
+    // scores: (key g, head 2t), (key g, head 2t + 1), (key g + 8, head 2t), (key g + 8, 2t + 1).
+    float weight[4];
+    float correction[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float s0 = g < valid ? scores[h] * p.scale : -FLT_MAX;
+      const float s1 = g + 8 < valid ? scores[2 + h] * p.scale : -FLT_MAX;
+      float tile_max = fmaxf(s0, s1);
+      for (int offset = 4; offset < 32; offset *= 2) {
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, offset));
+      }
+      const float next_max = fmaxf(running_max[h], tile_max);
+      correction[h] = expf(running_max[h] - next_max);
+      running_max[h] = next_max;
+      // The weights rounded to bf16 as the mma takes them; the sum of the same values.
+      weight[h] = g < valid ? ToFloat(FromFloat<T>(expf(s0 - next_max))) : 0.0f;
+      weight[2 + h] = g + 8 < valid ? ToFloat(FromFloat<T>(expf(s1 - next_max))) : 0.0f;
+      running_sum[h] = running_sum[h] * correction[h] + (weight[h] + weight[2 + h]);
+    }
+    // P [head][key] for the B operand of V^T P^T.
+    weights[warp][2 * t][g] = FromFloat<T>(weight[0]);
+    weights[warp][2 * t + 1][g] = FromFloat<T>(weight[1]);
+    weights[warp][2 * t][g + 8] = FromFloat<T>(weight[2]);
+    weights[warp][2 * t + 1][g + 8] = FromFloat<T>(weight[3]);
+    __syncwarp();
+    uint32_t pb[2];
+    {
+      // ldmatrix .x2: lanes 0-7 address heads 0-7 at keys 0-7, lanes 8-15 at keys 8-15.
+      const T* p_row = &weights[warp][lane % 8][8 * ((lane / 8) & 1)];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                   : "=r"(pb[0]), "=r"(pb[1])
+                   : "r"(SharedAddress(p_row)));
+    }
+    // O^T += V^T P^T: ldmatrix .trans, lane l -> matrix l / 8, row l % 8: keys (l % 8) +
+    // 8 (matrix >> 1), dims 8 (matrix & 1) of the dim tile.
+    const T* v_row = values + (lane % 8 + 8 * (matrix >> 1)) * kRow + 8 * (matrix & 1);
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      acc[i][0] *= correction[0];
+      acc[i][1] *= correction[1];
+      acc[i][2] *= correction[0];
+      acc[i][3] *= correction[1];
+      uint32_t a[4];
+      LoadMatrices(a, v_row + 16 * i, true);
+      Mma16816(acc[i], a, pb[0], pb[1]);
+    }
+    __syncwarp();  // the ring stage and P are rewritten next
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // copies past `end` land before the exit
+  if (begin > pos) return;  // a split past the position: no part in the merge
+  // The sums over the warp's keys: add the 8 lanes g of each t.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    for (int offset = 4; offset < 32; offset *= 2) {
+      running_sum[h] += __shfl_xor_sync(0xffffffff, running_sum[h], offset);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = 2 * t + h;
+    if (head >= kGroup) continue;
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      warp_out[warp][head][16 * i + g] = acc[i][h];
+      warp_out[warp][head][16 * i + g + 8] = acc[i][2 + h];
+    }
+    if (g == 0) {
+      warp_max[warp][head] = running_max[h];
+      warp_sum[warp][head] = running_sum[h];
+    }
+  }
+  MergeWarpsAndSplits<T, kDim, kGroup, kMmaWarps>(warp_out, warp_max, warp_sum, b, first_head,
+                                                  split, pos, out, partial_out, partial_stats, p);
 }
 
 // How SmallLinearKernel gets its input rows x [rows, k_in].
@@ -564,13 +823,23 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
                                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.q_heads / kGroup),
                   static_cast<unsigned>(a.batch));
+  constexpr int kDim = 32 * kVec;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const bool mma = kBf16 && p.tensor_cores;
   const auto kernel = DecodeAttentionKernel<T, kVec, kGroup, kPrep>;
-  constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * 32 * kVec * sizeof(T);
+  const auto mma_kernel = DecodeAttentionMmaKernel<kDim, kGroup, kPrep>;
+  constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * kDim * sizeof(T);
+  constexpr int mma_ring = kMmaWarps * kMmaStages * 2 * kTileKeys * (kDim + kRowPad) * 2;
   // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
   // past the default 48 KiB (up to 128 KiB, for fp32 heads of 256).
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring);
   if (opt_in != cudaSuccess) return opt_in;
+  static const cudaError_t mma_opt_in =
+      kBf16 ? cudaFuncSetAttribute(mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   mma_ring)
+            : cudaSuccess;
+  if (mma_opt_in != cudaSuccess) return mma_opt_in;
   PrepPointers<T> prep;
   if (a.prep != nullptr) {
     prep.qkv = static_cast<const T*>(a.prep->qkv);
@@ -581,6 +850,15 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
     prep.k_cache = static_cast<T*>(a.k);
     prep.v_cache = static_cast<T*>(a.v);
     prep.shape = a.prep->shape;
+  }
+  if constexpr (kBf16) {
+    if (mma) {
+      mma_kernel<<<grid, kMmaWarps * 32, mma_ring, stream>>>(
+          static_cast<const T*>(a.q), prep, static_cast<const T*>(a.k),
+          static_cast<const T*>(a.v), a.position, static_cast<T*>(a.out), a.partial_out,
+          a.partial_stats, p);
+      return cudaGetLastError();
+    }
   }
   kernel<<<grid, kDecodeWarps * 32, ring, stream>>>(
       static_cast<const T*>(a.q), prep, static_cast<const T*>(a.k), static_cast<const T*>(a.v),

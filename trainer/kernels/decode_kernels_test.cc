@@ -208,13 +208,18 @@ TEST_CASE("DecodeAttention is softmax attention over the positions up to the ste
       const DecodeCache cache{key, value, at::full({1}, c.position, On(at::kLong))};
       REQUIRE(DecodeAttentionTakes(c.q_heads, cache));
       const double scale = 1.0 / std::sqrt(static_cast<double>(c.dim));
-      const at::Tensor out = DecodeAttention(q, cache, c.key_length, scale);
       const at::Tensor expected = ReferenceAttention(q, key, value, c.position, scale);
-      const double error = (out.to(at::kDouble) - expected).abs().max().item<double>();
-      INFO("batch " << c.batch << ", heads " << c.q_heads << "/" << c.kv_heads << ", dim "
-                    << c.dim << ", position " << c.position << ", " << c10::toString(dtype));
-      // bf16: one rounding of outputs of magnitude < 4; fp32: summation order.
-      CHECK(error < (dtype == at::kBFloat16 ? 1.6e-2 : 1e-5));
+      // bf16 on tensor cores and on CUDA cores (fp32 has only the latter).
+      for (const bool tensor_cores : {true, false}) {
+        const at::Tensor out = DecodeAttention(q, cache, c.key_length, scale, 0, tensor_cores);
+        const double error = (out.to(at::kDouble) - expected).abs().max().item<double>();
+        INFO("batch " << c.batch << ", heads " << c.q_heads << "/" << c.kv_heads << ", dim "
+                      << c.dim << ", position " << c.position << ", " << c10::toString(dtype)
+                      << ", tensor cores " << tensor_cores);
+        // bf16: one rounding of outputs of magnitude < 4 (and of the weights, on tensor cores);
+        // fp32: summation order.
+        CHECK(error < (dtype == at::kBFloat16 ? 1.6e-2 : 1e-5));
+      }
     }
   }
 }

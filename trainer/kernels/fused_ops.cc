@@ -409,11 +409,17 @@ struct AttentionPlan {
 };
 
 AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& cache,
-                            int64_t key_length, double scale, int blocks_per_sm) {
+                            int64_t key_length, double scale, int blocks_per_sm,
+                            bool tensor_cores) {
   AttentionPlan plan;
   DecodeAttentionShape& shape = plan.shape;
   shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
                               static_cast<float>(scale), blocks_per_sm);
+  const auto rows_16_bytes = [](const at::Tensor& t) {
+    return Aligned(t, 8) && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
+  };
+  shape.tensor_cores = tensor_cores && cache.key.scalar_type() == at::kBFloat16 &&
+                       rows_16_bytes(cache.key) && rows_16_bytes(cache.value);
   shape.k_stride_b = cache.key.stride(0);
   shape.k_stride_h = cache.key.stride(1);
   shape.k_stride_t = cache.key.stride(2);
@@ -471,7 +477,7 @@ bool DecodeQkvAttentionTakes(int64_t q_heads, const DecodeCache& cache) {
 }
 
 at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
-                           double scale, int blocks_per_sm) {
+                           double scale, int blocks_per_sm, bool tensor_cores) {
   CheckNoGrad({&q}, "DecodeAttention");
   RL_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == cache.key.scalar_type() &&
                q.device() == cache.key.device() && q.size(2) == cache.key.size(3) &&
@@ -484,7 +490,8 @@ at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_
   const int64_t batch = q.size(0);
   const int64_t q_heads = q.size(1);
   const int64_t dim = q.size(2);
-  const AttentionPlan plan = PlanAttention(batch, q_heads, cache, key_length, scale, blocks_per_sm);
+  const AttentionPlan plan =
+      PlanAttention(batch, q_heads, cache, key_length, scale, blocks_per_sm, tensor_cores);
   at::Tensor out = at::empty({batch, q_heads * dim}, q.options());
   const c10::cuda::CUDAGuard guard(q.device());
   RL_CHECK_CUDA(kernels::DecodeAttention(
@@ -506,7 +513,7 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
                key_length <= cache.key.size(2),
            Error, "DecodeQkvAttention: {} query heads against caches [{}] over {} keys", q_heads,
            fmt::join(cache.key.sizes(), ", "), key_length);
-  const AttentionPlan plan = PlanAttention(batch, q_heads, cache, key_length, scale, 0);
+  const AttentionPlan plan = PlanAttention(batch, q_heads, cache, key_length, scale, 0, true);
   at::Tensor out = at::empty({batch, q_heads * dim}, qkv.options());
   const c10::cuda::CUDAGuard guard(qkv.device());
   RL_CHECK_CUDA(kernels::DecodeQkvAttention(

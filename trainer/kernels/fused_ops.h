@@ -122,9 +122,10 @@ bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache);
 
 // Attention of q [B, Hq, dim] (contiguous, of the caches' dtype) over cache positions [0, position] of rows [0, B),
 // which lie within the first key_length positions: [B, Hq * dim].
-// `blocks_per_sm`: PlanDecodeAttention's (0: its default).
+// `blocks_per_sm`: PlanDecodeAttention's (0: its default). bf16 caches with 16-byte aligned rows
+// take the tensor-core kernel unless `tensor_cores` is false (for benchmarks).
 at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,
-                           double scale, int blocks_per_sm = 0);
+                           double scale, int blocks_per_sm = 0, bool tensor_cores = true);
 
 // DecodeQkvPrep and DecodeAttention in one kernel (cuda_kernels.h), bit for bit the two: the
 // arguments of both; returns DecodeAttention's output (q is not returned). DecodeQkvAttentionTakes

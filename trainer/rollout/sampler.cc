@@ -38,13 +38,17 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
            c10::toString(logits.scalar_type()), fmt::join(logits.sizes(), ", "));
   const int64_t batch = logits.size(0);
   const int64_t vocab = logits.size(1);
-  // Note [Rollout log-probs]: the scaled, untruncated distribution.
-  const at::Tensor scaled = logits.to(at::kFloat) / LogProbTemperature(config);  // [B, V]
-  const at::Tensor log_probs_all = at::log_softmax(scaled, -1);                  // [B, V]
+  // Note [Rollout log-probs]: the scaled, untruncated distribution. (Each pass over [B, V] costs
+  // tens of microseconds a decode step at batch 64: the fp32 logits are made once, and a
+  // temperature of 1 divides nothing.)
+  const at::Tensor logits_fp32 = logits.to(at::kFloat);  // [B, V]
+  const double temperature = LogProbTemperature(config);
+  const at::Tensor scaled = temperature == 1.0 ? logits_fp32 : logits_fp32 / temperature;
+  const at::Tensor log_probs_all = at::log_softmax(scaled, -1);  // [B, V]
 
   at::Tensor tokens;  // [B] int64
   if (IsGreedy(config)) {
-    tokens = logits.to(at::kFloat).argmax(-1);
+    tokens = logits_fp32.argmax(-1);
   } else {
     RL_CHECK(uniforms.dim() == 1 && uniforms.size(0) == batch, Error,
              "sampler: need one uniform per row ({}); got shape [{}]", batch,
