@@ -424,9 +424,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 //   an online softmax per head: the tile's maximum over its 16 keys takes 3 shuffles; keys past
 //     the position get weight 0 (their cached values may be anything, so their rows of V are
 //     zeroed in the ring first);
-//   O^T [dim, 8 heads] += V^T P^T: V from the ring (ldmatrix .trans), P^T through 256 bytes of
-//     shared memory as bf16 (as flash attention rounds P), the sum of the weights from the same
-//     rounded values.
+//   O^T [dim, 8 heads] += V^T P^T: V from the ring (ldmatrix .trans), P^T through shared memory
+//     as two bf16 parts, the rounded weights and the rest, each an mma: the fp32 weights to about
+//     16 bits, at no measured cost (one part, as flash attention rounds P, gave the dense model's
+//     train/rollout log-prob mismatch on the H200 within run-to-run noise of this).
 // The warps and splits are merged as in DecodeAttentionKernel (MergeWarpsAndSplits), in a fixed
 // order: graphs and eager steps give the same bits.
 constexpr int kMmaWarps = 4;
@@ -473,7 +474,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   constexpr int kPieces = kTileKeys * kDim / 8;    // 16-byte pieces of a tile
   __shared__ __align__(16) T prepared_q[kPrep ? kGroup : 1][kDim];
   __shared__ float normed[kPrep ? kMmaWarps : 1][kMaxHeadDim];
-  __shared__ __align__(16) T weights[kMmaWarps][8][kTileKeys + 8];  // P [head][key], padded
+  // P [high, low part][head][key], padded.
+  __shared__ __align__(16) T weights[kMmaWarps][2][8][kTileKeys + 8];
   __shared__ float warp_out[kMmaWarps][kGroup][kDim];
   __shared__ float warp_max[kMmaWarps][kGroup];
   __shared__ float warp_sum[kMmaWarps][kGroup];
@@ -580,24 +582,26 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const float next_max = fmaxf(running_max[h], tile_max);
       correction[h] = expf(running_max[h] - next_max);
       running_max[h] = next_max;
-      // The weights rounded to bf16 as the mma takes them; the sum of the same values.
-      weight[h] = g < valid ? ToFloat(FromFloat<T>(expf(s0 - next_max))) : 0.0f;
-      weight[2 + h] = g + 8 < valid ? ToFloat(FromFloat<T>(expf(s1 - next_max))) : 0.0f;
+      weight[h] = g < valid ? expf(s0 - next_max) : 0.0f;
+      weight[2 + h] = g + 8 < valid ? expf(s1 - next_max) : 0.0f;
       running_sum[h] = running_sum[h] * correction[h] + (weight[h] + weight[2 + h]);
     }
-    // P [head][key] for the B operand of V^T P^T.
-    weights[warp][2 * t][g] = FromFloat<T>(weight[0]);
-    weights[warp][2 * t + 1][g] = FromFloat<T>(weight[1]);
-    weights[warp][2 * t][g + 8] = FromFloat<T>(weight[2]);
-    weights[warp][2 * t + 1][g + 8] = FromFloat<T>(weight[3]);
+    // P [head][key] for the B operand of V^T P^T, as the sum of two bf16 parts (the rounded
+    // weight and what rounding left), so that the weights keep about 16 bits.
+    const int heads[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    const int key_of[4] = {g, g, g + 8, g + 8};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const T high = FromFloat<T>(weight[e]);
+      weights[warp][0][heads[e]][key_of[e]] = high;
+      weights[warp][1][heads[e]][key_of[e]] = FromFloat<T>(weight[e] - ToFloat(high));
+    }
     __syncwarp();
-    uint32_t pb[2];
+    uint32_t pb[4];  // the high part's two B registers, then the low part's
     {
-      // ldmatrix .x2: lanes 0-7 address heads 0-7 at keys 0-7, lanes 8-15 at keys 8-15.
-      const T* p_row = &weights[warp][lane % 8][8 * ((lane / 8) & 1)];
-      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                   : "=r"(pb[0]), "=r"(pb[1])
-                   : "r"(SharedAddress(p_row)));
+      // ldmatrix .x4: lanes 8m to 8m + 7 address heads 0-7 of part m / 2 at keys 8 (m % 2) on.
+      const T* p_row = &weights[warp][lane / 16][lane % 8][8 * ((lane / 8) & 1)];
+      LoadMatrices(pb, p_row, false);
     }
     // O^T += V^T P^T: ldmatrix .trans, lane l -> matrix l / 8, row l % 8: keys (l % 8) +
     // 8 (matrix >> 1), dims 8 (matrix & 1) of the dim tile.
@@ -611,6 +615,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       uint32_t a[4];
       LoadMatrices(a, v_row + 16 * i, true);
       Mma16816(acc[i], a, pb[0], pb[1]);
+      Mma16816(acc[i], a, pb[2], pb[3]);
     }
     __syncwarp();  // the ring stage and P are rewritten next
   }
