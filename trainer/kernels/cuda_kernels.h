@@ -132,7 +132,8 @@ struct DecodeAttentionShape {
   int splits = 1;
   float scale = 1;
   // bf16 caches whose rows are 16-byte aligned: the tensor-core kernel (Note [Tensor-core decode
-  // attention] in decode_kernels.cu); its P is rounded to bf16, the other's weights are not.
+  // attention] in decode_kernels.cu), whose softmax weights pass to the second product as two
+  // bf16 parts (about 16 bits); fp32 weights in the other kernel.
   bool tensor_cores = false;
 };
 

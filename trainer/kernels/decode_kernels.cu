@@ -191,9 +191,10 @@ __device__ void PrepareHeads(const PrepPointers<T>& prep, int64_t b, int64_t fir
     const bool is_q = h < kGroup;
     const bool value = h == kGroup + 1;
     const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
-    T* dst = is_q    ? prepared_q[is_q ? h : 0]
-             : value ? prep.v_cache + b * s.v_stride_b + kv_head * s.v_stride_h + pos * s.v_stride_t
-                     : prep.k_cache + b * s.k_stride_b + kv_head * s.k_stride_h + pos * s.k_stride_t;
+    T* dst = is_q ? prepared_q[is_q ? h : 0]
+             : value
+                 ? prep.v_cache + b * s.v_stride_b + kv_head * s.v_stride_h + pos * s.v_stride_t
+                 : prep.k_cache + b * s.k_stride_b + kv_head * s.k_stride_h + pos * s.k_stride_t;
     PrepHead(prep.qkv + b * s.qkv_stride + head * s.dim, value, is_q ? prep.q_norm : prep.k_norm,
              prep.cos, prep.sin, s, normed[warp], dst);
   }
@@ -412,10 +413,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 }
 
 // Note [Tensor-core decode attention]
-// DecodeAttentionKernel spends its time in warp shuffles: each key's dot product with each query
-// head is a 5-step butterfly over the warp (at batch 64 it read the cache at about 2 TB/s, and with
-// 8 query heads per key/value head it was slower than SDPA). For bf16 caches this kernel puts
-// both products on the tensor cores instead (m16n8k16 mma, fp32 sums). The block is the same
+// DecodeAttentionKernel sums each key's dot product with each query head by a 5-step butterfly
+// over the warp: with 8 query heads per key/value head those shuffles bound it (37 us at batch 64
+// where SDPA took 24: tools/bench/fused_kernels_bench). For bf16 caches this kernel puts both
+// products on the tensor cores instead (m16n8k16 mma, fp32 sums): 9.8 us there. (With 2 query
+// heads per key/value head both kernels read the cache at about 2.4 TB/s.) The block is the same
 // (split, head group, row) with kMmaWarps warps; warp w takes the tiles of 16 keys
 // begin + 16 (w + kMmaWarps j), copied into a ring of kMmaStages tiles in shared memory by
 // cp.async. Per tile:
@@ -433,7 +435,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 constexpr int kMmaWarps = 4;
 constexpr int kTileKeys = 16;
 constexpr int kMmaStages = 2;
-constexpr int kRowPad = 8;  // elements after each staged key row: ldmatrix's 8 rows hit 8 bank groups
+constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -269,7 +269,8 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
   }
   // More than 8 query heads per key/value head take two kernels.
   const at::Tensor key = at::zeros({1, 2, 64, 128}, On(at::kBFloat16));
-  CHECK_FALSE(DecodeQkvAttentionTakes(32, DecodeCache{key, key.clone(), at::zeros({1}, On(at::kLong))}));
+  const DecodeCache cache{key, key.clone(), at::zeros({1}, On(at::kLong))};
+  CHECK_FALSE(DecodeQkvAttentionTakes(32, cache));
 }
 
 TEST_CASE("DecodeAttention reads its position on the device, so a graph replay follows it") {

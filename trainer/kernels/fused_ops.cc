@@ -402,7 +402,9 @@ struct AttentionPlan {
   DecodeAttentionShape shape;
   at::Tensor partial_out, partial_stats;  // undefined with one split
 
-  float* PartialOut() const { return partial_out.defined() ? partial_out.data_ptr<float>() : nullptr; }
+  float* PartialOut() const {
+    return partial_out.defined() ? partial_out.data_ptr<float>() : nullptr;
+  }
   float* PartialStats() const {
     return partial_stats.defined() ? partial_stats.data_ptr<float>() : nullptr;
   }
