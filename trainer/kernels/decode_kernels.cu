@@ -170,6 +170,38 @@ __device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
   }
 }
 
+// A warp's ring of kRing stages in shared memory, filled by cp.async one iteration ahead per
+// stage, one group of copies per iteration (empty past the keys), so that waiting for all but the
+// newest kRing - 1 groups waits for the current iteration's. `copy(t0, stage)` issues the copies
+// of the iteration at t0 into `stage`.
+__device__ __forceinline__ void CommitCopies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// The iterations t0, t0 + stride, ... into stages 0 to kRing - 2, those that start before
+// `limit`. The copies do not wait for anything this step writes.
+template <int kRing, typename Copy>
+__device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t limit,
+                                         const Copy& copy) {
+#pragma unroll
+  for (int stage = 0; stage + 1 < kRing; ++stage) {
+    if (t0 + stage * stride < limit) copy(t0 + stage * stride, stage);
+    CommitCopies();
+  }
+}
+
+// At the iteration t0, held in `stage`: the stage read the iteration before is refilled with the
+// iteration kRing - 1 ahead (if it starts before `end`), then this iteration's copies are waited
+// for (this thread's; a warp reading other lanes' copies syncs after).
+template <int kRing, typename Copy>
+__device__ __forceinline__ void AdvanceRing(int64_t t0, int64_t stride, int64_t end, int stage,
+                                            const Copy& copy) {
+  const int64_t ahead = t0 + (kRing - 1) * stride;
+  if (ahead < end) copy(ahead, stage == 0 ? kRing - 1 : stage - 1);
+  CommitCopies();
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 1) : "memory");
+}
+
 // Per (row, group of kGroup query heads) a counter of the splits that have written their partial
 // results; the last one merges them and sets it back to 0 (so every launch finds zeros).
 constexpr int64_t kMaxMergeSlots = int64_t{1} << 16;
@@ -330,15 +362,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       CopyAsync<kVec * sizeof(T)>(slot(stage, 1, u), v_base + t * p.v_stride_t);
     }
   };
-  // One group of copies per iteration, empty past the keys, so that waiting for all but the
-  // newest kStages - 1 groups waits for the current iteration's.
-  const auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
   int64_t t0 = begin + warp * kKeysPerIteration;
-#pragma unroll
-  for (int stage = 0; stage + 1 < kStages; ++stage) {
-    if (t0 + stage * kStride < chunk_end) copy(t0 + stage * kStride, stage);
-    commit();
-  }
+  FillRing<kStages>(t0, kStride, chunk_end, copy);
   float query[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -357,11 +382,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
   }
   for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kStages ? 0 : stage + 1) {
-    // The stage read the iteration before is refilled kStages - 1 iterations ahead.
-    const int64_t ahead = t0 + (kStages - 1) * kStride;
-    if (ahead < end) copy(ahead, stage == 0 ? kStages - 1 : stage - 1);
-    commit();
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+    AdvanceRing<kStages>(t0, kStride, end, stage, copy);
     float key[kKeysPerIteration][kVec], value[kKeysPerIteration][kVec];
 #pragma unroll
     for (int u = 0; u < kKeysPerIteration; ++u) {
@@ -514,13 +535,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       CopyAsync<16>(to + kTile + key * kRow + col, v_base + at * p.v_stride_t + col);
     }
   };
-  const auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
   int64_t t0 = begin + warp * kTileKeys;
-#pragma unroll
-  for (int stage = 0; stage + 1 < kMmaStages; ++stage) {
-    if (t0 + stage * kStride < chunk_end) copy(t0 + stage * kStride, stage);
-    commit();
-  }
+  FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
   // Q^T as the B operand of S^T = K Q^T, per k16 step over the dims: column g is head g (zero
   // past the group), rows 2t, 2t + 1 and 2t + 8, 2t + 9 are its dims.
   uint32_t query[kSteps][2];
@@ -544,10 +560,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kMmaStages ? 0 : stage + 1) {
-    const int64_t ahead = t0 + (kMmaStages - 1) * kStride;
-    if (ahead < end) copy(ahead, stage == 0 ? kMmaStages - 1 : stage - 1);
-    commit();
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kMmaStages - 1) : "memory");
+    AdvanceRing<kMmaStages>(t0, kStride, end, stage, copy);
     __syncwarp();  // every lane's copies of the tile have landed
     const T* keys = ring + stage * 2 * kTile;
     T* values = ring + stage * 2 * kTile + kTile;
