@@ -1,5 +1,6 @@
 // decode_bench --checkpoint DIR [--batch 64] [--prompt-len 128] [--new-tokens 128]
-// [--compare-eager] [--no-cuda-graphs] [--profile FILE]: greedy generation by our rollout engine
+// [--temperature 0] [--compare-eager] [--no-cuda-graphs] [--profile FILE]: generation by our
+// rollout engine, greedy (or sampled at --temperature > 0, top-p 1, seed 11)
 // (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs there):
 // tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the bytes
 // that must be read at least once over the step time at --hbm-tb-s (H200: 4.8 TB/s). Prints one
@@ -7,7 +8,8 @@
 // `transformers` generate run in the same call. Every row generates exactly --new-tokens tokens
 // (no stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager
 // decode steps in the same process and checks that graphs and eager steps generate bit-identical
-// tokens and log-probs (greedy and sampled); the exit status is 1 when they differ.
+// tokens and log-probs (the timed ones, and sampled at temperature 1); the exit status is 1 when
+// they differ.
 // On a GPU it also counts the kernels (and copies and sets) of one eager decode step of the
 // batch, in all and per layer (`kernels_per_step`, `kernels_per_layer`), by the Kineto profiler;
 // --profile writes a Chrome trace of one more Generate (tools/bench/profile_summary.py FILE).
@@ -18,7 +20,7 @@
 //  - MoE models: every weight but the routed experts, plus, in each MoE layer, the weights of the
 //    distinct experts that the step's tokens (one per row) were routed to. That count is measured
 //    after the timed runs (MeanExpertsPerStep): a Decoder over the engine's weights (the same
-//    kernels as the engine's) runs one forward over the greedy generations, tokens [batch,
+//    kernels as the engine's) runs one forward over the timed generations, tokens [batch,
 //    prompt_len + new_tokens - 1] (each prompt and its response but the last token), with a
 //    routing observer. The decode step that produces response token t (t = 1 .. new_tokens - 1)
 //    feeds response token t - 1 at column prompt_len + t - 1, so the columns [prompt_len,
@@ -82,7 +84,7 @@ double StepWeightBytes(const rl::model::ModelConfig& config, double element_byte
 
 // The mean over MoE layers and decode steps of the number of distinct routed experts the batch's
 // tokens of one step go to (the header comment says how it is measured). `generated` holds the
-// greedy generations of `prompts` [batch, prompt_len], each of new_tokens >= 2 tokens.
+// generations of `prompts` [batch, prompt_len], each of new_tokens >= 2 tokens.
 double MeanExpertsPerStep(const rl::rollout::RolloutEngine& engine, const at::Device& device,
                           const at::Tensor& prompts,
                           const std::vector<rl::rollout::Generation>& generated) {
@@ -140,7 +142,7 @@ int64_t KernelsPerDecodeStep(const rl::rollout::RolloutEngine& engine, const at:
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Decode benchmark: our rollout engine, greedy, tokens/s and HBM roofline."};
+  CLI::App app{"Decode benchmark: our rollout engine, tokens/s and HBM roofline."};
   std::string checkpoint;
   int64_t batch = 64, prompt_len = 128, new_tokens = 128;
   int rounds = 3;
@@ -150,6 +152,10 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-len", prompt_len, "tokens per prompt");
   app.add_option("--new-tokens", new_tokens, "tokens generated per prompt");
   app.add_option("--rounds", rounds, "timed Generate calls; the best counts");
+  double temperature = 0;
+  app.add_option("--temperature", temperature,
+                 "0: greedy (default); above 0: sampled at this temperature, top-p 1")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
   bool compare_eager = false, cuda_graphs = true;
   app.add_flag("--compare-eager", compare_eager,
@@ -180,9 +186,10 @@ int main(int argc, char** argv) {
     const int64_t* row = ids[b].data_ptr<int64_t>();
     prompts.emplace_back(row, row + prompt_len);
   }
-  rl::rollout::SamplingParams greedy;
-  greedy.temperature = 0.0;
-  greedy.max_new_tokens = new_tokens;
+  rl::rollout::SamplingParams timed;
+  timed.temperature = temperature;
+  timed.seed = 11;
+  timed.max_new_tokens = new_tokens;
 
   // Best of `rounds` timed Generate calls after a warm-up one; `out` gets the last generations.
   const auto time_generate = [&](const rl::rollout::SamplingParams& params,
@@ -200,7 +207,7 @@ int main(int argc, char** argv) {
     return best_seconds;
   };
   std::vector<rl::rollout::Generation> generated;
-  const double best = time_generate(greedy, generated);
+  const double best = time_generate(timed, generated);
   for (const auto& g : generated) {
     if (static_cast<int64_t>(g.response.size()) != new_tokens) {
       std::fprintf(stderr, "a row generated %zu tokens, not %lld\n", g.response.size(),
@@ -211,15 +218,16 @@ int main(int argc, char** argv) {
   const bool graphs = engine.uses_cuda_graphs();
 
   // --compare-eager: the same generations with eager decode steps, timed the same way; the
-  // tokens and the bits of every log-prob must match (Note [Decode graphs]), greedy and sampled.
+  // tokens and the bits of every log-prob must match (Note [Decode graphs]), for the timed
+  // generations and sampled ones.
   double eager_seconds = 0;
   int64_t graph_pool_bytes = 0;
   bool identical = true;
   if (compare_eager) {
-    rl::rollout::SamplingParams sampled = greedy;
+    rl::rollout::SamplingParams sampled = timed;
     sampled.temperature = 1.0;
     sampled.seed = 11;
-    std::vector<rl::rollout::Generation> graph_sampled, eager_greedy, eager_sampled;
+    std::vector<rl::rollout::Generation> graph_sampled, eager_timed, eager_sampled;
     time_generate(sampled, graph_sampled);
     // The graphs' memory pool: device memory the caching allocator holds with the graphs alive
     // and not after they are dropped (both after releasing the cache's free blocks).
@@ -232,7 +240,7 @@ int main(int argc, char** argv) {
     const int64_t with_graphs = graphs ? reserved() : 0;
     engine.set_cuda_graphs(false);
     if (graphs) graph_pool_bytes = with_graphs - reserved();
-    eager_seconds = time_generate(greedy, eager_greedy);
+    eager_seconds = time_generate(timed, eager_timed);
     time_generate(sampled, eager_sampled);
     const auto same = [](const std::vector<rl::rollout::Generation>& a,
                          const std::vector<rl::rollout::Generation>& b) {
@@ -245,9 +253,9 @@ int main(int argc, char** argv) {
       }
       return a.size() == b.size();
     };
-    identical = same(generated, eager_greedy) && same(graph_sampled, eager_sampled);
+    identical = same(generated, eager_timed) && same(graph_sampled, eager_sampled);
     std::printf(
-        "graphs %s, eager %.1f ms, graphs %.1f ms per Generate (%.2fx); greedy and "
+        "graphs %s, eager %.1f ms, graphs %.1f ms per Generate (%.2fx); timed and "
         "sampled generations %s; graph memory pool %.1f MiB\n",
         graphs ? "on" : "unavailable", 1e3 * eager_seconds, 1e3 * best, eager_seconds / best,
         identical ? "bit-identical" : "DIFFER", static_cast<double>(graph_pool_bytes) / (1 << 20));
@@ -257,7 +265,7 @@ int main(int argc, char** argv) {
   if (device.is_cuda()) {
     kernels_per_step = KernelsPerDecodeStep(engine, device, batch, prompt_len);
     if (!profile.empty()) {
-      rl::bench::ProfileToFile([&] { engine.Generate(prompts, greedy); }, profile);
+      rl::bench::ProfileToFile([&] { engine.Generate(prompts, timed); }, profile);
     }
   }
 
@@ -287,6 +295,7 @@ int main(int argc, char** argv) {
   line.Set("batch", rl::json::Value::Int(batch));
   line.Set("prompt_len", rl::json::Value::Int(prompt_len));
   line.Set("new_tokens", rl::json::Value::Int(new_tokens));
+  line.Set("temperature", rl::json::Value::Double(temperature));
   line.Set("seconds", rl::json::Value::Double(best));
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_s));
   line.Set("weight_bytes", rl::json::Value::Double(weight_bytes));
