@@ -94,6 +94,15 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
   __syncwarp();  // `normed` may be the warp's next head's
 }
 
+// Where a decode step writes key/value head kv_head of row b: the key (or, with `value`, the
+// value) cache at position pos.
+template <typename T>
+__device__ __forceinline__ T* StepCacheRow(T* k_cache, T* v_cache, const QkvPrepShape& p,
+                                           int64_t b, int64_t kv_head, int64_t pos, bool value) {
+  return value ? v_cache + b * p.v_stride_b + kv_head * p.v_stride_h + pos * p.v_stride_t
+               : k_cache + b * p.k_stride_b + kv_head * p.k_stride_h + pos * p.k_stride_t;
+}
+
 // One warp per (row, head) of the q, k and v heads of qkv.
 template <typename T>
 __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
@@ -113,25 +122,11 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
   const bool is_q = head < p.q_heads;
   const bool value = head >= p.q_heads + p.kv_heads;
   const int64_t kv_head = head - p.q_heads - (value ? p.kv_heads : 0);
-  T* dst = is_q    ? q_out + (b * p.q_heads + head) * p.dim
-           : value ? v_cache + b * p.v_stride_b + kv_head * p.v_stride_h + pos * p.v_stride_t
-                   : k_cache + b * p.k_stride_b + kv_head * p.k_stride_h + pos * p.k_stride_t;
+  T* dst = is_q ? q_out + (b * p.q_heads + head) * p.dim
+                : StepCacheRow(k_cache, v_cache, p, b, kv_head, pos, value);
   PrepHead(qkv + b * p.qkv_stride + head * p.dim, value, is_q ? q_norm : k_norm, cos, sin, p,
            normed[warp], dst);
 }
-
-// DecodeQkvPrep's inputs, for a DecodeAttentionKernel that prepares its own heads (kPrep).
-template <typename T>
-struct PrepPointers {
-  const T* qkv = nullptr;
-  const T* q_norm = nullptr;
-  const T* k_norm = nullptr;
-  const T* cos = nullptr;
-  const T* sin = nullptr;
-  T* k_cache = nullptr;
-  T* v_cache = nullptr;
-  QkvPrepShape shape;
-};
 
 // kVec consecutive elements of T, loaded as one vector (aligned to their size, which
 // DecodeAttention's caller checks).
@@ -208,27 +203,26 @@ constexpr int64_t kMaxMergeSlots = int64_t{1} << 16;
 __device__ unsigned int g_split_counters[kMaxMergeSlots];
 
 // The first phase of a decode attention block with kPrep: what DecodeQkvPrepKernel would compute
-// for it, from `prep`: its query heads into `prepared_q`, and, in the split that holds the
-// position, the step's key and value heads, written to the caches. Ends with a barrier, so that
-// the block reads all of them after.
+// for it, from `prep` (whose pointers are T's): its query heads into `prepared_q`, and, in the
+// split that holds the position, the step's key and value heads, written to the caches. Ends
+// with a barrier, so that the block reads all of them after.
 template <typename T, int kDim, int kGroup, int kBlockWarps>
-__device__ void PrepareHeads(const PrepPointers<T>& prep, int64_t b, int64_t first_head,
-                             int64_t kv_head, int64_t pos, bool holds_position,
-                             T (&prepared_q)[kGroup][kDim],
+__device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, int64_t b,
+                             int64_t first_head, int64_t kv_head, int64_t pos,
+                             bool holds_position, T (&prepared_q)[kGroup][kDim],
                              float (&normed)[kBlockWarps][kMaxHeadDim]) {
   const QkvPrepShape& s = prep.shape;
+  const auto typed = [](const void* t) { return static_cast<const T*>(t); };
   const int warp = threadIdx.x / 32;
   const int heads = holds_position ? kGroup + 2 : kGroup;  // the step's key and value heads
   for (int h = warp; h < heads; h += kBlockWarps) {
     const bool is_q = h < kGroup;
     const bool value = h == kGroup + 1;
     const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
-    T* dst = is_q ? prepared_q[is_q ? h : 0]
-             : value
-                 ? prep.v_cache + b * s.v_stride_b + kv_head * s.v_stride_h + pos * s.v_stride_t
-                 : prep.k_cache + b * s.k_stride_b + kv_head * s.k_stride_h + pos * s.k_stride_t;
-    PrepHead(prep.qkv + b * s.qkv_stride + head * s.dim, value, is_q ? prep.q_norm : prep.k_norm,
-             prep.cos, prep.sin, s, normed[warp], dst);
+    T* dst = is_q ? prepared_q[h] : StepCacheRow(k_cache, v_cache, s, b, kv_head, pos, value);
+    PrepHead(typed(prep.qkv) + b * s.qkv_stride + head * s.dim, value,
+             typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos), typed(prep.sin), s,
+             normed[warp], dst);
   }
   __syncthreads();  // the query heads and the cache writes, before they are read
 }
@@ -316,7 +310,7 @@ __device__ void MergeWarpsAndSplits(const float (&warp_out)[kBlockWarps][kGroup]
 // key and value heads of the step, which it writes to the caches before it reads them.
 template <typename T, int kVec, int kGroup, bool kPrep>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
-    DecodeAttentionKernel(const T* __restrict__ q, PrepPointers<T> prep, const T* k, const T* v,
+    DecodeAttentionKernel(const T* __restrict__ q, QkvPrepInputs prep, T* k, T* v,
                           const int64_t* __restrict__ position, T* __restrict__ out,
                           float* __restrict__ partial_out, float* __restrict__ partial_stats,
                           DecodeAttentionShape p) {
@@ -338,7 +332,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   if constexpr (kPrep) {
     const int64_t pos = *position;
     if (begin > pos) return;  // a split past the position: no part in the merge
-    PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, b, first_head, kv_head, pos,
+    PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
                                                 pos < chunk_end, prepared_q, normed);
   }
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
@@ -485,9 +479,9 @@ __device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row, 
 
 template <int kDim, int kGroup, bool kPrep>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q,
-                             PrepPointers<__nv_bfloat16> prep, const __nv_bfloat16* k,
-                             const __nv_bfloat16* v, const int64_t* __restrict__ position,
+    DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q, QkvPrepInputs prep,
+                             __nv_bfloat16* k, __nv_bfloat16* v,
+                             const int64_t* __restrict__ position,
                              __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out,
                              float* __restrict__ partial_stats, DecodeAttentionShape p) {
   using T = __nv_bfloat16;
@@ -516,8 +510,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   if constexpr (kPrep) {
     const int64_t pos = *position;
     if (begin > pos) return;  // a split past the position: no part in the merge
-    PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, b, first_head, kv_head, pos, pos < chunk_end,
-                                             prepared_q, normed);
+    PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                             pos < chunk_end, prepared_q, normed);
   }
   // The warp's ring [kMmaStages][K, V][kTileKeys][kRow].
   T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kMmaStages * 2 * kTile);
@@ -544,7 +538,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   for (int step = 0; step < kSteps; ++step) {
     query[step][0] = query[step][1] = 0;
     if (g < kGroup) {
-      const T* row = kPrep ? prepared_q[g < kGroup ? g : 0]
+      const T* row = kPrep ? prepared_q[g]
                            : q + (b * p.q_heads + first_head + g) * kDim;
       query[step][0] = *reinterpret_cast<const uint32_t*>(row + 16 * step + 2 * t);
       query[step][1] = *reinterpret_cast<const uint32_t*>(row + 16 * step + 2 * t + 8);
@@ -860,29 +854,21 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
                                    mma_ring)
             : cudaSuccess;
   if (mma_opt_in != cudaSuccess) return mma_opt_in;
-  PrepPointers<T> prep;
-  if (a.prep != nullptr) {
-    prep.qkv = static_cast<const T*>(a.prep->qkv);
-    prep.q_norm = static_cast<const T*>(a.prep->q_norm);
-    prep.k_norm = static_cast<const T*>(a.prep->k_norm);
-    prep.cos = static_cast<const T*>(a.prep->cos);
-    prep.sin = static_cast<const T*>(a.prep->sin);
-    prep.k_cache = static_cast<T*>(a.k);
-    prep.v_cache = static_cast<T*>(a.v);
-    prep.shape = a.prep->shape;
-  }
+  // DecodeAttention's caches are only read; DecodeQkvAttention's are written too (kPrep).
+  const QkvPrepInputs prep = a.prep != nullptr ? *a.prep : QkvPrepInputs{};
+  T* k = static_cast<T*>(a.k);
+  T* v = static_cast<T*>(a.v);
   if constexpr (kBf16) {
     if (mma) {
       mma_kernel<<<grid, kMmaWarps * 32, mma_ring, stream>>>(
-          static_cast<const T*>(a.q), prep, static_cast<const T*>(a.k),
-          static_cast<const T*>(a.v), a.position, static_cast<T*>(a.out), a.partial_out,
-          a.partial_stats, p);
+          static_cast<const T*>(a.q), prep, k, v, a.position, static_cast<T*>(a.out),
+          a.partial_out, a.partial_stats, p);
       return cudaGetLastError();
     }
   }
-  kernel<<<grid, kDecodeWarps * 32, ring, stream>>>(
-      static_cast<const T*>(a.q), prep, static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-      a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats, p);
+  kernel<<<grid, kDecodeWarps * 32, ring, stream>>>(static_cast<const T*>(a.q), prep, k, v,
+                                                     a.position, static_cast<T*>(a.out),
+                                                     a.partial_out, a.partial_stats, p);
   return cudaGetLastError();
 }
 
