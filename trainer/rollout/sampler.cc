@@ -26,6 +26,25 @@ double LogProbTemperature(const SamplerConfig& config) {
   return config.temperature > 0 ? config.temperature : 1.0;
 }
 
+namespace {
+
+// Whether top-k or top-p leaves out any token of a vocabulary of `vocab`.
+bool Truncates(const SamplerConfig& config, int64_t vocab) {
+  return (config.top_k != -1 && config.top_k < vocab) || config.top_p < 1;
+}
+
+// Inverse-CDF sampling over mass [B, V] (fp64, >= 0, in the order to sample in) with u [B, 1]
+// in [0, 1): per row the number of positions whose cumulative mass is <= u times the row's total,
+// that is the first position whose cumulative mass exceeds it. [B, 1] int64, at most V (callers
+// clamp it to their last candidate).
+at::Tensor InverseCdf(const at::Tensor& mass, const at::Tensor& u) {
+  const at::Tensor cdf = at::cumsum(mass, -1);                         // [B, V]
+  const at::Tensor threshold = u * cdf.narrow(1, mass.size(1) - 1, 1);  // [B, 1]
+  return (cdf <= threshold).sum(-1, /*keepdim=*/true);
+}
+
+}  // namespace
+
 at::Generator MakeGenerator(uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
@@ -53,29 +72,31 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
     RL_CHECK(uniforms.dim() == 1 && uniforms.size(0) == batch, Error,
              "sampler: need one uniform per row ({}); got shape [{}]", batch,
              fmt::join(uniforms.sizes(), ", "));
-    const auto sorted = at::sort(scaled, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
-    const at::Tensor& sorted_logits = std::get<0>(sorted);                    // [B, V]
-    const at::Tensor& sorted_index = std::get<1>(sorted);                     // [B, V]
-    const at::Tensor probs = at::softmax(sorted_logits.to(at::kDouble), -1);  // [B, V] fp64
-    const at::Tensor position =
-        at::arange(vocab, at::TensorOptions().dtype(at::kLong).device(logits.device()));
-    const int64_t k = config.top_k == -1 ? vocab : std::min(config.top_k, vocab);
-    at::Tensor keep = (position < k).unsqueeze(0).expand({batch, vocab});  // [B, V] bool
-    if (config.top_p < 1) {
-      const at::Tensor topk_probs = probs * keep;
-      const at::Tensor renorm = topk_probs / topk_probs.sum(-1, /*keepdim=*/true);
-      const at::Tensor mass_before = at::cumsum(renorm, -1) - renorm;
-      keep = keep.logical_and(mass_before < config.top_p);
+    const at::Tensor u = uniforms.to(logits.device()).to(at::kDouble).unsqueeze(1);  // [B, 1]
+    if (!Truncates(config, vocab)) {
+      // The whole distribution, in token-id order: no sort (Note [Sampling without a sort]).
+      const at::Tensor probs = at::softmax(scaled.to(at::kDouble), -1);  // [B, V] fp64
+      tokens = InverseCdf(probs, u).clamp_max_(vocab - 1).squeeze(1);
+    } else {
+      const auto sorted = at::sort(scaled, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+      const at::Tensor& sorted_logits = std::get<0>(sorted);                    // [B, V]
+      const at::Tensor& sorted_index = std::get<1>(sorted);                     // [B, V]
+      const at::Tensor probs = at::softmax(sorted_logits.to(at::kDouble), -1);  // [B, V] fp64
+      const at::Tensor position =
+          at::arange(vocab, at::TensorOptions().dtype(at::kLong).device(logits.device()));
+      const int64_t k = config.top_k == -1 ? vocab : std::min(config.top_k, vocab);
+      at::Tensor keep = (position < k).unsqueeze(0).expand({batch, vocab});  // [B, V] bool
+      if (config.top_p < 1) {
+        const at::Tensor topk_probs = probs * keep;
+        const at::Tensor renorm = topk_probs / topk_probs.sum(-1, /*keepdim=*/true);
+        const at::Tensor mass_before = at::cumsum(renorm, -1) - renorm;
+        keep = keep.logical_and(mass_before < config.top_p);
+      }
+      // Kept positions are a prefix of the sorted order (both filters keep prefixes).
+      const at::Tensor last_kept = keep.sum(-1, /*keepdim=*/true) - 1;  // [B, 1]
+      const at::Tensor choice = at::minimum(InverseCdf(probs * keep, u), last_kept);
+      tokens = sorted_index.gather(1, choice).squeeze(1);
     }
-    // Kept positions are a prefix of the sorted order (both filters keep prefixes).
-    const at::Tensor kept = probs * keep;                  // [B, V]
-    const at::Tensor cdf = at::cumsum(kept, -1);           // [B, V]
-    const at::Tensor total = cdf.narrow(1, vocab - 1, 1);  // [B, 1]
-    const at::Tensor threshold =
-        uniforms.to(logits.device()).to(at::kDouble).unsqueeze(1) * total;  // [B, 1]
-    const at::Tensor last_kept = keep.sum(-1, /*keepdim=*/true) - 1;        // [B, 1]
-    const at::Tensor choice = at::minimum((cdf <= threshold).sum(-1, /*keepdim=*/true), last_kept);
-    tokens = sorted_index.gather(1, choice).squeeze(1);
   }
   SampledTokens out;
   out.log_probs = log_probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1);

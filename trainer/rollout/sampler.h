@@ -4,13 +4,26 @@
 // Pipeline per row (Note [Rollout log-probs]):
 //   scaled = logits (as fp32) / T
 //   greedy (config.greedy, or T == 0): token = argmax(logits) (first index among ties)
-//   else: sort scaled descending (stable: ties keep index order), p = softmax in fp64,
-//         top-k keeps the first k (top_k == -1: all), top-p keeps the minimal prefix of the
-//         top-k set whose renormalised mass reaches top_p (a token is kept when the mass strictly
-//         before it is < top_p), then inverse-CDF sampling over the kept prefix with one uniform
-//         u in [0, 1) per row: the first kept position whose cumulative mass exceeds u * kept mass.
+//   else, with one uniform u in [0, 1) per row and p = softmax(scaled) in fp64:
+//     nothing truncated (top_k -1 or >= vocab, top_p 1): inverse-CDF sampling over the whole
+//         vocabulary in token-id order: the first token whose cumulative p exceeds u
+//         (Note [Sampling without a sort]);
+//     top-k or top-p: sort scaled descending (stable: ties keep index order), top-k keeps the
+//         first k (top_k == -1: all), top-p keeps the minimal prefix of the top-k set whose
+//         renormalised mass reaches top_p (a token is kept when the mass strictly before it is
+//         < top_p), then inverse-CDF sampling over the kept prefix: the first kept position
+//         whose cumulative mass exceeds u * kept mass.
 //   Top-k is applied before top-p and top-p sees the distribution renormalised over the top-k set
 //   (as transformers' warpers and vLLM do).
+//
+// Note [Sampling without a sort]
+// Inverse-CDF sampling draws token i with probability p_i in any fixed order of the tokens; the
+// sorted order is needed only to cut the distribution (the top-k and top-p sets are prefixes of
+// it). So a row that keeps every token is sampled in token-id order, and the sort of [B, V]
+// logits, the sampler's costliest op (a stable segmented sort over a vocabulary of ~152k words,
+// every decode step), runs only for top-k and top-p. Every recipe samples so (temperature 1,
+// top_p 1, top_k -1). The two orders map the same u to different tokens, so a seed's
+// generations differ from those of a sampler that sorts, with the same distribution.
 //
 // Note [Rollout log-probs]
 // The log-prob returned for a sampled token is log_softmax(logits / T) at that token: the

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <numeric>
 #include <set>
 #include <vector>
 
@@ -26,23 +25,21 @@ std::vector<int64_t> ToVector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-// Plain-loop reference of the sampling rule in sampler.h for one row (no top-k/top-p).
+// Plain-loop reference of the sampling rule in sampler.h for one row (no top-k/top-p): the first
+// token, in id order, whose cumulative probability exceeds u.
 int64_t ReferenceSample(const at::Tensor& row_logits, double temperature, double u) {
   const at::Tensor scaled = (row_logits.to(at::kFloat) / temperature).to(at::kDouble).contiguous();
   const double* x = scaled.data_ptr<double>();
   const int64_t vocab = scaled.numel();
-  std::vector<int64_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x[a] > x[b]; });
-  const double max = x[order[0]];
+  const double max = *std::max_element(x, x + vocab);
   double total = 0;
   for (int64_t i = 0; i < vocab; ++i) total += std::exp(x[i] - max);
   double cumulative = 0;
   for (int64_t i = 0; i < vocab; ++i) {
-    cumulative += std::exp(x[order[i]] - max) / total;
-    if (cumulative > u) return order[i];
+    cumulative += std::exp(x[i] - max) / total;
+    if (cumulative > u) return i;
   }
-  return order[vocab - 1];
+  return vocab - 1;
 }
 
 TEST_CASE("A fixed seed gives fixed tokens: those of the inverse-CDF reference") {
@@ -69,6 +66,20 @@ TEST_CASE("A fixed seed gives fixed tokens: those of the inverse-CDF reference")
 
   at::Generator d = MakeGenerator(1235);
   CHECK(ToVector(Sample(logits, config, d).tokens) != first);
+}
+
+TEST_CASE("A top-k of the whole vocabulary or more truncates nothing: the tokens of top-k -1") {
+  const at::Tensor logits = RandomLogits(64, 40, 13);
+  at::Generator gen = MakeGenerator(77);
+  const at::Tensor uniforms = at::rand({64}, gen, at::TensorOptions().dtype(at::kDouble));
+  SamplerConfig off;
+  const std::vector<int64_t> expected = ToVector(SampleWithUniforms(logits, off, uniforms).tokens);
+  for (const int64_t k : {40, 41, 1000}) {
+    SamplerConfig whole;
+    whole.top_k = k;
+    INFO("top_k " << k);
+    CHECK(ToVector(SampleWithUniforms(logits, whole, uniforms).tokens) == expected);
+  }
 }
 
 TEST_CASE("Greedy equals argmax, by flag or by temperature 0; top-k = 1 equals greedy") {
