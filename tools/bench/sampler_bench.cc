@@ -6,8 +6,8 @@
 // vocab - 1: the op sequence of the sampler before that Note, less one token); top-p 0.95;
 // top-k 50. Prints the best time of --rounds per case, in us, and its ratio to the sorted one.
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
   int64_t batch = 64, vocab = 151936;
   int rounds = 20;
   app.add_option("--batch", batch, "rows")->check(CLI::PositiveNumber);
-  app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+  app.add_option("--vocab", vocab, "vocabulary size")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
   app.add_option("--rounds", rounds, "timed calls per case; the best counts")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
@@ -68,8 +69,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("sampling [%lld, %lld] %s logits on %s, best of %d calls\n",
-              static_cast<long long>(batch), static_cast<long long>(vocab),
-              c10::toString(dtype), device.str().c_str(), rounds);
+              static_cast<long long>(batch), static_cast<long long>(vocab), c10::toString(dtype),
+              device.str().c_str(), rounds);
   for (size_t c = 0; c < cases.size(); ++c) {
     std::printf("%-50s %10.1f us  sorted / this %.2f\n", cases[c].name.c_str(), best[c],
                 best[2] / best[c]);

@@ -38,7 +38,7 @@ bool Truncates(const SamplerConfig& config, int64_t vocab) {
 // that is the first position whose cumulative mass exceeds it. [B, 1] int64, at most V (callers
 // clamp it to their last candidate).
 at::Tensor InverseCdf(const at::Tensor& mass, const at::Tensor& u) {
-  const at::Tensor cdf = at::cumsum(mass, -1);                         // [B, V]
+  const at::Tensor cdf = at::cumsum(mass, -1);                          // [B, V]
   const at::Tensor threshold = u * cdf.narrow(1, mass.size(1) - 1, 1);  // [B, 1]
   return (cdf <= threshold).sum(-1, /*keepdim=*/true);
 }
