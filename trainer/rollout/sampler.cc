@@ -34,13 +34,13 @@ bool Truncates(const SamplerConfig& config, int64_t vocab) {
 }
 
 // Inverse-CDF sampling over mass [B, V] (fp64, >= 0, in the order to sample in) with u [B, 1]
-// in [0, 1): per row the number of positions whose cumulative mass is <= u times the row's total,
-// that is the first position whose cumulative mass exceeds it. [B, 1] int64, at most V (callers
+// in [0, 1): per row the first position whose cumulative mass exceeds u times the row's total,
+// found by binary search (the cumulative mass does not decrease). [B, 1] int64, at most V (callers
 // clamp it to their last candidate).
 at::Tensor InverseCdf(const at::Tensor& mass, const at::Tensor& u) {
   const at::Tensor cdf = at::cumsum(mass, -1);                          // [B, V]
   const at::Tensor threshold = u * cdf.narrow(1, mass.size(1) - 1, 1);  // [B, 1]
-  return (cdf <= threshold).sum(-1, /*keepdim=*/true);
+  return at::searchsorted(cdf, threshold, /*out_int32=*/false, /*right=*/true);
 }
 
 }  // namespace

@@ -21,10 +21,10 @@
 // sorted order is needed only to cut the distribution (the top-k and top-p sets are prefixes of
 // it). So a row that keeps every token is sampled in token-id order, and the stable sort of the
 // [B, V] logits runs only for top-k and top-p. Every recipe samples so (temperature 1, top_p 1,
-// top_k -1). The sort was most of a sampled step's sampling: on the CPU, 465 of 573 ms for
-// [64, 151936] fp32 logits (tools/bench/sampler_bench). The two orders map the same u to
-// different tokens, so a seed's generations differ from those of a sampler that sorts; the
-// distribution is the same.
+// top_k -1). The sort was most of a sampled step's sampling: on the CPU, [64, 151936] fp32
+// logits take 87 ms without it and 563 ms with it (tools/bench/sampler_bench). The two orders
+// map the same u to different tokens, so a seed's generations differ from those of a sampler that
+// sorts; the distribution is the same.
 //
 // Note [Rollout log-probs]
 // The log-prob returned for a sampled token is log_softmax(logits / T) at that token: the
