@@ -464,6 +464,13 @@ at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
   return WholeLogits(Hidden(tokens, &cache, start_position));
 }
 
+at::Tensor Decoder::PrefillLogits(const at::Tensor& tokens, KvCache& cache,
+                                  int64_t start_position) const {
+  at::NoGradGuard no_grad;
+  const at::Tensor hidden = Hidden(tokens, &cache, start_position);  // [B, S, H]
+  return WholeLogits(hidden.select(1, hidden.size(1) - 1).contiguous());
+}
+
 at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& position,
                               int64_t key_length, const RopeTable& rope, KvCache& cache,
                               const ExpertDispatch* dispatch) const {

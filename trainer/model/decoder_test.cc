@@ -83,6 +83,28 @@ TEST_CASE("KV-cache steps give the logits of the full forward") {
   }
 }
 
+TEST_CASE("PrefillLogits is ForwardStep's last position, and writes the same cache") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    Decoder model(m.config, m.params);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    KvCache whole = KvCache::Allocate(m.config, 3, 20, at::kFloat, at::kCPU);
+    KvCache last = KvCache::Allocate(m.config, 3, 20, at::kFloat, at::kCPU);
+    // A prefill, then a chunk after it (start > 0).
+    for (const auto& [start, len] : {std::pair<int64_t, int64_t>{0, 9}, {9, 4}}) {
+      const at::Tensor chunk = tokens.narrow(1, start, len);
+      const at::Tensor expected = model.ForwardStep(chunk, whole, start).select(1, len - 1);
+      const at::Tensor got = model.PrefillLogits(chunk, last, start);
+      CHECK(got.sizes() == expected.sizes());
+      // CPU GEMMs are batch-invariant (Note [Batch-invariant CPU kernels] in layers.cc): the LM
+      // head over one position per row gives that position's bits.
+      CHECK(at::equal(got, expected));
+      CHECK(at::equal(last.storage(), whole.storage()));
+    }
+  }
+}
+
 TEST_CASE("Decode steps at a device-side position over a larger key block give the full logits") {
   // Note [Decode at a device position]: keys past the position are masked, whatever finite values
   // the cache holds there (here large random ones, written before the steps).

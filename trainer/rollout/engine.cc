@@ -402,7 +402,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
   at::Tensor logits;
   try {
     JoinGroupStep(StepKind::kPrefill);  // Note [Expert-parallel decode]
-    logits = decoder_->ForwardStep(prompt_tokens, *cache_, 0).select(1, prompt_length - 1);
+    logits = decoder_->PrefillLogits(prompt_tokens, *cache_, 0);
   } catch (...) {
     prefill_length_ = 0;
     throw;
