@@ -9,7 +9,10 @@
 // (no stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager
 // decode steps in the same process and checks that graphs and eager steps generate bit-identical
 // tokens and log-probs (the timed ones, and sampled at temperature 1); the exit status is 1 when
-// they differ.
+// they differ. --stop-fraction F > 0 makes the first F of the vocabulary's ids stop tokens, so that
+// rows end at different steps as in a real rollout (each sampled token ends its row with
+// probability about F at temperature 1 on a random checkpoint): tokens/s then counts the tokens
+// generated, and no roofline is reported (its bytes assume every row runs every step).
 // On a GPU it also counts the kernels (and copies and sets) of one eager decode step of the
 // batch, in all and per layer (`kernels_per_step`, `kernels_per_layer`), by the Kineto profiler;
 // --profile writes a Chrome trace of one more Generate (tools/bench/profile_summary.py FILE).
@@ -38,6 +41,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -152,10 +156,13 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-len", prompt_len, "tokens per prompt");
   app.add_option("--new-tokens", new_tokens, "tokens generated per prompt");
   app.add_option("--rounds", rounds, "timed Generate calls; the best counts");
-  double temperature = 0;
+  double temperature = 0, stop_fraction = 0;
   app.add_option("--temperature", temperature,
                  "0: greedy (default); above 0: sampled at this temperature, top-p 1")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--stop-fraction", stop_fraction,
+                 "stop on the first fraction of the vocabulary's ids (0: no stop tokens)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
   bool compare_eager = false, cuda_graphs = true;
   app.add_flag("--compare-eager", compare_eager,
@@ -190,6 +197,9 @@ int main(int argc, char** argv) {
   timed.temperature = temperature;
   timed.seed = 11;
   timed.max_new_tokens = new_tokens;
+  const auto stop_ids =
+      static_cast<int64_t>(std::llround(stop_fraction * static_cast<double>(config.vocab_size)));
+  for (int64_t id = 0; id < stop_ids; ++id) timed.stop_token_ids.push_back(id);
 
   // Best of `rounds` timed Generate calls after a warm-up one; `out` gets the last generations.
   const auto time_generate = [&](const rl::rollout::SamplingParams& params,
@@ -208,8 +218,10 @@ int main(int argc, char** argv) {
   };
   std::vector<rl::rollout::Generation> generated;
   const double best = time_generate(timed, generated);
+  int64_t tokens_generated = 0;
   for (const auto& g : generated) {
-    if (static_cast<int64_t>(g.response.size()) != new_tokens) {
+    tokens_generated += static_cast<int64_t>(g.response.size());
+    if (stop_ids == 0 && static_cast<int64_t>(g.response.size()) != new_tokens) {
       std::fprintf(stderr, "a row generated %zu tokens, not %lld\n", g.response.size(),
                    static_cast<long long>(new_tokens));
       return 1;
@@ -273,7 +285,7 @@ int main(int argc, char** argv) {
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
   const bool moe = config.is_moe();
   double experts_per_step = 0;
-  if (moe) {
+  if (moe && stop_ids == 0) {
     experts_per_step = new_tokens >= 2 ? MeanExpertsPerStep(engine, device, ids, generated)
                                        : static_cast<double>(config.n_routed_experts);
   }
@@ -286,7 +298,7 @@ int main(int argc, char** argv) {
   for (int64_t t = 0; t < new_tokens; ++t) {
     bytes += step_weight_bytes + kv_bytes_per_token * static_cast<double>(batch * (prompt_len + t));
   }
-  const double tokens_per_s = static_cast<double>(batch * new_tokens) / best;
+  const double tokens_per_s = static_cast<double>(tokens_generated) / best;
   const double roofline = bytes / best / (hbm_tb_s * 1e12);
 
   rl::json::Value line = rl::json::Value::MakeObject({});
@@ -296,14 +308,18 @@ int main(int argc, char** argv) {
   line.Set("prompt_len", rl::json::Value::Int(prompt_len));
   line.Set("new_tokens", rl::json::Value::Int(new_tokens));
   line.Set("temperature", rl::json::Value::Double(temperature));
+  if (stop_ids > 0) {
+    line.Set("stop_fraction", rl::json::Value::Double(stop_fraction));
+    line.Set("tokens_generated", rl::json::Value::Int(tokens_generated));
+  }
   line.Set("seconds", rl::json::Value::Double(best));
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_s));
   line.Set("weight_bytes", rl::json::Value::Double(weight_bytes));
-  if (moe) {
+  if (moe && stop_ids == 0) {
     line.Set("experts_used_per_step", rl::json::Value::Double(experts_per_step));
     line.Set("step_weight_bytes", rl::json::Value::Double(step_weight_bytes));
   }
-  line.Set("roofline_fraction", rl::json::Value::Double(roofline));
+  if (stop_ids == 0) line.Set("roofline_fraction", rl::json::Value::Double(roofline));
   line.Set("cuda_graphs", rl::json::Value::Bool(graphs));
   if (kernels_per_step > 0) {
     line.Set("kernels_per_step", rl::json::Value::Int(kernels_per_step));

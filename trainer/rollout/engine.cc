@@ -48,24 +48,40 @@ std::vector<std::pair<at::Tensor, int64_t>> CacheTensors(model::LayerKv& kv) {
   return out;
 }
 
-// Moves rows `keep` of `tensor` ([new_batch] int64 on its device, ascending indices along
-// `row_dim` into rows [0, old_batch)) to rows [0, new_batch), positions [0, length) of
-// `position_dim` only.
-void MoveRows(const at::Tensor& tensor, int64_t row_dim, int64_t position_dim,
-              const at::Tensor& keep, int64_t old_batch, int64_t length) {
-  const at::Tensor used = tensor.narrow(row_dim, 0, old_batch).narrow(position_dim, 0, length);
-  const at::Tensor moved = used.index_select(row_dim, keep);  // a copy: safe to write back
-  tensor.narrow(row_dim, 0, keep.size(0)).narrow(position_dim, 0, length).copy_(moved);
+// Where the rows that go on sit after a step in which the cache rows `finished` (ascending, of
+// `batch`) ended (Note [Rollout batching]): the first batch - |finished| rows stay, but for the
+// finished ones among them, each taken by the next row past them that goes on.
+struct RowFill {
+  std::vector<int64_t> order;  // the old cache row of each new one
+  std::vector<int64_t> from;   // the rows that move, from these cache rows
+  std::vector<int64_t> to;     // to these
+};
+RowFill FillFinishedRows(const std::vector<int64_t>& finished, int64_t batch) {
+  const int64_t next = batch - static_cast<int64_t>(finished.size());
+  std::vector<bool> ends(static_cast<size_t>(batch), false);
+  for (int64_t r : finished) ends[static_cast<size_t>(r)] = true;
+  RowFill fill;
+  int64_t mover = next;
+  for (int64_t r = 0; r < next; ++r) {
+    if (!ends[static_cast<size_t>(r)]) {
+      fill.order.push_back(r);
+      continue;
+    }
+    while (ends[static_cast<size_t>(mover)]) ++mover;
+    fill.order.push_back(mover);
+    fill.from.push_back(mover);
+    fill.to.push_back(r);
+    ++mover;
+  }
+  return fill;
 }
 
-// MoveRows for every tensor of the cache.
-void CompactCache(model::KvCache& cache, int64_t num_layers, const at::Tensor& keep,
-                  int64_t old_batch, int64_t length) {
-  for (int64_t l = 0; l < num_layers; ++l) {
-    for (auto& [tensor, position_dim] : CacheTensors(cache.layer(l))) {
-      MoveRows(tensor, 0, position_dim, keep, old_batch, length);
-    }
-  }
+// Copies rows `from` of `tensor` ([n] int64 on its device, along `row_dim`) to rows `to`, positions
+// [0, length) of `position_dim` only.
+void MoveRows(const at::Tensor& tensor, int64_t row_dim, int64_t position_dim,
+              const at::Tensor& from, const at::Tensor& to, int64_t length) {
+  const at::Tensor used = tensor.narrow(position_dim, 0, length);
+  used.index_copy_(row_dim, to, used.index_select(row_dim, from));  // from and to are disjoint
 }
 
 }  // namespace
@@ -428,9 +444,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
     const int64_t* token_data = tokens.data_ptr<int64_t>();
     const float* log_prob_data = log_probs.data_ptr<float>();
 
-    std::vector<int64_t> keep;  // cache rows (indices into `live`) that go on
-    std::vector<int64_t> next_live;
-    std::vector<int64_t> finished;  // cache rows that end at this step
+    std::vector<int64_t> finished;  // cache rows (indices into `live`) that end at this step
     for (size_t r = 0; r < live.size(); ++r) {
       Generation& gen = out[rows[static_cast<size_t>(live[r])]];
       gen.response.push_back(token_data[r]);
@@ -438,12 +452,7 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
       const bool stopped = stop.count(token_data[r]) > 0;
       const bool full = static_cast<int64_t>(gen.response.size()) >= limit;
       if (!stopped && full) gen.truncated = true;
-      if (!stopped && !full) {
-        keep.push_back(static_cast<int64_t>(r));
-        next_live.push_back(live[r]);
-      } else {
-        finished.push_back(static_cast<int64_t>(r));
-      }
+      if (stopped || full) finished.push_back(static_cast<int64_t>(r));
     }
     if (!finished.empty() && (experts_.data.defined() || indexer_.data.defined())) {
       // Note [Engine routing record]: the fed positions [first, position) of each finished row.
@@ -468,23 +477,32 @@ void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& promp
       extract(
           indexer_, +[](Generation& g) -> std::vector<int32_t>& { return g.indexer_topk; });
     }
-    if (next_live.empty()) break;
+    if (finished.size() == live.size()) break;
     // The next step's tokens are the sampled ones of the rows that go on, still on the device.
     at::Tensor step_tokens = sampled.tokens;
-    if (next_live.size() < live.size()) {
-      const at::Tensor keep_rows =
-          at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(device_);
-      CompactCache(*cache_, config_.num_hidden_layers, keep_rows,
-                   static_cast<int64_t>(live.size()), position);
-      for (ChoiceRecord* record : {&experts_, &indexer_}) {  // [layers, rows, positions, k]
-        if (record->data.defined()) {
-          MoveRows(record->data, 1, 2, keep_rows, static_cast<int64_t>(live.size()), position);
+    if (!finished.empty()) {
+      const RowFill fill = FillFinishedRows(finished, static_cast<int64_t>(live.size()));
+      const auto on_device = [&](const std::vector<int64_t>& v) {
+        return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device_);
+      };
+      if (!fill.from.empty()) {
+        const at::Tensor from = on_device(fill.from);
+        const at::Tensor to = on_device(fill.to);
+        for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+          for (auto& [tensor, position_dim] : CacheTensors(cache_->layer(l))) {
+            MoveRows(tensor, 0, position_dim, from, to, position);
+          }
+        }
+        for (ChoiceRecord* record : {&experts_, &indexer_}) {  // [layers, rows, positions, k]
+          if (record->data.defined()) MoveRows(record->data, 1, 2, from, to, position);
         }
       }
-      step_tokens = step_tokens.index_select(0, keep_rows);
+      step_tokens = step_tokens.index_select(0, on_device(fill.order));
+      std::vector<int64_t> next_live;
+      for (int64_t r : fill.order) next_live.push_back(live[static_cast<size_t>(r)]);
+      live = std::move(next_live);
     }
     step_tokens = step_tokens.reshape({-1, 1});
-    live = std::move(next_live);
     position_.fill_(position);
     JoinGroupStep(StepKind::kDecode);
     logits = DecodeLogits(step_tokens, KeyLength(position));

@@ -194,6 +194,42 @@ TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
   }
 }
 
+TEST_CASE("Rows that finish mid-group give their places to later rows; each row equals itself alone") {
+  for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    // One group of 8 rows of one prompt (different seeds); stop tokens end them at different
+    // steps, so rows past the new batch move into finished rows' places (Note [Rollout
+    // batching]), several times.
+    auto engine = MakeEngine(f, 8, 20);
+    SamplingParams params;
+    params.temperature = 1.0;
+    params.max_new_tokens = 12;
+    params.seed = 2000;
+    for (int64_t t = 0; t < 128; t += 7) params.stop_token_ids.push_back(t);
+    const std::vector<std::vector<int64_t>> prompts(8, MixedPrompts(name)[3]);
+    const std::vector<Generation> batched = engine->Generate(prompts, params);
+    // A move happened when a row ended while a row after it went on.
+    bool moved = false;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      for (size_t j = i + 1; j < prompts.size(); ++j) {
+        moved |= batched[i].response.size() < batched[j].response.size();
+      }
+    }
+    CHECK(moved);
+    double worst = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      INFO("row " << i);
+      SamplingParams alone_params = params;
+      alone_params.seed = params.seed + i;
+      const std::vector<Generation> alone = engine->Generate({prompts[i]}, alone_params);
+      CHECK(batched[i].response == alone[0].response);
+      worst = std::max(worst, MaxAbsDiff(batched[i].log_probs, alone[0].log_probs));
+    }
+    CHECK(worst <= 1e-5);
+  }
+}
+
 TEST_CASE("A stop token ends the sequence and is included with its log-prob") {
   for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
