@@ -19,15 +19,16 @@
 // Decoder::ForwardStep takes one start position for the whole batch, and left padding is not free
 // with RoPE and a cache (positions would shift). Generate therefore groups prompts by length: the
 // rows of a group are at equal positions for the whole generation (each step appends one token to
-// every live row), so each group is prefilled in one ForwardStep and decoded step by step as one
-// batch over cache rows [0, group size). Groups larger than max_batch are split; groups run one
-// after another. When rows finish (stop token or length limit), the live rows are brought to
-// the front and the finished rows stop being computed: each finished row below the new batch
-// size is taken by a live row past it, whose cache entries (positions so far) move, in one
-// index_select + index_copy_ per cache tensor; the other rows stay where they are. So a step in
-// which f rows finish copies at most f rows, not every live row. Cost: with G distinct prompt
-// lengths, G sequential decode loops instead of one; GRPO sends n_samples_per_prompt copies of
-// each prompt, so groups are at least that large.
+// every live row), so each group is prefilled in one forward (Decoder::PrefillLogits: the logits
+// of the last prompt position only) and decoded step by step as one batch over cache rows
+// [0, group size). Groups larger than max_batch are split; groups run one after another. When
+// rows finish (stop token or length limit), the live rows are brought to the front and the
+// finished rows stop being computed: each finished row below the new batch size is taken by a
+// live row past it, whose cache entries (positions so far) move, in one index_select +
+// index_copy_ per cache tensor; the other rows stay where they are. So a step in which f rows
+// finish copies at most f rows, not every live row. Cost: with G distinct prompt lengths, G
+// sequential decode loops instead of one; GRPO sends n_samples_per_prompt copies of each prompt,
+// so groups are at least that large.
 //
 // Note [Rollout decode steps]
 // The decode steps of a group run at a device-side position (Decoder::DecodeStep) over the first
