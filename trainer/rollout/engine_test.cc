@@ -156,6 +156,36 @@ TEST_CASE("Sampled rollout log-probs equal a full forward's log_softmax(logits /
   }
 }
 
+// Sampling at temperature 1, up to `max_new_tokens`, with the token ids 0, every, 2 every, ...
+// below 128 as stop tokens, so that rows end at different steps.
+SamplingParams StoppingParams(int64_t max_new_tokens, uint64_t seed, int64_t every) {
+  SamplingParams params;
+  params.temperature = 1.0;
+  params.max_new_tokens = max_new_tokens;
+  params.seed = seed;
+  for (int64_t t = 0; t < 128; t += every) params.stop_token_ids.push_back(t);
+  return params;
+}
+
+// Checks each row of `batched` (Generate of `prompts` with `params`) against its prompt generated
+// alone with the row's seed (Note [Rollout seeds]): the same prompt, response and truncation.
+// Returns the largest difference of their log-probs.
+double CheckEachAlone(RolloutEngine& engine, const std::vector<std::vector<int64_t>>& prompts,
+                      const SamplingParams& params, const std::vector<Generation>& batched) {
+  double worst = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("row " << i);
+    SamplingParams alone_params = params;
+    alone_params.seed = params.seed + i;
+    const std::vector<Generation> alone = engine.Generate({prompts[i]}, alone_params);
+    CHECK(batched[i].prompt == prompts[i]);
+    CHECK(batched[i].response == alone[0].response);
+    CHECK(batched[i].truncated == alone[0].truncated);
+    worst = std::max(worst, MaxAbsDiff(batched[i].log_probs, alone[0].log_probs));
+  }
+  return worst;
+}
+
 TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
   for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
@@ -163,28 +193,14 @@ TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
     // max_batch 2 splits the groups; stop tokens end rows at different steps, which compacts the
     // cache mid-group.
     auto engine = MakeEngine(f, 2, 20);
-    SamplingParams params;
-    params.temperature = 1.0;
-    params.max_new_tokens = 10;
-    params.seed = 1000;
-    for (int64_t t = 0; t < 128; t += 9) params.stop_token_ids.push_back(t);
+    const SamplingParams params = StoppingParams(10, 1000, 9);
     const std::vector<std::vector<int64_t>> prompts = MixedPrompts(name);
     const std::vector<std::vector<int64_t>> batch_prompts = {
         prompts[0], prompts[1], prompts[2], prompts[3], prompts[4], prompts[0], prompts[2]};
     const std::vector<Generation> batched = engine->Generate(batch_prompts, params);
+    const double worst = CheckEachAlone(*engine, batch_prompts, params, batched);
     int64_t stopped = 0;
-    double worst = 0;
-    for (size_t i = 0; i < batch_prompts.size(); ++i) {
-      INFO("prompt " << i);
-      SamplingParams alone_params = params;
-      alone_params.seed = params.seed + i;
-      const std::vector<Generation> alone = engine->Generate({batch_prompts[i]}, alone_params);
-      CHECK(batched[i].prompt == batch_prompts[i]);
-      CHECK(batched[i].response == alone[0].response);
-      CHECK(batched[i].truncated == alone[0].truncated);
-      worst = std::max(worst, MaxAbsDiff(batched[i].log_probs, alone[0].log_probs));
-      if (!batched[i].truncated) ++stopped;
-    }
+    for (const Generation& g : batched) stopped += g.truncated ? 0 : 1;
     // Same prompt, different seeds (rows 0 and 5): different samples.
     CHECK(batched[0].response != batched[5].response);
     fmt::print("{:12s} batched vs alone: {} of {} rows stopped early, log-probs max|diff| {:.3g}\n",
@@ -202,11 +218,7 @@ TEST_CASE("Rows that finish mid-group give their places to later rows; each row 
     // steps, so rows past the new batch move into finished rows' places (Note [Rollout
     // batching]), several times.
     auto engine = MakeEngine(f, 8, 20);
-    SamplingParams params;
-    params.temperature = 1.0;
-    params.max_new_tokens = 12;
-    params.seed = 2000;
-    for (int64_t t = 0; t < 128; t += 7) params.stop_token_ids.push_back(t);
+    const SamplingParams params = StoppingParams(12, 2000, 7);
     const std::vector<std::vector<int64_t>> prompts(8, MixedPrompts(name)[3]);
     const std::vector<Generation> batched = engine->Generate(prompts, params);
     // A move happened when a row ended while a row after it went on.
@@ -217,16 +229,7 @@ TEST_CASE("Rows that finish mid-group give their places to later rows; each row 
       }
     }
     CHECK(moved);
-    double worst = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      INFO("row " << i);
-      SamplingParams alone_params = params;
-      alone_params.seed = params.seed + i;
-      const std::vector<Generation> alone = engine->Generate({prompts[i]}, alone_params);
-      CHECK(batched[i].response == alone[0].response);
-      worst = std::max(worst, MaxAbsDiff(batched[i].log_probs, alone[0].log_probs));
-    }
-    CHECK(worst <= 1e-5);
+    CHECK(CheckEachAlone(*engine, prompts, params, batched) <= 1e-5);
   }
 }
 
