@@ -210,7 +210,7 @@ TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
   }
 }
 
-TEST_CASE("Rows that finish mid-group give their places to later rows; each row equals itself alone") {
+TEST_CASE("Rows that finish mid-group give their places to later rows; each equals itself alone") {
   for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
     const Fixture f = LoadFixture(name);
