@@ -224,6 +224,13 @@ bool SmallLinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const 
   return rows >= 1 && rows <= kSmallLinearMaxRows && k % vec == 0 && Aligned(w, vec);
 }
 
+// Whether a cache tensor [B, H, T, D] has unit stride along D and every row aligned to
+// `elements` elements (its start and its strides).
+bool CacheRowsAligned(const at::Tensor& t, int64_t elements) {
+  return t.stride(3) == 1 && Aligned(t, elements) && t.stride(0) % elements == 0 &&
+         t.stride(1) % elements == 0 && t.stride(2) % elements == 0;
+}
+
 }  // namespace
 
 AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
@@ -417,11 +424,8 @@ AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& c
   DecodeAttentionShape& shape = plan.shape;
   shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
                               static_cast<float>(scale), blocks_per_sm);
-  const auto rows_16_bytes = [](const at::Tensor& t) {
-    return Aligned(t, 8) && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
-  };
   shape.tensor_cores = tensor_cores && cache.key.scalar_type() == at::kBFloat16 &&
-                       rows_16_bytes(cache.key) && rows_16_bytes(cache.value);
+                       CacheRowsAligned(cache.key, 8) && CacheRowsAligned(cache.value, 8);
   shape.k_stride_b = cache.key.stride(0);
   shape.k_stride_h = cache.key.stride(1);
   shape.k_stride_t = cache.key.stride(2);
@@ -466,11 +470,7 @@ bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache) {
     return false;
   }
   const int64_t vec = k.size(3) / 32;
-  const auto rows_aligned = [&](const at::Tensor& t) {
-    return t.stride(3) == 1 && Aligned(t, vec) && t.stride(0) % vec == 0 &&
-           t.stride(1) % vec == 0 && t.stride(2) % vec == 0;
-  };
-  return rows_aligned(k) && rows_aligned(v);
+  return CacheRowsAligned(k, vec) && CacheRowsAligned(v, vec);
 }
 
 bool DecodeQkvAttentionTakes(int64_t q_heads, const DecodeCache& cache) {
