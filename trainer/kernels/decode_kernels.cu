@@ -697,41 +697,50 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
 }
 
 // y [rows, n_out] = input [rows, k_in] w^T (+ bias) for rows <= kRows: a warp per output feature
-// reads its weight row once in 16-byte vectors, four at a time, and every input row with it;
-// fp32 sums, one rounding. The input is x, or staged from x by the whole block first (kMode).
-template <typename T, int kRows, SmallInput kMode>
+// reads its weight row once in 16-byte vectors, kPacks per lane at once (the whole row where k_in
+// <= 32 kVec kPacks), and every input row with it; fp32 sums in the order of k, one rounding. The
+// input is x, or staged from x by the whole block (kMode) while the first kPacks vectors of every
+// lane are in flight: the weights do not depend on the input, so a staged kernel waits for one
+// memory round trip, not two.
+template <typename T, int kRows, SmallInput kMode, int kPacks>
 __global__ void __launch_bounds__(kThreads)
     SmallLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
                       const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
                       const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                       int64_t rows, int64_t n_out, int64_t k_in) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kUnroll = 4;
+  constexpr int64_t kPass = 32 * kVec * kPacks;  // elements of a row per pass
   extern __shared__ __align__(16) unsigned char staged_bytes[];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t n = blockIdx.x * static_cast<int64_t>(kWarps) + warp;
+  const bool active = n < n_out;  // every warp stages; only those with a feature go on
+  const T* w_row = w + (active ? n : 0) * k_in;
+  Pack<T, kVec> weights[kPacks];
+  // Lane l's vectors of the pass at k0: elements k0 + (l + 32 u) kVec, u < kPacks.
+  const auto load = [&](int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < kPacks; ++u) {
+      const int64_t kk = k0 + (lane + 32 * u) * kVec;
+      if (active && kk < k_in) weights[u] = LoadPack<T, kVec>(w_row + kk);
+    }
+  };
+  load(0);
   const T* input = x;
   if constexpr (kMode != SmallInput::kPlain) {
     T* staged = reinterpret_cast<T*>(staged_bytes);
     StageInput<T, kMode>(x, add, norm_weight, eps, sum, staged, rows, k_in);
     input = staged;
   }
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t n = blockIdx.x * static_cast<int64_t>(kWarps) + warp;
-  if (n >= n_out) return;
-  const T* w_row = w + n * k_in;
+  if (!active) return;
   float acc[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
-  for (int64_t k0 = lane * kVec; k0 < k_in; k0 += 32 * kVec * kUnroll) {
-    Pack<T, kVec> weights[kUnroll];
+  for (int64_t k0 = 0; k0 < k_in; k0 += kPass) {
+    if (k0 > 0) load(k0);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t kk = k0 + u * 32 * kVec;
-      if (kk < k_in) weights[u] = LoadPack<T, kVec>(w_row + kk);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t kk = k0 + u * 32 * kVec;
+    for (int u = 0; u < kPacks; ++u) {
+      const int64_t kk = k0 + (lane + 32 * u) * kVec;
       if (kk >= k_in) break;
 #pragma unroll
       for (int m = 0; m < kRows; ++m) {
@@ -765,9 +774,9 @@ struct SmallLinearArgs {
   int64_t rows, n_out, k_in;
 };
 
-template <typename T, int kRows, SmallInput kMode>
+template <typename T, int kRows, SmallInput kMode, int kPacks>
 cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
-  const auto kernel = SmallLinearKernel<T, kRows, kMode>;
+  const auto kernel = SmallLinearKernel<T, kRows, kMode, kPacks>;
   const int64_t staged = kMode == SmallInput::kPlain ? 0 : a.rows * a.k_in * sizeof(T);
   if (staged > kSmallLinearMaxStagedBytes) return cudaErrorInvalidValue;
   // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
@@ -784,18 +793,29 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// 4 vectors per lane where they hold the whole row (k_in up to 1024 in bf16: the q/k/v and
+// gate/up projections, whose many blocks want the registers for occupancy), else 16 (the o and
+// down projections: fewer, longer rows, which want more bytes in flight per warp).
+template <typename T, SmallInput kMode>
+cudaError_t DispatchSmallLinearRows(const SmallLinearArgs& a, cudaStream_t stream) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  const bool short_row = a.k_in <= 4 * 32 * kVec;
+  if (a.rows <= 1) {
+    return short_row ? LaunchSmallLinear<T, 1, kMode, 4>(a, stream)
+                     : LaunchSmallLinear<T, 1, kMode, 16>(a, stream);
+  }
+  return short_row ? LaunchSmallLinear<T, 2, kMode, 4>(a, stream)
+                   : LaunchSmallLinear<T, 2, kMode, 16>(a, stream);
+}
+
 template <SmallInput kMode>
 cudaError_t DispatchSmallLinear(const SmallLinearArgs& a, DtypeCode dtype, cudaStream_t stream) {
   if (a.rows > kSmallLinearMaxRows || a.k_in % (dtype == kBFloat16 ? 8 : 4) != 0) {
     return cudaErrorInvalidValue;
   }
   if (a.rows == 0 || a.n_out == 0) return cudaSuccess;
-  if (dtype == kBFloat16) {
-    return a.rows <= 1 ? LaunchSmallLinear<__nv_bfloat16, 1, kMode>(a, stream)
-                       : LaunchSmallLinear<__nv_bfloat16, 2, kMode>(a, stream);
-  }
-  return a.rows <= 1 ? LaunchSmallLinear<float, 1, kMode>(a, stream)
-                     : LaunchSmallLinear<float, 2, kMode>(a, stream);
+  return dtype == kBFloat16 ? DispatchSmallLinearRows<__nv_bfloat16, kMode>(a, stream)
+                            : DispatchSmallLinearRows<float, kMode>(a, stream);
 }
 
 int MultiprocessorCount() {
