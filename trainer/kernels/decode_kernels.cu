@@ -185,6 +185,16 @@ __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t lim
   }
 }
 
+// With kPrep, whether FillRing's copies (of `keys` rows per iteration) may go out before the
+// block's preparation writes the step's key and value: they read only rows before the position
+// (or the split ends before it, and its block writes nothing). Then they overlap the preparation's
+// memory round trips instead of following them.
+template <int kRing>
+__device__ __forceinline__ bool RingPrecedesPosition(int64_t t0, int64_t stride, int64_t keys,
+                                                     int64_t chunk_end, int64_t pos) {
+  return pos >= chunk_end || t0 + (kRing - 2) * stride + keys <= pos;
+}
+
 // At the iteration t0, held in `stage`: the stage read the iteration before is refilled with the
 // iteration kRing - 1 ahead (if it starts before `end`), then this iteration's copies are waited
 // for (this thread's; a warp reading other lanes' copies syncs after).
@@ -329,12 +339,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
   constexpr int64_t kStride = kDecodeWarps * kKeysPerIteration;
-  if constexpr (kPrep) {
-    const int64_t pos = *position;
-    if (begin > pos) return;  // a split past the position: no part in the merge
-    PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                                pos < chunk_end, prepared_q, normed);
-  }
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h + lane * kVec;
   // The warp's ring [kStages][keys, values][kKeysPerIteration][kDim]; a lane copies and reads only
@@ -357,7 +361,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     }
   };
   int64_t t0 = begin + warp * kKeysPerIteration;
-  FillRing<kStages>(t0, kStride, chunk_end, copy);
+  bool filled = false;
+  if constexpr (kPrep) {
+    const int64_t pos = *position;
+    if (begin > pos) return;  // a split past the position: no part in the merge
+    filled = RingPrecedesPosition<kStages>(t0, kStride, kKeysPerIteration, chunk_end, pos);
+    if (filled) FillRing<kStages>(t0, kStride, chunk_end, copy);
+    PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                                pos < chunk_end, prepared_q, normed);
+  }
+  if (!filled) FillRing<kStages>(t0, kStride, chunk_end, copy);
   float query[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -507,12 +520,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int t = lane % 4;
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
-  if constexpr (kPrep) {
-    const int64_t pos = *position;
-    if (begin > pos) return;  // a split past the position: no part in the merge
-    PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                             pos < chunk_end, prepared_q, normed);
-  }
   // The warp's ring [kMmaStages][K, V][kTileKeys][kRow].
   T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kMmaStages * 2 * kTile);
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h;
@@ -530,7 +537,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
   };
   int64_t t0 = begin + warp * kTileKeys;
-  FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
+  bool filled = false;
+  if constexpr (kPrep) {
+    const int64_t pos = *position;
+    if (begin > pos) return;  // a split past the position: no part in the merge
+    filled = RingPrecedesPosition<kMmaStages>(t0, kStride, kTileKeys, chunk_end, pos);
+    if (filled) FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
+    PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                             pos < chunk_end, prepared_q, normed);
+  }
+  if (!filled) FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
   // Q^T as the B operand of S^T = K Q^T, per k16 step over the dims: column g is head g (zero
   // past the group), rows 2t, 2t + 1 and 2t + 8, 2t + 9 are its dims.
   uint32_t query[kSteps][2];
