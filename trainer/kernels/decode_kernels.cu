@@ -185,14 +185,18 @@ __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t lim
   }
 }
 
-// With kPrep, whether FillRing's copies (of `keys` rows per iteration) may go out before the
-// block's preparation writes the step's key and value: they read only rows before the position
-// (or the split ends before it, and its block writes nothing). Then they overlap the preparation's
-// memory round trips instead of following them.
-template <int kRing>
-__device__ __forceinline__ bool RingPrecedesPosition(int64_t t0, int64_t stride, int64_t keys,
-                                                     int64_t chunk_end, int64_t pos) {
-  return pos >= chunk_end || t0 + (kRing - 2) * stride + keys <= pos;
+// FillRing (iterations of `keys` rows) around a block's preparation `prepare()`, which writes the
+// step's key and value at `pos`: first where its copies read only rows before the position (or
+// the split ends before it, and its block writes nothing), so that they overlap the preparation's
+// memory round trips; else after it.
+template <int kRing, typename Copy, typename Prepare>
+__device__ __forceinline__ void FillRingAround(int64_t t0, int64_t stride, int64_t keys,
+                                               int64_t chunk_end, int64_t pos, const Copy& copy,
+                                               const Prepare& prepare) {
+  const bool before = pos >= chunk_end || t0 + (kRing - 2) * stride + keys <= pos;
+  if (before) FillRing<kRing>(t0, stride, chunk_end, copy);
+  prepare();
+  if (!before) FillRing<kRing>(t0, stride, chunk_end, copy);
 }
 
 // At the iteration t0, held in `stage`: the stage read the iteration before is refilled with the
@@ -361,16 +365,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     }
   };
   int64_t t0 = begin + warp * kKeysPerIteration;
-  bool filled = false;
   if constexpr (kPrep) {
     const int64_t pos = *position;
     if (begin > pos) return;  // a split past the position: no part in the merge
-    filled = RingPrecedesPosition<kStages>(t0, kStride, kKeysPerIteration, chunk_end, pos);
-    if (filled) FillRing<kStages>(t0, kStride, chunk_end, copy);
-    PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                                pos < chunk_end, prepared_q, normed);
+    FillRingAround<kStages>(t0, kStride, kKeysPerIteration, chunk_end, pos, copy, [&] {
+      PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                                  pos < chunk_end, prepared_q, normed);
+    });
+  } else {
+    FillRing<kStages>(t0, kStride, chunk_end, copy);
   }
-  if (!filled) FillRing<kStages>(t0, kStride, chunk_end, copy);
   float query[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -537,16 +541,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
   };
   int64_t t0 = begin + warp * kTileKeys;
-  bool filled = false;
   if constexpr (kPrep) {
     const int64_t pos = *position;
     if (begin > pos) return;  // a split past the position: no part in the merge
-    filled = RingPrecedesPosition<kMmaStages>(t0, kStride, kTileKeys, chunk_end, pos);
-    if (filled) FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
-    PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                             pos < chunk_end, prepared_q, normed);
+    FillRingAround<kMmaStages>(t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
+      PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                               pos < chunk_end, prepared_q, normed);
+    });
+  } else {
+    FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
   }
-  if (!filled) FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
   // Q^T as the B operand of S^T = K Q^T, per k16 step over the dims: column g is head g (zero
   // past the group), rows 2t, 2t + 1 and 2t + 8, 2t + 9 are its dims.
   uint32_t query[kSteps][2];
