@@ -141,11 +141,14 @@ struct DecodeAttentionShape {
 // of kv_heads.
 bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim);
 
-// The split of `key_length` keys (the most a step may see) for a batch (strides left zero): the
-// keys of each (row, head group) are split until the grid has about `blocks_per_sm` blocks per
-// multiprocessor (0: the default, chosen by tools/bench/fused_kernels_bench; 1: no split).
+// The split of `key_length` keys (the most a step may see) for a batch (strides left zero) and
+// the kernel (`tensor_cores`: the caller has checked that the cache takes it): the keys of each
+// (row, head group) are split until the grid has about `blocks_per_sm` blocks per multiprocessor
+// (0: the default, chosen by tools/bench/fused_kernels_bench), each split at least one iteration
+// of every warp of the kernel's block.
 DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,
-                                         int64_t key_length, float scale, int blocks_per_sm = 0);
+                                         int64_t key_length, float scale, int blocks_per_sm = 0,
+                                         bool tensor_cores = false);
 
 // softmax(q k^T scale) v for one query position per row: q [batch, q_heads, dim] (contiguous),
 // query head h reading key/value head h / (q_heads / kv_heads) at cache positions

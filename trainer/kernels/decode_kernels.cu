@@ -1020,19 +1020,24 @@ cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_nor
 }
 
 DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,
-                                         int64_t key_length, float scale, int blocks_per_sm) {
+                                         int64_t key_length, float scale, int blocks_per_sm,
+                                         bool tensor_cores) {
   if (blocks_per_sm <= 0) blocks_per_sm = kBlocksPerSm;
   DecodeAttentionShape p;
+  p.tensor_cores = tensor_cores;
   p.q_heads = q_heads;
   p.kv_heads = kv_heads;
   p.scale = scale;
   p.key_length = key_length;
   const int64_t blocks = batch * (q_heads / HeadsPerBlock(q_heads, kv_heads));
   // Splits that bring the grid to about kBlocksPerSm blocks per SM, each of at least one
-  // iteration of every warp, and no more blocks than there are merge counters.
+  // iteration of every warp (a tile of 16 keys each on tensor cores: a shorter split leaves warps
+  // without keys, and each split prepares its query heads and merges once more), and no more
+  // blocks than there are merge counters.
   const int64_t wanted =
       (static_cast<int64_t>(blocks_per_sm) * MultiprocessorCount() + blocks - 1) / blocks;
-  const int64_t min_chunk = kDecodeWarps * kKeysPerIteration;
+  const int64_t min_chunk =
+      tensor_cores ? kMmaWarps * kTileKeys : kDecodeWarps * kKeysPerIteration;
   const int64_t most = (key_length + min_chunk - 1) / min_chunk;
   int64_t splits = std::max<int64_t>(1, std::min(wanted, most));
   if (blocks > kMaxMergeSlots) splits = 1;
