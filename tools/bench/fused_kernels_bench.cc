@@ -10,7 +10,8 @@
 //     of 100 calls (no launch gaps), in us per call: DecodeAttention (batch 1 and 64, 16 query
 //     heads on 8 key/value heads (Qwen3-0.6B) and 32 on 4 (Qwen3-30B-A3B), 192 of 256 keys) at
 //     several blocks_per_sm (and the CUDA-core kernel at the default) against SDPA over the key
-//     block with a mask, as the LibTorch decode step ran it; SmallLinear against at::linear for
+//     block with a mask, as the LibTorch decode step ran it; DecodeQkvAttention against
+//     DecodeQkvPrep and DecodeAttention at the same shapes; SmallLinear against at::linear for
 //     1 and 2 rows (the rows it takes) at each projection's shape.
 // Exit status 1 when an agreement check fails. Needs a GPU.
 #include <ATen/ATen.h>
@@ -135,6 +136,32 @@ void DecodeKernelSpeeds(const at::Device& device) {
                 MicrosPerCall([&] {
                   rl::kernels::DecodeAttention(q, cache, keys, 0.088, 0, /*tensor_cores=*/false);
                 }));
+  }
+  // The decode step's attention with its q/k/v preparation (q/k norms, RoPE, cache writes), as
+  // the engine runs it: one kernel against the two it replaces.
+  for (const auto& [batch, q_heads, kv_heads] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 16, 8}, {64, 16, 8}, {1, 32, 4}, {64, 32, 4}}) {
+    const at::Tensor key = at::randn({batch, kv_heads, keys, dim}, on(at::kBFloat16));
+    const rl::kernels::DecodeCache cache{key, at::randn_like(key),
+                                         at::full({1}, position, on(at::kLong))};
+    const at::Tensor qkv = at::randn({batch, 1, (q_heads + 2 * kv_heads) * dim}, on(at::kBFloat16));
+    const at::Tensor norm = at::randn({dim}, on(at::kBFloat16));
+    const at::Tensor cos = at::randn({1, dim / 2}, on(at::kBFloat16));
+    const at::Tensor sin = at::randn({1, dim / 2}, on(at::kBFloat16));
+    const double fused = MicrosPerCall([&] {
+      rl::kernels::DecodeQkvAttention(qkv, norm, norm, 1e-6, cos, sin, false, q_heads, kv_heads,
+                                      dim, cache, keys, 0.088);
+    });
+    const double two = MicrosPerCall([&] {
+      const at::Tensor q = rl::kernels::DecodeQkvPrep(qkv, norm, norm, 1e-6, cos, sin, false,
+                                                      q_heads, kv_heads, dim, cache);
+      rl::kernels::DecodeAttention(q, cache, keys, 0.088);
+    });
+    std::printf("decode q/k/v preparation and attention batch %lld, %lld/%lld heads: "
+                "DecodeQkvAttention %.1f us, DecodeQkvPrep + DecodeAttention %.1f us\n",
+                static_cast<long long>(batch), static_cast<long long>(q_heads),
+                static_cast<long long>(kv_heads), fused, two);
   }
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};
