@@ -675,6 +675,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
                                                   split, pos, out, partial_out, partial_stats, p);
 }
 
+int MultiprocessorCount() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 132;
+    }
+    return sms;
+  }();
+  return count;
+}
+
 // How SmallLinearKernel gets its input rows x [rows, k_in].
 enum class SmallInput {
   kPlain,    // x itself (global memory; small, it stays in L1/L2)
@@ -813,19 +825,25 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// 4 vectors per lane where they hold the whole row (k_in up to 1024 in bf16: the q/k/v and
-// gate/up projections, whose many blocks want the registers for occupancy), else 16 (the o and
-// down projections: fewer, longer rows, which want more bytes in flight per warp).
+// Vectors per lane: 4 where they hold the whole row (k_in up to 1024 in bf16: the q/k/v and
+// gate/up projections, whose many blocks want the registers for occupancy); for longer rows 16
+// where the grid has at most a block per SM (the o and down projections of Qwen3-0.6B: few, long
+// rows, which want more bytes in flight per warp; 16 take about 170 registers, one block per SM),
+// else 8.
+template <typename T, int kRows, SmallInput kMode>
+cudaError_t LaunchSmallLinearPacks(const SmallLinearArgs& a, cudaStream_t stream) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  if (a.k_in <= 4 * 32 * kVec) return LaunchSmallLinear<T, kRows, kMode, 4>(a, stream);
+  if ((a.n_out + kWarps - 1) / kWarps <= MultiprocessorCount()) {
+    return LaunchSmallLinear<T, kRows, kMode, 16>(a, stream);
+  }
+  return LaunchSmallLinear<T, kRows, kMode, 8>(a, stream);
+}
+
 template <typename T, SmallInput kMode>
 cudaError_t DispatchSmallLinearRows(const SmallLinearArgs& a, cudaStream_t stream) {
-  constexpr int64_t kVec = 16 / sizeof(T);
-  const bool short_row = a.k_in <= 4 * 32 * kVec;
-  if (a.rows <= 1) {
-    return short_row ? LaunchSmallLinear<T, 1, kMode, 4>(a, stream)
-                     : LaunchSmallLinear<T, 1, kMode, 16>(a, stream);
-  }
-  return short_row ? LaunchSmallLinear<T, 2, kMode, 4>(a, stream)
-                   : LaunchSmallLinear<T, 2, kMode, 16>(a, stream);
+  return a.rows <= 1 ? LaunchSmallLinearPacks<T, 1, kMode>(a, stream)
+                     : LaunchSmallLinearPacks<T, 2, kMode>(a, stream);
 }
 
 template <SmallInput kMode>
@@ -836,18 +854,6 @@ cudaError_t DispatchSmallLinear(const SmallLinearArgs& a, DtypeCode dtype, cudaS
   if (a.rows == 0 || a.n_out == 0) return cudaSuccess;
   return dtype == kBFloat16 ? DispatchSmallLinearRows<__nv_bfloat16, kMode>(a, stream)
                             : DispatchSmallLinearRows<float, kMode>(a, stream);
-}
-
-int MultiprocessorCount() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 132;
-    }
-    return sms;
-  }();
-  return count;
 }
 
 // The most query heads per block that divide the heads per key/value head.
@@ -1038,7 +1044,7 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
       (static_cast<int64_t>(blocks_per_sm) * MultiprocessorCount() + blocks - 1) / blocks;
   const int64_t min_chunk =
       tensor_cores ? kMmaWarps * kTileKeys : kDecodeWarps * kKeysPerIteration;
-  const int64_t most = (key_length + min_chunk - 1) / min_chunk;
+  const int64_t most = std::max<int64_t>(1, key_length / min_chunk);  // splits >= min_chunk keys
   int64_t splits = std::max<int64_t>(1, std::min(wanted, most));
   if (blocks > kMaxMergeSlots) splits = 1;
   p.chunk = (key_length + splits - 1) / splits;

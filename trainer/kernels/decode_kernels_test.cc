@@ -64,21 +64,33 @@ TEST_CASE("SmallLinear is x w^T + b up to one rounding, for up to 2 rows") {
   at::manual_seed(6);
   for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
     for (const int64_t rows : {1, 2}) {
-      // One pass of a warp over k (4 vectors of 16 bytes a lane), and three.
-      for (const auto& [with_bias, k] : {std::pair<bool, int64_t>{false, 1024}, {true, 1024},
-                                         {true, 3072}}) {
+      // Rows of 4 vectors of 16 bytes a lane or fewer (k 1000 ends within a vector's lanes), and
+      // longer ones held 8 at a time (3000 features: more blocks than SMs) or 16 (1001 features,
+      // whose last block has warps without a feature), in one pass or several (6144).
+      struct LinearCase {
+        bool with_bias;
+        int64_t n, k;
+      };
+      for (const LinearCase& c : {LinearCase{false, 3000, 1024}, LinearCase{true, 3000, 1024},
+                                  LinearCase{true, 3000, 3072}, LinearCase{false, 1001, 1000},
+                                  LinearCase{false, 1001, 3072}, LinearCase{true, 1001, 6144},
+                                  LinearCase{false, 3000, 6144}}) {
+        const bool with_bias = c.with_bias;
+        const int64_t k = c.k;
         const at::Tensor x = at::randn({rows, 1, k}, On(dtype));
-        const at::Tensor w = at::randn({3000, k}, On(dtype)) / std::sqrt(double(k));
-        const at::Tensor b = with_bias ? at::randn({3000}, On(dtype)) : at::Tensor();
+        const at::Tensor w = at::randn({c.n, k}, On(dtype)) / std::sqrt(double(k));
+        const at::Tensor b = with_bias ? at::randn({c.n}, On(dtype)) : at::Tensor();
         REQUIRE(SmallLinearTakes(x, w, b));
         const at::Tensor y = SmallLinear(x, w, b);
         at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
         if (with_bias) expected = expected + b.to(at::kDouble);
-        INFO(rows << " rows, k " << k << ", bias " << with_bias << ", " << c10::toString(dtype));
+        INFO(rows << " rows, n " << c.n << ", k " << k << ", bias " << with_bias << ", "
+                  << c10::toString(dtype));
         CHECK(y.sizes() == expected.sizes());
-        // |y| < 8: one bf16 rounding is below 3.2e-2; fp32 sums of 1024 terms stay near 1e-5.
+        // |y| < 8: one bf16 rounding is below 3.2e-2; fp32 sums of up to 6144 terms stay near
+        // 1e-5.
         const double error = (y.to(at::kDouble) - expected).abs().max().item<double>();
-        CHECK(error < (dtype == at::kBFloat16 ? 3.2e-2 : 2e-5));
+        CHECK(error < (dtype == at::kBFloat16 ? 3.2e-2 : 3e-5));
       }
     }
   }
@@ -113,6 +125,16 @@ TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
       const at::Tensor gate_up = at::randn({rows, 1, 2 * 3072}, On(dtype)) * 3;
       const at::Tensor down = at::randn({1024, 3072}, On(dtype)) / 64;
       CHECK(SameBits(SmallLinearSiluMul(gate_up, down, {}), SmallLinear(SiluMul(gate_up), down, {})));
+
+      // Warps without a feature still stage the input with the rest of their block (1001
+      // features), and an input over several passes of 16 vectors a lane (6144).
+      const at::Tensor narrow = at::randn({1001, 1024}, On(dtype)) / 32;
+      CHECK(SameBits(SmallLinearAddRmsNorm(x, add, norm, 1e-6, narrow, {}).out,
+                     SmallLinear(unfolded.normed, narrow, {})));
+      const at::Tensor wide_gate_up = at::randn({rows, 1, 2 * 6144}, On(dtype)) * 3;
+      const at::Tensor wide_down = at::randn({1001, 6144}, On(dtype)) / 64;
+      CHECK(SameBits(SmallLinearSiluMul(wide_gate_up, wide_down, {}),
+                     SmallLinear(SiluMul(wide_gate_up), wide_down, {})));
     }
   }
   // Inputs larger than the staging memory are not taken.
@@ -197,7 +219,11 @@ TEST_CASE("DecodeAttention is softmax attention over the positions up to the ste
                                  AttentionCase{2, 8, 8, 64, 64, 63},
                                  AttentionCase{4, 16, 2, 256, 1024, 700},
                                  AttentionCase{2, 96, 8, 128, 256, 77},
-                                 AttentionCase{1, 24, 4, 64, 512, 511}}) {
+                                 AttentionCase{1, 24, 4, 64, 512, 511},
+                                 // The last key of a split and the first of the next (200 keys:
+                                 // 3 splits of 67 at batch 1).
+                                 AttentionCase{1, 16, 8, 128, 200, 66},
+                                 AttentionCase{1, 16, 8, 128, 200, 67}}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
       at::Tensor key = at::randn({c.batch + 1, c.kv_heads, c.key_length + 8, c.dim}, On(dtype));
       at::Tensor value = at::randn_like(key);
@@ -239,8 +265,14 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
                              FusedCase{2, 8, 8, 64, 32, true, true, 64},
                              FusedCase{2, 4, 2, 256, 128, true, false, 96}}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
-      // The first position, one in the middle, the last.
-      for (const int64_t position : {int64_t{0}, c.key_length / 2 + 3, c.key_length - 1}) {
+      // The first position, one in the middle, the last, and both sides of where a warp's first
+      // ring copies go out before the preparation (FillRingAround in decode_kernels.cu):
+      // 16-key tiles on tensor cores (79 / 80: split 1 of 64 keys at batch 1), three iterations
+      // of 4 keys 16 apart on CUDA cores (35 / 36).
+      for (const int64_t position :
+           {int64_t{0}, int64_t{16}, int64_t{35}, int64_t{36}, int64_t{79}, int64_t{80},
+            c.key_length / 2 + 3, c.key_length - 1}) {
+        if (position >= c.key_length) continue;
         const int64_t width = (c.q_heads + 2 * c.kv_heads) * c.dim;
         const at::Tensor qkv = at::randn({c.batch, 1, width}, On(dtype)) * 2;
         const at::Tensor q_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
