@@ -189,6 +189,16 @@ cudaError_t DecodeQkvAttention(const QkvPrepInputs& prep, const int64_t* positio
                                const DecodeAttentionShape& shape, DtypeCode dtype,
                                cudaStream_t stream);
 
+// One token per row of logits [rows, vocab] (row stride `stride`; vocab and stride multiples of
+// 16 bytes' elements, the rows 16-byte aligned) from the whole vocabulary (Note [Sampling kernel]
+// in sample_kernels.cu): greedy, the first largest logit; else the first token in id order whose
+// cumulative softmax(logits / temperature) (fp64) exceeds uniforms[row] (fp64 in [0, 1), on the
+// device). tokens [rows] int64 and log_probs [rows] fp32 (log_softmax(logits / temperature) at
+// the token; temperature 0 counts as 1). One block per row.
+cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
+                       double temperature, bool greedy, const double* uniforms, int64_t* tokens,
+                       float* log_probs, DtypeCode dtype, cudaStream_t stream);
+
 }  // namespace rl::kernels
 
 #endif  // RL_TRAINER_KERNELS_CUDA_KERNELS_H_

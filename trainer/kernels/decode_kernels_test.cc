@@ -333,5 +333,54 @@ TEST_CASE("DecodeAttention reads its position on the device, so a graph replay f
   }
 }
 
+// The sampling rule of SampleRows (cuda_kernels.h) on the CPU in fp64: per row the first token
+// whose cumulative softmax(logits / T) exceeds u, and log_softmax there.
+std::pair<at::Tensor, at::Tensor> ReferenceSample(const at::Tensor& logits, double temperature,
+                                                  const at::Tensor& uniforms) {
+  const at::Tensor s = (logits.cpu().to(at::kFloat) / temperature).to(at::kDouble);
+  const at::Tensor cdf = at::cumsum(at::softmax(s, -1), -1);
+  const at::Tensor t = uniforms.cpu().to(at::kDouble).unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
+  const at::Tensor tokens =
+      at::searchsorted(cdf, t, false, /*right=*/true).clamp_max(logits.size(1) - 1).squeeze(1);
+  const at::Tensor log_probs = at::log_softmax(s, -1).gather(1, tokens.unsqueeze(1)).squeeze(1);
+  return {tokens, log_probs};
+}
+
+TEST_CASE("SampleRows draws the inverse-CDF token of the whole vocabulary, and its log-prob") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(12);
+  const int64_t vocab = 151936;
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const double temperature : {1.0, 0.7}) {
+      at::Tensor logits = (at::randn({64, vocab}, On(at::kFloat)) * 3).to(dtype);
+      // A third of the words masked (zero mass), and uniforms at both ends.
+      logits.narrow(1, 0, vocab / 3).fill_(-INFINITY);
+      at::Tensor uniforms = at::rand({64}, On(at::kDouble));
+      uniforms[0] = 0.0;
+      uniforms[1] = 1.0 - 1e-12;
+      REQUIRE(SampleRowsTakes(logits));
+      const SampledRows got = SampleRows(logits, temperature, false, uniforms);
+      const auto [tokens, log_probs] = ReferenceSample(logits, temperature, uniforms);
+      INFO(c10::toString(dtype) << ", temperature " << temperature);
+      // The same tokens unless a uniform falls within ~1e-7 of a boundary of the cumulative
+      // distribution (none of these 64 do); log-probs from an fp64 total.
+      CHECK(at::equal(got.tokens.cpu(), tokens));
+      CHECK((got.log_probs.cpu().to(at::kDouble) - log_probs).abs().max().item<double>() < 1e-5);
+      CHECK(got.tokens.cpu().ge(vocab / 3).all().item<bool>());  // no masked word
+      // A row's result does not depend on its batch.
+      const SampledRows alone = SampleRows(logits.narrow(0, 5, 1), temperature, false,
+                                           uniforms.narrow(0, 5, 1));
+      CHECK(SameBits(alone.tokens, got.tokens.narrow(0, 5, 1)));
+      CHECK(SameBits(alone.log_probs, got.log_probs.narrow(0, 5, 1)));
+      // Greedy: the first largest logit.
+      const SampledRows greedy = SampleRows(logits, temperature, true, {});
+      CHECK(at::equal(greedy.tokens, logits.to(at::kFloat).argmax(-1)));
+    }
+  }
+  // Widths that are not whole 16-byte vectors, and three dims, are not taken.
+  CHECK_FALSE(SampleRowsTakes(at::randn({2, 1001}, On(at::kBFloat16))));
+  CHECK_FALSE(SampleRowsTakes(at::randn({2, 1, 1024}, On(at::kBFloat16))));
+}
+
 }  // namespace
 }  // namespace rl::kernels

@@ -525,4 +525,37 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
   return out;
 }
 
+bool SampleRowsTakes(const at::Tensor& logits) {
+  if (!Supported(logits) || logits.dim() != 2 || logits.stride(1) != 1 || logits.size(0) == 0) {
+    return false;
+  }
+  const int64_t vec = 16 / logits.element_size();
+  return logits.size(1) % vec == 0 && logits.stride(0) % vec == 0 && Aligned(logits, vec);
+}
+
+SampledRows SampleRows(const at::Tensor& logits, double temperature, bool greedy,
+                       const at::Tensor& uniforms) {
+  RL_CHECK(SampleRowsTakes(logits), Error,
+           "SampleRows: logits {} [{}] (strides [{}]) do not fit the kernel",
+           c10::toString(logits.scalar_type()), fmt::join(logits.sizes(), ", "),
+           fmt::join(logits.strides(), ", "));
+  const int64_t rows = logits.size(0);
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor u;
+  if (!greedy) {
+    RL_CHECK(uniforms.defined() && uniforms.numel() == rows, Error,
+             "SampleRows: need one uniform per row ({})", rows);
+    u = uniforms.reshape({rows}).to(logits.device(), at::kDouble).contiguous();
+  }
+  SampledRows out;
+  out.tokens = at::empty({rows}, logits.options().dtype(at::kLong));
+  out.log_probs = at::empty({rows}, logits.options().dtype(at::kFloat));
+  RL_CHECK_CUDA(kernels::SampleRows(logits.data_ptr(), rows, logits.size(1), logits.stride(0),
+                                    temperature, greedy, greedy ? nullptr : u.data_ptr<double>(),
+                                    out.tokens.data_ptr<int64_t>(),
+                                    out.log_probs.data_ptr<float>(), CodeOf(logits),
+                                    c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 }  // namespace rl::kernels

@@ -138,6 +138,18 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
                               int64_t kv_heads, int64_t dim, const DecodeCache& cache,
                               int64_t key_length, double scale);
 
+// SampleRows (cuda_kernels.h): a decode step's tokens [B] int64 and their log-probs [B] fp32 from
+// logits [B, V] drawn from the whole vocabulary, in one kernel. SampleRowsTakes: Supported
+// logits of two dims with unit stride along V, V and the row stride multiples of a 16-byte
+// vector, 16-byte aligned. `uniforms` [B] (any dtype and device; ignored when greedy).
+bool SampleRowsTakes(const at::Tensor& logits);
+struct SampledRows {
+  at::Tensor tokens;     // [B] int64
+  at::Tensor log_probs;  // [B] fp32
+};
+SampledRows SampleRows(const at::Tensor& logits, double temperature, bool greedy,
+                       const at::Tensor& uniforms);
+
 }  // namespace rl::kernels
 
 #endif  // RL_TRAINER_KERNELS_FUSED_OPS_H_

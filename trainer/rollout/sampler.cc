@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "launch/check.h"
+#include "trainer/kernels/fused_ops.h"
 
 namespace rl::rollout {
 
@@ -57,6 +58,18 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
            c10::toString(logits.scalar_type()), fmt::join(logits.sizes(), ", "));
   const int64_t batch = logits.size(0);
   const int64_t vocab = logits.size(1);
+  if (!IsGreedy(config)) {
+    RL_CHECK(uniforms.dim() == 1 && uniforms.size(0) == batch, Error,
+             "sampler: need one uniform per row ({}); got shape [{}]", batch,
+             fmt::join(uniforms.sizes(), ", "));
+  }
+  // On the GPU a row drawn from the whole vocabulary takes one kernel (Note [Sampling kernel] in
+  // trainer/kernels/sample_kernels.cu): the same rule, its sums in another order.
+  if ((IsGreedy(config) || !Truncates(config, vocab)) && kernels::SampleRowsTakes(logits)) {
+    const kernels::SampledRows rows =
+        kernels::SampleRows(logits, config.temperature, IsGreedy(config), uniforms);
+    return {rows.tokens, rows.log_probs};
+  }
   // Note [Rollout log-probs]: the scaled, untruncated distribution. (Each pass over [B, V] costs
   // tens of microseconds a decode step at batch 64: the fp32 logits are made once, and a
   // temperature of 1 divides nothing.)
@@ -69,9 +82,6 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
   if (IsGreedy(config)) {
     tokens = logits_fp32.argmax(-1);
   } else {
-    RL_CHECK(uniforms.dim() == 1 && uniforms.size(0) == batch, Error,
-             "sampler: need one uniform per row ({}); got shape [{}]", batch,
-             fmt::join(uniforms.sizes(), ", "));
     const at::Tensor u = uniforms.to(logits.device()).to(at::kDouble).unsqueeze(1);  // [B, 1]
     if (!Truncates(config, vocab)) {
       // The whole distribution, in token-id order: no sort (Note [Sampling without a sort]).

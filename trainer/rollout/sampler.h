@@ -15,6 +15,10 @@
 //         whose cumulative mass exceeds u * kept mass.
 //   Top-k is applied before top-p and top-p sees the distribution renormalised over the top-k set
 //   (as transformers' warpers and vLLM do).
+//   On a CUDA device, greedy rows and rows drawn from the whole vocabulary take one kernel
+//   (kernels::SampleRows; Note [Sampling kernel] in trainer/kernels/sample_kernels.cu): the same
+//   rule, with fp32 exponentials summed in fp64 in another order, so a token can differ only
+//   where u lies within about 1e-7 of a boundary of the cumulative distribution.
 //
 // Note [Sampling without a sort]
 // Inverse-CDF sampling draws token i with probability p_i in any fixed order of the tokens; the
