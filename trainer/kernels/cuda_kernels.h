@@ -195,9 +195,13 @@ cudaError_t DecodeQkvAttention(const QkvPrepInputs& prep, const int64_t* positio
 // cumulative softmax(logits / temperature) (fp64) exceeds uniforms[row] (fp64 in [0, 1), on the
 // device). tokens [rows] int64 and log_probs [rows] fp32 (log_softmax(logits / temperature) at
 // the token; temperature 0 counts as 1). One block per row.
+// Vocabularies whose step totals (SampleRowsSharedBytes) exceed kSampleMaxSharedBytes are not
+// taken: 1.3M words in bf16, 655k in fp32.
 cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
                        double temperature, bool greedy, const double* uniforms, int64_t* tokens,
                        float* log_probs, DtypeCode dtype, cudaStream_t stream);
+constexpr int64_t kSampleMaxSharedBytes = 40 * 1024;
+int64_t SampleRowsSharedBytes(int64_t vocab, DtypeCode dtype);
 
 }  // namespace rl::kernels
 

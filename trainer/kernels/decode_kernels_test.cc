@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -334,49 +335,96 @@ TEST_CASE("DecodeAttention reads its position on the device, so a graph replay f
 }
 
 // The sampling rule of SampleRows (cuda_kernels.h) on the CPU in fp64: per row the first token
-// whose cumulative softmax(logits / T) exceeds u, and log_softmax there.
-std::pair<at::Tensor, at::Tensor> ReferenceSample(const at::Tensor& logits, double temperature,
-                                                  const at::Tensor& uniforms) {
+// whose cumulative softmax(logits / T) exceeds t = u x total, log_softmax there, and the
+// cumulative distribution and t, to judge a differing token.
+struct ReferenceDraw {
+  at::Tensor tokens, log_probs, cdf, t;
+};
+ReferenceDraw ReferenceSample(const at::Tensor& logits, double temperature,
+                              const at::Tensor& uniforms) {
   const at::Tensor s = (logits.cpu().to(at::kFloat) / temperature).to(at::kDouble);
-  const at::Tensor cdf = at::cumsum(at::softmax(s, -1), -1);
-  const at::Tensor t = uniforms.cpu().to(at::kDouble).unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
-  const at::Tensor tokens =
-      at::searchsorted(cdf, t, false, /*right=*/true).clamp_max(logits.size(1) - 1).squeeze(1);
-  const at::Tensor log_probs = at::log_softmax(s, -1).gather(1, tokens.unsqueeze(1)).squeeze(1);
-  return {tokens, log_probs};
+  ReferenceDraw r;
+  r.cdf = at::cumsum(at::softmax(s, -1), -1);
+  r.t = uniforms.cpu().to(at::kDouble).unsqueeze(1) * r.cdf.narrow(1, r.cdf.size(1) - 1, 1);
+  r.tokens =
+      at::searchsorted(r.cdf, r.t, false, /*right=*/true).clamp_max(logits.size(1) - 1).squeeze(1);
+  r.log_probs = at::log_softmax(s, -1).gather(1, r.tokens.unsqueeze(1)).squeeze(1);
+  return r;
+}
+
+// Rows whose token differs from the reference's where u does not lie within 1e-6 of a boundary
+// of the cumulative distribution (the kernel sums fp32 masses in another order: ~1e-7 apart).
+int64_t FarMismatches(const at::Tensor& tokens, const ReferenceDraw& r) {
+  const at::Tensor got = tokens.cpu();
+  int64_t far = 0;
+  for (int64_t i = 0; i < got.size(0); ++i) {
+    const int64_t a = got[i].item<int64_t>(), b = r.tokens[i].item<int64_t>();
+    if (a == b) continue;
+    const double boundary = r.cdf[i][std::min(a, b)].item<double>();
+    if (std::abs(boundary - r.t[i][0].item<double>()) > 1e-6) ++far;
+  }
+  return far;
 }
 
 TEST_CASE("SampleRows draws the inverse-CDF token of the whole vocabulary, and its log-prob") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(12);
-  const int64_t vocab = 151936;
-  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
-    for (const double temperature : {1.0, 0.7}) {
-      at::Tensor logits = (at::randn({64, vocab}, On(at::kFloat)) * 3).to(dtype);
-      // A third of the words masked (zero mass), and uniforms at both ends.
-      logits.narrow(1, 0, vocab / 3).fill_(-INFINITY);
-      at::Tensor uniforms = at::rand({64}, On(at::kDouble));
-      uniforms[0] = 0.0;
-      uniforms[1] = 1.0 - 1e-12;
-      REQUIRE(SampleRowsTakes(logits));
-      const SampledRows got = SampleRows(logits, temperature, false, uniforms);
-      const auto [tokens, log_probs] = ReferenceSample(logits, temperature, uniforms);
-      INFO(c10::toString(dtype) << ", temperature " << temperature);
-      // The same tokens unless a uniform falls within ~1e-7 of a boundary of the cumulative
-      // distribution (none of these 64 do); log-probs from an fp64 total.
-      CHECK(at::equal(got.tokens.cpu(), tokens));
-      CHECK((got.log_probs.cpu().to(at::kDouble) - log_probs).abs().max().item<double>() < 1e-5);
-      CHECK(got.tokens.cpu().ge(vocab / 3).all().item<bool>());  // no masked word
-      // A row's result does not depend on its batch.
-      const SampledRows alone = SampleRows(logits.narrow(0, 5, 1), temperature, false,
-                                           uniforms.narrow(0, 5, 1));
-      CHECK(SameBits(alone.tokens, got.tokens.narrow(0, 5, 1)));
-      CHECK(SameBits(alone.log_probs, got.log_probs.narrow(0, 5, 1)));
-      // Greedy: the first largest logit.
-      const SampledRows greedy = SampleRows(logits, temperature, true, {});
-      CHECK(at::equal(greedy.tokens, logits.to(at::kFloat).argmax(-1)));
+  for (const int64_t vocab : {int64_t{151936}, int64_t{1024}}) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+      for (const double temperature : {1.0, 0.7}) {
+        at::Tensor logits = (at::randn({64, vocab}, On(at::kFloat)) * 3).to(dtype);
+        // A third of the words masked (zero mass): the first third, or the last (whole warps'
+        // runs of steps without mass); uniforms at both ends.
+        logits.narrow(0, 0, 32).narrow(1, 0, vocab / 3).fill_(-INFINITY);
+        logits.narrow(0, 32, 32).narrow(1, vocab - vocab / 3, vocab / 3).fill_(-INFINITY);
+        at::Tensor uniforms = at::rand({64}, On(at::kDouble));
+        uniforms[0] = 0.0;
+        uniforms[1] = 1.0 - 1e-12;
+        uniforms[40] = 1.0 - 1e-12;
+        REQUIRE(SampleRowsTakes(logits));
+        const SampledRows got = SampleRows(logits, temperature, false, uniforms);
+        const ReferenceDraw r = ReferenceSample(logits, temperature, uniforms);
+        INFO("vocab " << vocab << ", " << c10::toString(dtype) << ", temperature "
+                      << temperature);
+        CHECK(FarMismatches(got.tokens, r) == 0);
+        CHECK((got.log_probs.cpu().to(at::kDouble) - r.log_probs).abs().max().item<double>() <
+              1e-5);
+        // No masked word.
+        const at::Tensor tokens = got.tokens.cpu();
+        CHECK(tokens.narrow(0, 0, 32).ge(vocab / 3).all().item<bool>());
+        CHECK(tokens.narrow(0, 32, 32).lt(vocab - vocab / 3).all().item<bool>());
+        // A row's result does not depend on its batch.
+        const SampledRows alone = SampleRows(logits.narrow(0, 5, 1), temperature, false,
+                                             uniforms.narrow(0, 5, 1));
+        CHECK(SameBits(alone.tokens, got.tokens.narrow(0, 5, 1)));
+        CHECK(SameBits(alone.log_probs, got.log_probs.narrow(0, 5, 1)));
+        // Greedy: the first largest logit.
+        const SampledRows greedy = SampleRows(logits, temperature, true, {});
+        CHECK(at::equal(greedy.tokens, logits.to(at::kFloat).argmax(-1)));
+      }
     }
   }
+  // Greedy at temperature 0: log-probs at temperature 1; ties go to the first index, across
+  // warps and unrolled steps; a row with a NaN gives its first NaN's index, as at::argmax.
+  at::Tensor logits = at::randn({3, 151936}, On(at::kFloat));
+  for (const int64_t at_index : {int64_t{70000}, int64_t{9000}, int64_t{150000}}) {
+    logits[0][at_index] = 50.0f;
+  }
+  logits[1][4096] = NAN;
+  logits[1][100] = NAN;
+  const SampledRows greedy = SampleRows(logits, 0.0, true, {});
+  const at::Tensor tokens = greedy.tokens.cpu();
+  CHECK(tokens[0].item<int64_t>() == 9000);
+  CHECK(tokens[1].item<int64_t>() == 100);
+  CHECK(tokens[2].item<int64_t>() == logits[2].argmax().item<int64_t>());
+  const at::Tensor expected = at::log_softmax(logits.cpu().to(at::kDouble), -1);
+  CHECK(std::abs(greedy.log_probs[2].item<double>() -
+                 expected[2][tokens[2].item<int64_t>()].item<double>()) < 1e-5);
+  // Sampling a row with a NaN still gives a valid id.
+  const SampledRows sampled = SampleRows(logits, 1.0, false, at::full({3}, 0.5, On(at::kDouble)));
+  const at::Tensor sampled_tokens = sampled.tokens.cpu();
+  CHECK(sampled_tokens.ge(0).all().item<bool>());
+  CHECK(sampled_tokens.lt(151936).all().item<bool>());
   // Widths that are not whole 16-byte vectors, and three dims, are not taken.
   CHECK_FALSE(SampleRowsTakes(at::randn({2, 1001}, On(at::kBFloat16))));
   CHECK_FALSE(SampleRowsTakes(at::randn({2, 1, 1024}, On(at::kBFloat16))));

@@ -530,7 +530,8 @@ bool SampleRowsTakes(const at::Tensor& logits) {
     return false;
   }
   const int64_t vec = 16 / logits.element_size();
-  return logits.size(1) % vec == 0 && logits.stride(0) % vec == 0 && Aligned(logits, vec);
+  return logits.size(1) % vec == 0 && logits.stride(0) % vec == 0 && Aligned(logits, vec) &&
+         SampleRowsSharedBytes(logits.size(1), CodeOf(logits)) <= kSampleMaxSharedBytes;
 }
 
 SampledRows SampleRows(const at::Tensor& logits, double temperature, bool greedy,

@@ -4,25 +4,28 @@
 // Note [Sampling kernel]
 // The rule is SampleWithUniforms's for a row that keeps every token (trainer/rollout/sampler.h,
 // Note [Sampling without a sort]): s = logits (as fp32) / T, p = softmax(s), the token is the
-// first in id order whose cumulative p exceeds u (or, greedy, the first largest logit), and its
-// log-prob is log_softmax(s) there. The LibTorch ops take six passes over [B, V] in fp32 and fp64
-// (the cast, log_softmax, the fp64 cast, softmax, cumsum); this kernel reads each row twice (the
-// second time mostly from L2) and writes two numbers. One block per row:
+// first in id order whose cumulative p exceeds u (or, greedy, the first largest logit, NaN
+// counting as the largest as in at::argmax), and its log-prob is log_softmax(s) there. The
+// LibTorch ops take six passes over [B, V] in fp32 and fp64 (the cast, log_softmax, the fp64
+// cast, softmax, cumsum); this kernel reads each row twice (the second time mostly from L2) and
+// writes two numbers. One block per row:
 //  1. the row's largest s, and the first index of its largest logit (greedy);
-//  2. warp w takes the w-th of 16 contiguous slices of the row: per step of 32 x kVec elements,
-//     each lane's exp(s - max) (expf, within 2 ulp: by estimate, exp in fp64 on one SM would
-//     take tens of us for a row of 151,936 words) summed in fp64 in element order, a warp scan
-//     over the lanes, the step's total added to the slice's; one thread then sums the slices in
-//     order into their prefix (excl[w]) and the row's total;
-//  3. greedy: the argmax. Else, with t = u x total: the first slice with t < excl[w + 1], whose
-//     warp walks its steps again: the cumulative mass of element j is excl[w] + (the steps before
-//     + (the lanes before + the lane's own up to j)), and the token is the first j where it
-//     exceeds t (rounding can leave none there, within 1e-16 of the slice's end: then the slice's
-//     last element of positive mass).
+//  2. the row in steps of 32 x kVec elements (lane l a vector of kVec), warp w taking the w-th of
+//     16 runs of whole steps: per step, each lane's exp(s - max) (expf, within 2 ulp: by
+//     estimate, exp in fp64 on one SM would take tens of us for a row of 151,936 words) summed
+//     in fp64 in element order, and the lanes' sums added by a warp butterfly into the step's
+//     total (shared memory, a double per step); lane 0 sums its run's steps in order, one thread
+//     the runs in order into their prefix (excl[w]) and the row's total;
+//  3. greedy: the argmax. Else, with t = u x total, the first run with t < excl[w + 1]; its warp
+//     repeats lane 0's sums to find the first step whose cumulative mass exceeds t, loads that
+//     step again, and takes its first element whose cumulative mass, excl[w] + (the steps before
+//     + (the lanes before, by a warp scan, + the lane's own up to it)), exceeds t. Rounding can
+//     leave none there, within 1e-16 of the step's end: then the step's last element of mass.
 // So the tokens are those of the LibTorch ops up to where u falls within about 1e-7 of a boundary
 // of the cumulative distribution (fp32 masses, summed in another order), and the log-prob is s -
 // max - log(total) from the fp64 total, rounded once to fp32 (log_softmax in fp32 may differ in
-// its last bits). The block's result does not depend on the batch: graphs and eager steps agree.
+// its last bits). A token is always a valid id, of positive mass where any word has it. The
+// block's result does not depend on the batch: graphs and eager steps agree.
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
@@ -43,10 +46,15 @@ struct alignas(sizeof(T) * kVec) SamplePack {
   T v[kVec];
 };
 
-// (value, index) of the larger value, the smaller index among equals.
+// (value, index) of the larger value, the smaller index among equals; NaN counts as the largest,
+// as in at::argmax (so a row with a NaN yields the first NaN's index).
 __device__ __forceinline__ void TakeLarger(float& value, int64_t& index, float other_value,
                                            int64_t other_index) {
-  if (other_value > value || (other_value == value && other_index < index)) {
+  const bool larger = isnan(other_value)
+                          ? !isnan(value) || other_index < index
+                          : !isnan(value) && (other_value > value ||
+                                              (other_value == value && other_index < index));
+  if (larger) {
     value = other_value;
     index = other_index;
   }
@@ -62,10 +70,22 @@ __device__ __forceinline__ double WarpInclusiveScan(double v) {
   return v;
 }
 
+__device__ __forceinline__ double WarpSumDouble(double v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
+  return v;
+}
+
+// The dynamic shared memory of a block: one double per step of 32 vectors.
+template <typename T>
+int64_t StepTotalsBytes(int64_t vocab) {
+  constexpr int64_t kStep = 32 * (16 / sizeof(T));
+  return (vocab + kStep - 1) / kStep * static_cast<int64_t>(sizeof(double));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kSampleThreads)
     SampleRowsKernel(const T* __restrict__ logits, int64_t vocab, int64_t stride,
-                     float inv_temperature, bool scale, bool greedy,
+                     float temperature, bool scale, bool greedy,
                      const double* __restrict__ uniforms, int64_t* __restrict__ tokens,
                      float* __restrict__ log_probs) {
   constexpr int kVec = 16 / sizeof(T);
@@ -77,11 +97,13 @@ __global__ void __launch_bounds__(kSampleThreads)
   __shared__ double excl[kSampleWarps + 1];
   __shared__ float row_max;
   __shared__ int64_t row_arg;
+  extern __shared__ double step_total[];  // per step of kStep elements, the sum of its masses
   const int64_t row = blockIdx.x;
   const T* x = logits + row * stride;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const auto scaled = [&](float v) { return scale ? v * inv_temperature : v; };
+  // s = logits / T, rounded as the division of the LibTorch ops.
+  const auto scaled = [&](float v) { return scale ? __fdiv_rn(v, temperature) : v; };
 
   // 1. The largest s and the first largest logit, the row strided over the block's threads.
   float max_s = -CUDART_INF_F, best = -CUDART_INF_F;
@@ -125,47 +147,55 @@ __global__ void __launch_bounds__(kSampleThreads)
       TakeLarger(b, a, warp_best[w], warp_arg[w]);
     }
     row_max = m;
-    row_arg = a;
+    row_arg = a < vocab ? a : 0;  // a valid id whatever the row holds
   }
   __syncthreads();
   const float top = row_max;
+  const auto log_prob = [&](int64_t token, double total) {
+    const double s = scaled(ToFloat(x[token]));
+    return static_cast<float>(s - static_cast<double>(top) - log(total));
+  };
 
-  // 2. Warp w's slice [w * slice, (w + 1) * slice), whole steps of kStep elements.
+  // 2. Warp w's slice: steps [w * slice_steps, (w + 1) * slice_steps) of kStep elements.
   const int64_t steps = (vocab + kStep - 1) / kStep;
   const int64_t slice_steps = (steps + kSampleWarps - 1) / kSampleWarps;
-  const int64_t slice_begin = warp * slice_steps * kStep;
-  const int64_t slice_end = min(vocab, slice_begin + slice_steps * kStep);
-  // Lane l's vector of the step at `at` (undefined past the slice), and its masses in element
-  // order, mass[e] (0 past the slice), and their sum.
-  const auto load = [&](int64_t at, SamplePack<T, kVec>& pack) {
-    const int64_t first = at + lane * kVec;
-    if (first < slice_end) pack = *reinterpret_cast<const SamplePack<T, kVec>*>(x + first);
+  const int64_t first_step = min(steps, warp * slice_steps);
+  const int64_t end_step = min(steps, first_step + slice_steps);
+  // Lane l's masses of step k in element order, mass[e] (0 past the row), and their sum.
+  const auto load = [&](int64_t k, SamplePack<T, kVec>& pack) {
+    const int64_t first = k * kStep + lane * kVec;
+    if (first < vocab) pack = *reinterpret_cast<const SamplePack<T, kVec>*>(x + first);
   };
-  const auto masses = [&](int64_t at, const SamplePack<T, kVec>& pack, double (&mass)[kVec]) {
-    const int64_t first = at + lane * kVec;
+  const auto masses = [&](int64_t k, const SamplePack<T, kVec>& pack, double (&mass)[kVec]) {
+    const int64_t first = k * kStep + lane * kVec;
     double sum = 0.0;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      mass[e] = first + e < slice_end ? static_cast<double>(expf(scaled(ToFloat(pack.v[e])) - top))
-                                      : 0.0;
+      mass[e] = first + e < vocab
+                    ? static_cast<double>(expf(__fsub_rn(scaled(ToFloat(pack.v[e])), top)))
+                    : 0.0;
       sum += mass[e];
     }
     return sum;
   };
-  double run = 0.0;
-  for (int64_t at = slice_begin; at < slice_end; at += kStep * kSampleUnroll) {
+  for (int64_t k = first_step; k < end_step; k += kSampleUnroll) {
     SamplePack<T, kVec> packs[kSampleUnroll];
 #pragma unroll
-    for (int u = 0; u < kSampleUnroll; ++u) load(at + u * kStep, packs[u]);
+    for (int u = 0; u < kSampleUnroll; ++u) load(k + u, packs[u]);
 #pragma unroll
     for (int u = 0; u < kSampleUnroll; ++u) {
-      if (at + u * kStep >= slice_end) break;
+      if (k + u >= end_step) break;
       double mass[kVec];
-      const double lanes = WarpInclusiveScan(masses(at + u * kStep, packs[u], mass));
-      run += __shfl_sync(0xffffffff, lanes, 31);
+      const double sum = WarpSumDouble(masses(k + u, packs[u], mass));
+      if (lane == 0) step_total[k + u] = sum;
     }
   }
-  if (lane == 0) slice_mass[warp] = run;
+  __syncwarp();
+  if (lane == 0) {  // the slice's steps summed in order: the walk below repeats these sums
+    double run = 0.0;
+    for (int64_t k = first_step; k < end_step; ++k) run += step_total[k];
+    slice_mass[warp] = run;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     excl[0] = 0.0;
@@ -173,16 +203,12 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   __syncthreads();
   const double total = excl[kSampleWarps];
-  const auto log_prob = [&](int64_t token) {
-    const double s = scaled(ToFloat(x[token]));
-    return static_cast<float>(s - static_cast<double>(top) - log(total));
-  };
 
   // 3. The token, and its log-prob.
   if (greedy) {
     if (threadIdx.x == 0) {
       tokens[row] = row_arg;
-      log_probs[row] = log_prob(row_arg);
+      log_probs[row] = log_prob(row_arg, total);
     }
     return;
   }
@@ -194,38 +220,60 @@ __global__ void __launch_bounds__(kSampleThreads)
       break;
     }
   }
-  while (chosen > 0 && slice_mass[chosen] == 0.0) --chosen;
+  while (chosen > 0 && !(slice_mass[chosen] > 0.0)) --chosen;
   if (warp != chosen) return;
-  run = 0.0;
-  int64_t last_positive = -1, token = -1;
-  for (int64_t at = slice_begin; at < slice_end && token < 0; at += kStep) {
+  // The step: the first whose cumulative mass, excl + the slice's steps so far (the sums of
+  // step 2), exceeds t; else (t at or past the row's total) the last with mass.
+  int64_t step = -1, last_with_mass = -1;
+  double before = 0.0;  // the slice's mass before `step`
+  {
+    double run = 0.0;
+    for (int64_t k = first_step; k < end_step; ++k) {
+      const double next = run + step_total[k];
+      if (step_total[k] > 0.0) last_with_mass = k;
+      if (excl[warp] + next > t) {
+        step = k;
+        before = run;
+        break;
+      }
+      run = next;
+    }
+    if (step < 0) {
+      step = last_with_mass >= 0 ? last_with_mass : first_step;
+      before = 0.0;
+      for (int64_t k = first_step; k < step; ++k) before += step_total[k];
+    }
+  }
+  // In the step: the first element whose cumulative mass exceeds t (rounding can leave none,
+  // within 1e-16 of the step's end: then the step's last element of mass).
+  int64_t token = -1, positive = -1;
+  if (step < end_step) {
     SamplePack<T, kVec> pack;
-    load(at, pack);
+    load(step, pack);
     double mass[kVec];
-    const double own = masses(at, pack, mass);
-    const double lanes = WarpInclusiveScan(own);
-    double cumulative = lanes - own;  // the lanes before this one
-    int64_t found = -1, positive = -1;
+    const double own = masses(step, pack, mass);
+    double cumulative = WarpInclusiveScan(own) - own;  // the lanes before this one
+    int64_t found = -1;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       cumulative += mass[e];
-      const int64_t j = at + lane * kVec + e;
+      const int64_t j = step * kStep + lane * kVec + e;
       if (mass[e] > 0.0) positive = j;
-      if (found < 0 && mass[e] > 0.0 && excl[warp] + (run + cumulative) > t) found = j;
+      if (found < 0 && mass[e] > 0.0 && excl[warp] + (before + cumulative) > t) found = j;
     }
-    // The first lane that found one holds the token; the last lane with mass, the fallback.
     const unsigned found_lanes = __ballot_sync(0xffffffff, found >= 0);
     if (found_lanes != 0) token = __shfl_sync(0xffffffff, found, __ffs(found_lanes) - 1);
     const unsigned positive_lanes = __ballot_sync(0xffffffff, positive >= 0);
     if (positive_lanes != 0) {
-      last_positive = __shfl_sync(0xffffffff, positive, 31 - __clz(positive_lanes));
+      positive = __shfl_sync(0xffffffff, positive, 31 - __clz(positive_lanes));
+    } else {
+      positive = -1;
     }
-    run += __shfl_sync(0xffffffff, lanes, 31);
   }
   if (lane == 0) {
-    if (token < 0) token = last_positive >= 0 ? last_positive : row_arg;
+    if (token < 0) token = positive >= 0 ? positive : row_arg;
     tokens[row] = token;
-    log_probs[row] = log_prob(token);
+    log_probs[row] = log_prob(token, total);
   }
 }
 
@@ -236,23 +284,28 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
                        float* log_probs, DtypeCode dtype, cudaStream_t stream) {
   const int64_t vec = dtype == kBFloat16 ? 8 : 4;
   if (vocab < 1 || vocab % vec != 0 || stride % vec != 0 || temperature < 0 ||
-      (!greedy && uniforms == nullptr)) {
+      (!greedy && uniforms == nullptr) || SampleRowsSharedBytes(vocab, dtype) > kSampleMaxSharedBytes) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
   // Temperature 0 is greedy at temperature 1 (sampler.h); 1 scales nothing.
   const bool scale = temperature > 0 && temperature != 1.0;
-  const float inv_temperature = scale ? static_cast<float>(1.0 / temperature) : 1.0f;
+  const float t = scale ? static_cast<float>(temperature) : 1.0f;
+  const auto shared = static_cast<size_t>(SampleRowsSharedBytes(vocab, dtype));
   if (dtype == kBFloat16) {
-    SampleRowsKernel<<<rows, kSampleThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(logits), vocab, stride, inv_temperature, scale, greedy,
-        uniforms, tokens, log_probs);
-  } else {
-    SampleRowsKernel<<<rows, kSampleThreads, 0, stream>>>(
-        static_cast<const float*>(logits), vocab, stride, inv_temperature, scale, greedy, uniforms,
+    SampleRowsKernel<<<rows, kSampleThreads, shared, stream>>>(
+        static_cast<const __nv_bfloat16*>(logits), vocab, stride, t, scale, greedy, uniforms,
         tokens, log_probs);
+  } else {
+    SampleRowsKernel<<<rows, kSampleThreads, shared, stream>>>(
+        static_cast<const float*>(logits), vocab, stride, t, scale, greedy, uniforms, tokens,
+        log_probs);
   }
   return cudaGetLastError();
+}
+
+int64_t SampleRowsSharedBytes(int64_t vocab, DtypeCode dtype) {
+  return dtype == kBFloat16 ? StepTotalsBytes<__nv_bfloat16>(vocab) : StepTotalsBytes<float>(vocab);
 }
 
 }  // namespace rl::kernels
