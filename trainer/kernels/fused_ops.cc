@@ -422,10 +422,10 @@ AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& c
                             bool tensor_cores) {
   AttentionPlan plan;
   DecodeAttentionShape& shape = plan.shape;
+  const bool mma = tensor_cores && cache.key.scalar_type() == at::kBFloat16 &&
+                   CacheRowsAligned(cache.key, 8) && CacheRowsAligned(cache.value, 8);
   shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
-                              static_cast<float>(scale), blocks_per_sm,
-                              tensor_cores && cache.key.scalar_type() == at::kBFloat16 &&
-                                  CacheRowsAligned(cache.key, 8) && CacheRowsAligned(cache.value, 8));
+                              static_cast<float>(scale), blocks_per_sm, mma);
   shape.k_stride_b = cache.key.stride(0);
   shape.k_stride_h = cache.key.stride(1);
   shape.k_stride_t = cache.key.stride(2);
