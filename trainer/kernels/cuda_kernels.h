@@ -109,14 +109,19 @@ struct QkvPrepShape {
   int64_t k_stride_b = 0, k_stride_h = 0, k_stride_t = 0;  // the key cache [B, Hkv, T, dim]
   int64_t v_stride_b = 0, v_stride_h = 0, v_stride_t = 0;  // the value cache
   float eps = 0;
+  // Row b's cos / sin start at cos + b rope_stride and its position is position[b
+  // position_stride]: 0 where the whole batch shares one, else each row has its own (Note [Ragged
+  // decode] in trainer/model/layers.h).
+  int64_t rope_stride = 0;
+  int64_t position_stride = 0;
 };
 
 // One decode position of GQA attention before the attention itself: per row b of qkv (the q, k
 // and v heads of one token, head after head, `dim` each), the q and k heads normalised by
 // RmsNorm with q_norm / k_norm [dim] (skipped where null), rotated by the position's cos / sin
 // [half] like Rope, and then q written to q_out [batch, q_heads, dim] (contiguous) and k and v to
-// the caches at position *position (on the device). Bit for bit what RmsNorm, Rope and copies
-// compute.
+// the caches at the row's position (on the device; shape.rope_stride and shape.position_stride
+// say whether rows share them). Bit for bit what RmsNorm, Rope and copies compute.
 cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_norm,
                           const void* cos, const void* sin, const int64_t* position, void* q_out,
                           void* k_cache, void* v_cache, int64_t batch, const QkvPrepShape& shape,
@@ -127,7 +132,8 @@ struct DecodeAttentionShape {
   int64_t q_heads = 0, kv_heads = 0;
   int64_t k_stride_b = 0, k_stride_h = 0, k_stride_t = 0;  // the key cache [B, Hkv, T, dim]
   int64_t v_stride_b = 0, v_stride_h = 0, v_stride_t = 0;
-  int64_t key_length = 0;  // the cache positions a step may read
+  int64_t key_length = 0;       // the cache positions a step may read
+  int64_t position_stride = 0;  // row b's position is position[b position_stride]
   int64_t chunk = 0;
   int splits = 1;
   float scale = 1;
@@ -152,7 +158,8 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
 
 // softmax(q k^T scale) v for one query position per row: q [batch, q_heads, dim] (contiguous),
 // query head h reading key/value head h / (q_heads / kv_heads) at cache positions
-// [0, *position] (position on the device); out [batch, q_heads, dim] (contiguous). fp32 scores,
+// [0, position[b shape.position_stride]] (on the device); out [batch, q_heads, dim] (contiguous).
+// fp32 scores,
 // softmax and sums. The keys of a (row, head) are split into shape.splits blocks; with several,
 // each block writes partial_out [batch, q_heads, splits, dim] and partial_stats [batch, q_heads,
 // splits, 2] (fp32 scratch, unused with one split) and the last block of a row and head merges

@@ -118,14 +118,14 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
   if (index >= batch * heads) return;
   const int64_t b = index / heads;
   const int64_t head = index % heads;
-  const int64_t pos = *position;
+  const int64_t pos = position[b * p.position_stride];
   const bool is_q = head < p.q_heads;
   const bool value = head >= p.q_heads + p.kv_heads;
   const int64_t kv_head = head - p.q_heads - (value ? p.kv_heads : 0);
   T* dst = is_q ? q_out + (b * p.q_heads + head) * p.dim
                 : StepCacheRow(k_cache, v_cache, p, b, kv_head, pos, value);
-  PrepHead(qkv + b * p.qkv_stride + head * p.dim, value, is_q ? q_norm : k_norm, cos, sin, p,
-           normed[warp], dst);
+  PrepHead(qkv + b * p.qkv_stride + head * p.dim, value, is_q ? q_norm : k_norm,
+           cos + b * p.rope_stride, sin + b * p.rope_stride, p, normed[warp], dst);
 }
 
 // kVec consecutive elements of T, loaded as one vector (aligned to their size, which
@@ -235,8 +235,8 @@ __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, 
     const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
     T* dst = is_q ? prepared_q[h] : StepCacheRow(k_cache, v_cache, s, b, kv_head, pos, value);
     PrepHead(typed(prep.qkv) + b * s.qkv_stride + head * s.dim, value,
-             typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos), typed(prep.sin), s,
-             normed[warp], dst);
+             typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos) + b * s.rope_stride,
+             typed(prep.sin) + b * s.rope_stride, s, normed[warp], dst);
   }
   __syncthreads();  // the query heads and the cache writes, before they are read
 }
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   };
   int64_t t0 = begin + warp * kKeysPerIteration;
   if constexpr (kPrep) {
-    const int64_t pos = *position;
+    const int64_t pos = position[b * p.position_stride];
     if (begin > pos) return;  // a split past the position: no part in the merge
     FillRingAround<kStages>(t0, kStride, kKeysPerIteration, chunk_end, pos, copy, [&] {
       PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
                            : q + ((b * p.q_heads + first_head + g) * kDim + lane * kVec),
                      query[g]);
   }
-  const int64_t pos = *position;
+  const int64_t pos = position[b * p.position_stride];
   const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;
   float running_max[kGroup], running_sum[kGroup], acc[kGroup][kVec];
 #pragma unroll
@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   };
   int64_t t0 = begin + warp * kTileKeys;
   if constexpr (kPrep) {
-    const int64_t pos = *position;
+    const int64_t pos = position[b * p.position_stride];
     if (begin > pos) return;  // a split past the position: no part in the merge
     FillRingAround<kMmaStages>(t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
       PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       query[step][1] = *reinterpret_cast<const uint32_t*>(row + 16 * step + 2 * t + 8);
     }
   }
-  const int64_t pos = *position;
+  const int64_t pos = position[b * p.position_stride];
   const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;
   // Heads 2t and 2t + 1 of this lane: running maxima and sums (of its keys g, g + 8 of each
   // tile), and O^T's dims 16 i + g, 16 i + g + 8.

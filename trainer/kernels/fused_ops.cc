@@ -357,6 +357,15 @@ struct PrepTensors {
   }
 };
 
+// 0 where `per_row` ([1] or [batch, ...] elements of `width` each, contiguous) holds one entry
+// for the whole batch, `width` where it holds one per row, -1 where it holds neither (Note [Ragged
+// decode] in trainer/model/layers.h).
+int64_t RowStride(const at::Tensor& per_row, int64_t batch, int64_t width) {
+  if (!per_row.is_contiguous()) return -1;
+  if (per_row.numel() == width) return 0;
+  return per_row.numel() == batch * width ? width : -1;
+}
+
 PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tensor& q_norm,
                         const at::Tensor& k_norm, double eps, const at::Tensor& cos,
                         const at::Tensor& sin, bool interleaved, int64_t q_heads,
@@ -369,13 +378,15 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   const at::Tensor& pos = cache.position;
   RL_CHECK(qkv.dim() == 3 && qkv.size(1) == 1 && qkv.size(2) >= (q_heads + 2 * kv_heads) * dim &&
                qkv.stride(2) == 1 && dim <= kMaxHeadDim && 2 * half <= dim &&
-               cos.numel() == half && sin.numel() == half && q_norm.defined() == k_norm.defined() &&
+               RowStride(cos, batch, half) >= 0 && sin.sizes() == cos.sizes() &&
+               q_norm.defined() == k_norm.defined() &&
                k.dim() == 4 && v.dim() == 4 && k.size(0) >= batch && k.size(1) == kv_heads &&
                k.size(3) == dim && k.stride(3) == 1 && v.sizes() == k.sizes() && v.stride(3) == 1 &&
-               pos.numel() == 1 && pos.scalar_type() == at::kLong,
-           Error, "{}: qkv [{}] with {} q and {} kv heads of {}, caches [{}], cos [{}]", what,
-           fmt::join(qkv.sizes(), ", "), q_heads, kv_heads, dim, fmt::join(k.sizes(), ", "),
-           fmt::join(cos.sizes(), ", "));
+               RowStride(pos, batch, 1) >= 0 && pos.scalar_type() == at::kLong,
+           Error,
+           "{}: qkv [{}] with {} q and {} kv heads of {}, caches [{}], cos [{}], position [{}]",
+           what, fmt::join(qkv.sizes(), ", "), q_heads, kv_heads, dim, fmt::join(k.sizes(), ", "),
+           fmt::join(cos.sizes(), ", "), fmt::join(pos.sizes(), ", "));
   for (const at::Tensor* t : {&q_norm, &k_norm, &cos, &sin, &k, &v}) {
     RL_CHECK(!t->defined() || (t->scalar_type() == qkv.scalar_type() && t->device() == qkv.device()),
              Error, "{}: every tensor must be {} on {}", what, c10::toString(qkv.scalar_type()),
@@ -400,6 +411,8 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   shape.v_stride_h = v.stride(1);
   shape.v_stride_t = v.stride(2);
   shape.eps = static_cast<float>(eps);
+  shape.rope_stride = RowStride(cos, batch, half);
+  shape.position_stride = RowStride(pos, batch, 1);
   return p;
 }
 
@@ -432,6 +445,7 @@ AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& c
   shape.v_stride_b = cache.value.stride(0);
   shape.v_stride_h = cache.value.stride(1);
   shape.v_stride_t = cache.value.stride(2);
+  shape.position_stride = RowStride(cache.position, batch, 1);
   if (shape.splits > 1) {
     const at::TensorOptions fp32 = cache.key.options().dtype(at::kFloat);
     const int64_t dim = cache.key.size(3);
@@ -486,9 +500,11 @@ at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_
                Aligned(q, q.size(2) / 32) && DecodeAttentionTakes(q.size(1), cache) &&
                cache.key.size(0) >= q.size(0) &&
                key_length >= 1 && key_length <= cache.key.size(2) &&
-               cache.position.numel() == 1 && cache.position.scalar_type() == at::kLong,
-           Error, "DecodeAttention: q [{}] against caches [{}] over {} keys",
-           fmt::join(q.sizes(), ", "), fmt::join(cache.key.sizes(), ", "), key_length);
+               RowStride(cache.position, q.size(0), 1) >= 0 &&
+               cache.position.scalar_type() == at::kLong,
+           Error, "DecodeAttention: q [{}] against caches [{}] over {} keys, position [{}]",
+           fmt::join(q.sizes(), ", "), fmt::join(cache.key.sizes(), ", "), key_length,
+           fmt::join(cache.position.sizes(), ", "));
   const int64_t batch = q.size(0);
   const int64_t q_heads = q.size(1);
   const int64_t dim = q.size(2);

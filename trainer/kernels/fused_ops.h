@@ -101,7 +101,8 @@ at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, co
 at::Tensor SiluMul(const at::Tensor& gate_up);
 
 // The key and value cache tensors of one layer ([B, kv_heads, T, dim] views) and the device-side
-// position [1] int64 a decode step writes and reads.
+// positions a decode step writes and reads: [1] int64 for the whole batch, or [B], one per row
+// (Note [Ragged decode] in trainer/model/layers.h).
 struct DecodeCache {
   at::Tensor key;
   at::Tensor value;
@@ -109,8 +110,8 @@ struct DecodeCache {
 };
 
 // DecodeQkvPrep (cuda_kernels.h): q/k norms (q_norm and k_norm both defined, or both not), RoPE
-// with the position's cos/sin [1, half] and the cache writes of qkv [B, 1, (Hq + 2 Hkv) dim] (rows
-// contiguous); returns q [B, Hq, dim].
+// with the position's cos/sin ([1, half], or [B, 1, half] with a position per row) and the cache
+// writes of qkv [B, 1, (Hq + 2 Hkv) dim] (rows contiguous); returns q [B, Hq, dim].
 at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
                          double eps, const at::Tensor& cos, const at::Tensor& sin,
                          bool interleaved, int64_t q_heads, int64_t kv_heads, int64_t dim,
@@ -120,8 +121,9 @@ at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const 
 // DecodeAttentionSupports and aligned rows).
 bool DecodeAttentionTakes(int64_t q_heads, const DecodeCache& cache);
 
-// Attention of q [B, Hq, dim] (contiguous, of the caches' dtype) over cache positions [0, position] of rows [0, B),
-// which lie within the first key_length positions: [B, Hq * dim].
+// Attention of q [B, Hq, dim] (contiguous, of the caches' dtype) over cache positions
+// [0, position] of rows [0, B) (each row's own position where they have one), which lie within
+// the first key_length positions: [B, Hq * dim].
 // `blocks_per_sm`: PlanDecodeAttention's (0: its default). bf16 caches with 16-byte aligned rows
 // take the tensor-core kernel unless `tensor_cores` is false (for benchmarks).
 at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_t key_length,

@@ -172,6 +172,19 @@ KvCache KvCache::Allocate(const ModelConfig& config, int64_t max_batch, int64_t 
   return KvCache(config, storage, max_batch, max_length);
 }
 
+KvCache KvCache::Rows(int64_t begin, int64_t count) const {
+  RL_CHECK(begin >= 0 && count >= 1 && begin + count <= max_batch_, Error,
+           "KvCache::Rows: rows [{}, {}) of a cache of {}", begin, begin + count, max_batch_);
+  KvCache rows = *this;
+  rows.max_batch_ = count;
+  for (LayerKv& kv : rows.layers_) {
+    for (at::Tensor* t : {&kv.key, &kv.value, &kv.latent_pe, &kv.latent, &kv.k_pe, &kv.index_key}) {
+      if (t->defined()) *t = t->narrow(0, begin, count);
+    }
+  }
+  return rows;
+}
+
 Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels,
                  Communicator* expert_group, Communicator* tensor_group, bool sequence_parallel)
     : config_(std::move(config)),
@@ -483,22 +496,26 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
            "DecodeStep: tokens [{}] over {} keys do not fit one new position of a KV cache of {} "
            "sequences of {} positions",
            fmt::join(tokens.sizes(), ", "), key_length, cache.max_batch(), cache.max_length());
-  RL_CHECK(position.numel() == 1 && position.scalar_type() == at::kLong &&
-               position.device() == device_ && rope.cos.size(0) >= key_length,
+  const int64_t batch = tokens.size(0);
+  RL_CHECK((position.numel() == 1 || position.numel() == batch) &&
+               position.scalar_type() == at::kLong && position.device() == device_ &&
+               rope.cos.size(0) >= key_length,
            Error,
-           "DecodeStep: the position must be one int64 on {} and the RoPE table must cover the "
-           "{} keys; got {} on {} and a table of {} positions",
-           device_.str(), key_length, c10::toString(position.scalar_type()),
-           position.device().str(), rope.cos.size(0));
+           "DecodeStep: the positions must be one int64, or one per row ({}), on {}, and the RoPE "
+           "table must cover the {} keys; got {} {} on {} and a table of {} positions",
+           batch, device_.str(), key_length, position.numel(),
+           c10::toString(position.scalar_type()), position.device().str(), rope.cos.size(0));
   const CudnnAttentionOff cudnn_off;  // Note [Decode steps without cuDNN attention]
-  const at::Tensor index = position.reshape({1});
-  const RopeTable step_rope{rope.cos.index_select(0, index), rope.sin.index_select(0, index)};
+  const at::Tensor index = position.reshape({-1});  // [1] or [B]: Note [Ragged decode]
+  const int64_t rows = index.size(0);
+  const RopeTable step_rope{rope.cos.index_select(0, index).unsqueeze(1),   // [rows, 1, half]
+                            rope.sin.index_select(0, index).unsqueeze(1)};
   AttentionContext ctx;
   ctx.config = &config_;
   ctx.rope = &step_rope;
   ctx.position = index;
-  ctx.key_mask =
-      (at::arange(key_length, index.options()) <= index).view({1, key_length});  // [1, T]
+  ctx.key_mask = (at::arange(key_length, index.options()) <= index.view({rows, 1}))
+                     .view({rows, 1, key_length});
   const at::Tensor ids = tokens.to(device_);
   const at::Tensor x = tensor_group_ == nullptr
                            ? at::embedding(embed_tokens_, ids)

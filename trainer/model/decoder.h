@@ -58,6 +58,9 @@ class KvCache {
   int64_t max_batch() const { return max_batch_; }
   int64_t max_length() const { return max_length_; }
   LayerKv& layer(int64_t i) { return layers_.at(i); }
+  // Rows [begin, begin + count) as a cache of `count` sequences, views of the same storage (a
+  // prefill into some rows of a cache whose other rows hold live sequences).
+  KvCache Rows(int64_t begin, int64_t count) const;
   const at::Tensor& storage() const { return storage_; }
 
  private:
@@ -130,11 +133,12 @@ class Decoder {
   at::Tensor PrefillLogits(const at::Tensor& tokens, KvCache& cache,
                            int64_t start_position) const;
 
-  // One decode step whose position lives on the device (Note [Decode at a device position] in
-  // layers.h): appends tokens [batch, 1] at `position` ([1] int64 on the model's device) to rows
-  // [0, batch) of `cache`, attends to cache positions [0, key_length) up to `position`, and
-  // returns the logits [batch, vocab]. `rope` is the table of every cache position
-  // (MakeRopeTable(config, 0, cache.max_length(), ...)). The caller keeps position < key_length
+  // One decode step whose positions live on the device (Notes [Decode at a device position] and
+  // [Ragged decode] in layers.h): appends tokens [batch, 1] at `position` ([batch] int64 on the
+  // model's device, row r's at position[r]; or [1], one for every row) to rows [0, batch) of
+  // `cache`, row r attending to cache positions [0, key_length) up to its position, and returns
+  // the logits [batch, vocab]. `rope` is the table of every cache position
+  // (MakeRopeTable(config, 0, cache.max_length(), ...)). The caller keeps positions < key_length
   // (not checked: that would read the device) and cache positions up to key_length finite. No
   // autograd; no host synchronisation where decode_step_capturable(). `dispatch`: the MoE
   // layers' fixed-capacity exchange over the expert group (Note [Fixed-capacity dispatch] in

@@ -215,6 +215,50 @@ TEST_CASE("MLA decode steps in the latent space give the full forward's logits")
   CHECK(mla_fixtures >= 3);  // deepseek_v3, glm4_moe_lite, glm_moe_dsa
 }
 
+// Note [Ragged decode]: rows at different positions in one DecodeStep (each with its own cache
+// slot, RoPE angles and visible keys) give the logits each row gives decoded alone, with the
+// LibTorch ops and with an inference decoder's (MLA in the latent space), on every fixture.
+TEST_CASE("Rows at different positions in one decode step give their logits alone") {
+  for (const std::string& name : FixtureNames()) {
+    testing::LoadedModel m = LoadFixture(name);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    const int64_t seq = tokens.size(1);
+    const int64_t key_block = seq + 4;
+    const std::vector<int64_t> prompt = {5, 9};  // row r's prompt length
+    const RopeTable rope = MakeRopeTable(m.config, 0, key_block, at::kFloat, at::kCPU);
+    for (const Kernels kernels : {Kernels::kLibTorch, Kernels::kFused}) {
+      INFO("fixture " << name << ", kernels " << static_cast<int>(kernels));
+      const Decoder model(m.config, m.params, kernels);
+      KvCache together = KvCache::Allocate(m.config, 2, key_block, at::kFloat, at::kCPU);
+      std::vector<KvCache> alone;
+      for (int64_t r = 0; r < 2; ++r) {
+        const at::Tensor row_prompt = tokens.narrow(0, r, 1).narrow(1, 0, prompt[r]);
+        KvCache rows = together.Rows(r, 1);
+        model.ForwardStep(row_prompt, rows, 0);
+        alone.push_back(KvCache::Allocate(m.config, 1, key_block, at::kFloat, at::kCPU));
+        model.ForwardStep(row_prompt, alone.back(), 0);
+      }
+      double worst = 0;
+      for (int64_t i = 0; prompt[1] + i < seq; ++i) {
+        const std::vector<int64_t> positions = {prompt[0] + i, prompt[1] + i};
+        const at::Tensor step = at::stack({tokens[0][positions[0]], tokens[1][positions[1]]})
+                                    .view({2, 1});
+        const at::Tensor logits =
+            model.DecodeStep(step, at::tensor(positions, at::kLong), key_block, rope, together);
+        for (int64_t r = 0; r < 2; ++r) {
+          const at::Tensor own = model.DecodeStep(
+              step.narrow(0, r, 1), at::full({1}, positions[static_cast<size_t>(r)], at::kLong),
+              key_block, rope, alone[static_cast<size_t>(r)]);
+          worst = std::max(worst, MaxAbsDiff(logits.narrow(0, r, 1), own));
+        }
+      }
+      fmt::print("{:20s} ragged decode step vs each row alone ({}) max|diff| {:.3g}\n", name,
+                 kernels == Kernels::kFused ? "inference" : "LibTorch ops", worst);
+      CHECK(worst <= 1e-5);
+    }
+  }
+}
+
 // Decoder::set_latent_mla_decode(false): the decode steps of an inference Decoder attend over
 // expanded keys and values, the same ops as a training Decoder's steps (the CPU has none of the
 // fused kernels), so the logits are bit-identical.

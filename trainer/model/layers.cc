@@ -73,16 +73,22 @@ at::Tensor CausalMask(int64_t start, int64_t s, int64_t t, at::Device device) {
 // Which keys [0, T) the queries at the S new positions see.
 struct Visibility {
   bool causal = false;  // start == 0 and S == T: SDPA's own causal mask
-  at::Tensor mask;      // [S, T] bool; undefined (and not causal): every key
+  // [1, S, T] bool, or [B, S, T] with a position per row (Note [Ragged decode] in layers.h);
+  // undefined (and not causal): every key.
+  at::Tensor mask;
 };
 
 Visibility Visible(const AttentionContext& ctx, int64_t s, int64_t t, at::Device device) {
-  if (ctx.key_mask.defined()) return {false, ctx.key_mask};  // a device-side position
+  if (ctx.key_mask.defined()) return {false, ctx.key_mask};  // device-side positions
   // One decode step: the query sees every key, so no mask (and no mask kernels) is needed.
   if (s == 1 && ctx.start + 1 == t) return {};
   if (ctx.start == 0 && s == t) return {true, {}};
-  return {false, CausalMask(ctx.start, s, t, device)};
+  return {false, CausalMask(ctx.start, s, t, device).unsqueeze(0)};
 }
+
+// A RopeTable's cos or sin against x [B, H, S, D] (heads before positions): [S, half] broadcasts
+// as it is, [B, S, half] (a position per row) gains the heads axis.
+at::Tensor HeadsFirst(const at::Tensor& t) { return t.dim() == 3 ? t.unsqueeze(1) : t; }
 
 // softmax(q k^T * scale + mask) v with fp32 softmax. q [B, Hq, L, Dq], k [B, Hk, T, Dq],
 // v [B, Hk, T, Dv] with Hk == Hq, or Hq a multiple of Hk when `enable_gqa` (query head h reads key
@@ -132,13 +138,14 @@ at::Tensor CpuAttention(const at::Tensor& q, at::Tensor k, at::Tensor v, double 
 at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          double scale, const Visibility& visible, const at::Tensor& selected,
                          bool enable_gqa = false) {
-  at::Tensor mask = visible.mask;
+  at::Tensor mask = visible.mask;  // [B or 1, S, T]
   bool causal = visible.causal;
   if (selected.defined()) {
-    if (causal) mask = CausalMask(0, q.size(2), k.size(2), q.device());
+    if (causal) mask = CausalMask(0, q.size(2), k.size(2), q.device()).unsqueeze(0);
     causal = false;
-    mask = (mask.defined() ? at::logical_and(mask.unsqueeze(0), selected) : selected).unsqueeze(1);
+    mask = mask.defined() ? at::logical_and(mask, selected) : selected;
   }
+  if (mask.defined()) mask = mask.unsqueeze(1);  // [B or 1, 1, S, T] against [B, H, S, T]
   if (q.is_cpu()) {
     if (causal) mask = CausalMask(0, q.size(2), k.size(2), q.device());
     return CpuAttention(q, k, v, scale, mask);
@@ -186,8 +193,8 @@ at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::
   at::Tensor scores = AtLeastFloat(at::bmm(query, cached.transpose(1, 2)))
                           .mul(c.attention_scale())
                           .view({b, heads, s, t});
-  at::Tensor mask = visible.causal ? CausalMask(0, s, t, cached.device()) : visible.mask;
-  if (mask.defined()) mask = mask.unsqueeze(0);  // [1, S, T]
+  at::Tensor mask =  // [B or 1, S, T]
+      visible.causal ? CausalMask(0, s, t, cached.device()).unsqueeze(0) : visible.mask;
   if (selected.defined()) mask = mask.defined() ? at::logical_and(mask, selected) : selected;
   if (mask.defined()) {
     scores = scores.masked_fill(mask.logical_not().unsqueeze(1),
@@ -204,12 +211,16 @@ at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::
 }
 
 // Writes `value` (the S new positions on axis `dim`) into rows [0, B) of the cache tensor `cache`
-// and returns those rows' cached positions [0, T) (Note [Decode at a device position]).
+// and returns those rows' cached positions [0, T) (Notes [Decode at a device position], [Ragged
+// decode]).
 at::Tensor AppendToCache(const at::Tensor& cache, int64_t dim, const at::Tensor& value,
                          const AttentionContext& ctx) {
-  const at::Tensor rows = cache.narrow(0, 0, value.size(0));
-  if (ctx.position.defined()) {
-    rows.index_copy_(dim, ctx.position, value);
+  const int64_t b = value.size(0);
+  const at::Tensor rows = cache.narrow(0, 0, b);
+  if (ctx.position.defined()) {  // row r's one new position at position[r] (or all at one)
+    std::vector<int64_t> shape(static_cast<size_t>(value.dim()), 1);
+    shape[0] = ctx.position.size(0);
+    rows.scatter_(dim, ctx.position.view(shape).expand(value.sizes()), value);
     return rows.narrow(dim, 0, ctx.key_mask.size(-1));
   }
   const int64_t s = value.size(dim);
@@ -371,7 +382,7 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
     k = RmsNorm(k, w.k_norm, c.rms_norm_eps);
   }
   const RopeLayout layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
-  if (ctx.kernels == Kernels::kFused && kernels::Supported(q) &&
+  if (ctx.kernels == Kernels::kFused && kernels::Supported(q) && ctx.rope->cos.dim() == 2 &&
       ctx.rope->cos.scalar_type() == q.scalar_type()) {
     // The same bits as ApplyRope below, in one kernel per tensor ([B, S, H, D], before the
     // transpose).
@@ -379,8 +390,10 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
     q = kernels::RopeInference(q, ctx.rope->cos, ctx.rope->sin, interleaved).transpose(1, 2);
     k = kernels::RopeInference(k, ctx.rope->cos, ctx.rope->sin, interleaved).transpose(1, 2);
   } else {
-    q = ApplyRope(q.transpose(1, 2), ctx.rope->cos, ctx.rope->sin, layout);  // [B, Hq, S, D]
-    k = ApplyRope(k.transpose(1, 2), ctx.rope->cos, ctx.rope->sin, layout);  // [B, Hkv, S, D]
+    const at::Tensor cos = HeadsFirst(ctx.rope->cos);
+    const at::Tensor sin = HeadsFirst(ctx.rope->sin);
+    q = ApplyRope(q.transpose(1, 2), cos, sin, layout);  // [B, Hq, S, D]
+    k = ApplyRope(k.transpose(1, 2), cos, sin, layout);  // [B, Hkv, S, D]
   }
   v = v.transpose(1, 2);
   if (ctx.cache != nullptr) {
@@ -427,8 +440,9 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
   if (t <= c.index_topk) return at::Tensor();  // every key is selected: dense causal attention
 
   at::Tensor q = Linear(q_resid.detach(), w.wq_b).view({b, s, heads, d});
-  // cos/sin [S, rope/2] -> [S, 1, rope/2] against q [B, S, heads, rope].
-  q = ApplyRope(q, ctx.rope->cos.unsqueeze(1), ctx.rope->sin.unsqueeze(1), layout);
+  // cos/sin [S, rope/2] -> [S, 1, rope/2] ([B, S, rope/2] -> [B, S, 1, rope/2]) against q
+  // [B, S, heads, rope].
+  q = ApplyRope(q, ctx.rope->cos.unsqueeze(-2), ctx.rope->sin.unsqueeze(-2), layout);
 
   at::Tensor kf = AtLeastFloat(k).transpose(1, 2).unsqueeze(1);  // [B, 1, D, T]
   at::Tensor weights = at::linear(AtLeastFloat(xd), AtLeastFloat(w.weights_proj)) *
@@ -437,15 +451,15 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
   const int64_t topk = std::min(c.index_topk, t);
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(s, kIndexerScoreElements / std::max<int64_t>(1, b * heads * t)));
-  const at::Tensor causal =
-      ctx.key_mask.defined() ? ctx.key_mask : CausalMask(ctx.start, s, t, x.device());  // [S, T]
+  const at::Tensor causal =  // [B or 1, S, T]
+      ctx.key_mask.defined() ? ctx.key_mask : CausalMask(ctx.start, s, t, x.device()).unsqueeze(0);
   std::vector<at::Tensor> parts;
   for (int64_t q0 = 0; q0 < s; q0 += chunk) {
     const int64_t n = std::min(chunk, s - q0);
     at::Tensor qc = AtLeastFloat(q.narrow(1, q0, n));                  // [B, n, heads, D]
     at::Tensor scores = at::relu(at::matmul(qc, kf) * softmax_scale);  // [B, n, heads, T]
     at::Tensor index = at::matmul(weights.narrow(1, q0, n).unsqueeze(-2), scores).squeeze(-2);
-    index.masked_fill_(causal.narrow(0, q0, n).logical_not().unsqueeze(0),
+    index.masked_fill_(causal.narrow(1, q0, n).logical_not(),
                        -std::numeric_limits<double>::infinity());  // [B, n, T]
     parts.push_back(std::get<1>(index.topk(topk, -1)));
   }
@@ -474,7 +488,8 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   }
   q = q.view({b, s, heads, nope + rope}).transpose(1, 2);  // [B, Hq, S, nope + rope]
   at::Tensor q_pass = q.narrow(-1, 0, nope);
-  at::Tensor q_rot = ApplyRope(q.narrow(-1, nope, rope), ctx.rope->cos, ctx.rope->sin, layout);
+  at::Tensor q_rot = ApplyRope(q.narrow(-1, nope, rope), HeadsFirst(ctx.rope->cos),
+                               HeadsFirst(ctx.rope->sin), layout);
 
   at::Tensor ckv = Linear(x, w.kv_a_proj, w.kv_a_bias);  // [B, S, kv_rank + rope]
   at::Tensor latent = RmsNorm(ckv.narrow(-1, 0, kv_rank), w.kv_a_norm, kMlaLatentNormEps);
