@@ -13,6 +13,9 @@
 // rows end at different steps as in a real rollout (each sampled token ends its row with
 // probability about F at temperature 1 on a random checkpoint): tokens/s then counts the tokens
 // generated, and no roofline is reported (its bytes assume every row runs every step).
+// --length-groups G > 1 gives the prompts G lengths (row b's is --prompt-len less
+// (b mod G) x --prompt-len / (2 G)), as a real rollout's prompts differ (Note [Rollout batching]);
+// no roofline then either.
 // On a GPU it also counts the kernels (and copies and sets) of one eager decode step of the
 // batch, in all and per layer (`kernels_per_step`, `kernels_per_layer`), by the Kineto profiler;
 // --profile writes a Chrome trace of one more Generate (tools/bench/profile_summary.py FILE).
@@ -163,6 +166,10 @@ int main(int argc, char** argv) {
   app.add_option("--stop-fraction", stop_fraction,
                  "stop on the first fraction of the vocabulary's ids (0: no stop tokens)")
       ->check(CLI::Range(0.0, 1.0));
+  int64_t length_groups = 1;
+  app.add_option("--length-groups", length_groups,
+                 "prompt lengths: row b's is --prompt-len - (b % G) * --prompt-len / (2 G)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
   bool compare_eager = false, cuda_graphs = true;
   app.add_flag("--compare-eager", compare_eager,
@@ -191,8 +198,10 @@ int main(int argc, char** argv) {
   std::vector<std::vector<int64_t>> prompts;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t* row = ids[b].data_ptr<int64_t>();
-    prompts.emplace_back(row, row + prompt_len);
+    prompts.emplace_back(row, row + prompt_len - (b % length_groups) * prompt_len /
+                                                     (2 * length_groups));
   }
+  const bool uniform = stop_fraction == 0 && length_groups == 1;  // every row runs every step
   rl::rollout::SamplingParams timed;
   timed.temperature = temperature;
   timed.seed = 11;
@@ -285,7 +294,7 @@ int main(int argc, char** argv) {
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
   const bool moe = config.is_moe();
   double experts_per_step = 0;
-  if (moe && stop_ids == 0) {
+  if (moe && uniform) {
     experts_per_step = new_tokens >= 2 ? MeanExpertsPerStep(engine, device, ids, generated)
                                        : static_cast<double>(config.n_routed_experts);
   }
@@ -308,18 +317,17 @@ int main(int argc, char** argv) {
   line.Set("prompt_len", rl::json::Value::Int(prompt_len));
   line.Set("new_tokens", rl::json::Value::Int(new_tokens));
   line.Set("temperature", rl::json::Value::Double(temperature));
-  if (stop_ids > 0) {
-    line.Set("stop_fraction", rl::json::Value::Double(stop_fraction));
-    line.Set("tokens_generated", rl::json::Value::Int(tokens_generated));
-  }
+  if (stop_ids > 0) line.Set("stop_fraction", rl::json::Value::Double(stop_fraction));
+  if (length_groups > 1) line.Set("length_groups", rl::json::Value::Int(length_groups));
+  if (!uniform) line.Set("tokens_generated", rl::json::Value::Int(tokens_generated));
   line.Set("seconds", rl::json::Value::Double(best));
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_s));
   line.Set("weight_bytes", rl::json::Value::Double(weight_bytes));
-  if (moe && stop_ids == 0) {
+  if (moe && uniform) {
     line.Set("experts_used_per_step", rl::json::Value::Double(experts_per_step));
     line.Set("step_weight_bytes", rl::json::Value::Double(step_weight_bytes));
   }
-  if (stop_ids == 0) line.Set("roofline_fraction", rl::json::Value::Double(roofline));
+  if (uniform) line.Set("roofline_fraction", rl::json::Value::Double(roofline));
   line.Set("cuda_graphs", rl::json::Value::Bool(graphs));
   if (kernels_per_step > 0) {
     line.Set("kernels_per_step", rl::json::Value::Int(kernels_per_step));

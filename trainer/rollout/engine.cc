@@ -204,7 +204,10 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   }
   cache_ = std::make_unique<model::KvCache>(config_, kv_storage_, max_batch_, max_length_);
   rope_ = model::MakeRopeTable(config_, 0, max_length_, dtype_, device_);
-  position_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
+  step_ = at::zeros({2, max_batch_}, longs.device(device_));
+  position_ = step_.select(0, 1);
+  host_step_ = at::zeros({2, max_batch_}, longs.pinned_memory(device_.is_cuda()));
   set_cuda_graphs(true);
 }
 
@@ -220,8 +223,8 @@ void RolloutEngine::set_cuda_graphs(bool on) {
       [this](const at::Tensor& tokens, int64_t key_length) {
         // The TP collectives of a step that a graph captures: enqueued, waited for below.
         const EnqueueOnlyScope enqueue(tensor_group_);
-        return decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_,
-                                    decode_dispatch());
+        return decoder_->DecodeStep(tokens, position_.narrow(0, 0, tokens.size(0)), key_length,
+                                    rope_, *cache_, decode_dispatch());
       },
       max_batch_, device_, [this] {
         if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
@@ -237,14 +240,15 @@ void RolloutEngine::Record(ChoiceRecord& record, int64_t layer, const at::Tensor
   const int64_t k = record.data.size(3);
   const at::Tensor into = record.data[record.ordinal.at(static_cast<size_t>(layer))];
   const at::Tensor values = ids.to(record.data.scalar_type());
-  if (prefill_length_ > 0) {  // rows [0, batch), positions [0, prefill_length_)
+  if (prefill_length_ > 0) {  // rows [prefill_row_, + batch), positions [0, prefill_length_)
     const int64_t batch = values.numel() / (prefill_length_ * k);
-    into.narrow(0, 0, batch)
+    into.narrow(0, prefill_row_, batch)
         .narrow(1, 0, prefill_length_)
         .copy_(values.reshape({batch, prefill_length_, k}));
-  } else {  // a decode step: rows [0, n) at the device-side position
+  } else {  // a decode step: rows [0, n), each at its device-side position
     const int64_t n = values.numel() / k;
-    into.narrow(0, 0, n).index_copy_(1, position_, values.reshape({n, 1, k}));
+    into.narrow(0, 0, n).scatter_(1, position_.narrow(0, 0, n).view({n, 1, 1}).expand({n, 1, k}),
+                                  values.reshape({n, 1, k}));
   }
 }
 
@@ -252,7 +256,8 @@ at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_len
   const at::Tensor logits =
       graphs_ != nullptr
           ? graphs_->Run(tokens, key_length)
-          : decoder_->DecodeStep(tokens, position_, key_length, rope_, *cache_, decode_dispatch());
+          : decoder_->DecodeStep(tokens, position_.narrow(0, 0, tokens.size(0)), key_length, rope_,
+                                 *cache_, decode_dispatch());
   // Note [Enqueued all-to-all]: the sampler reads the logits on the host next.
   if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
   if (tensor_group_ != nullptr) tensor_group_->WaitEnqueued();
@@ -303,6 +308,27 @@ void RolloutEngine::WakeUp() {
   asleep_ = false;
 }
 
+// One Generate call's rows (Note [Rollout batching]): the prompts not yet admitted, and per live
+// cache row r (row r of the KV cache) its prompt, the cache position its next token goes to (the
+// tokens it has fed so far), its response limit and its next token (sampled, not yet fed).
+struct RolloutEngine::Rows {
+  const std::vector<std::vector<int64_t>>& prompts;
+  std::vector<Generation>& out;
+  SamplerConfig sampler;
+  bool greedy = false;
+  int64_t max_new_tokens = 0;
+  std::unordered_set<int64_t> stop;
+  std::vector<at::Generator> generators;  // one per prompt: Note [Rollout seeds]
+  size_t admitted = 0;                    // prompts [0, admitted) have been admitted
+  std::vector<size_t> prompt;
+  std::vector<int64_t> position;
+  std::vector<int64_t> limit;
+  std::vector<int64_t> token;
+
+  int64_t live() const { return static_cast<int64_t>(prompt.size()); }
+  size_t queued() const { return prompts.size() - admitted; }
+};
+
 std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<int64_t>>& prompts,
                                                 const SamplingParams& params) {
   RL_CHECK(!asleep_, Error,
@@ -310,8 +336,6 @@ std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<in
   CheckSamplerConfig({params.temperature, params.top_p, params.top_k});
   RL_CHECK(params.max_new_tokens >= 1, ConfigError, "sampling max_new_tokens must be >= 1; got {}",
            params.max_new_tokens);
-  // Prompts grouped by length (Note [Rollout batching]); std::map orders groups by length.
-  std::map<size_t, std::vector<size_t>> by_length;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::vector<int64_t>& prompt = prompts[i];
     RL_CHECK(!prompt.empty(), Error, "rollout engine: prompt {} is empty", i);
@@ -324,16 +348,41 @@ std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<in
                "rollout engine: prompt {} holds token id {}, outside the vocabulary [0, {})", i,
                token, config_.vocab_size);
     }
-    by_length[prompt.size()].push_back(i);
   }
   std::vector<Generation> out(prompts.size());
+  Rows rows{prompts, out};
+  rows.sampler = {params.temperature, params.top_p, params.top_k};
+  rows.greedy = IsGreedy(rows.sampler);
+  rows.max_new_tokens = params.max_new_tokens;
+  rows.stop.insert(params.stop_token_ids.begin(), params.stop_token_ids.end());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    rows.generators.push_back(MakeGenerator(params.seed + static_cast<uint64_t>(i)));
+    out[i].prompt = prompts[i];
+  }
   if (expert_group_ != nullptr) dispatch_.overflow.zero_();
-  for (const auto& [length, rows] : by_length) {
-    for (size_t begin = 0; begin < rows.size(); begin += static_cast<size_t>(max_batch_)) {
-      const size_t end = std::min(rows.size(), begin + static_cast<size_t>(max_batch_));
-      GenerateGroup(prompts, std::vector<size_t>(rows.begin() + begin, rows.begin() + end), params,
-                    out);
+  stats_ = {};
+  // Note [Rollout decode steps]: every cache row a decode graph may compute on holds finite
+  // values; rows written since hold what the model computed.
+  const int64_t rows_used = DecodeGraphs::BatchBucket(
+      std::min<int64_t>(max_batch_, std::max<size_t>(1, prompts.size())), max_batch_);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    for (auto& [tensor, position_dim] : CacheTensors(cache_->layer(l))) {
+      tensor.narrow(0, 0, rows_used).zero_();
     }
+  }
+  // Admit prompts while a quarter of the rows (or what is left of the prompts) is free.
+  const int64_t admit_at = std::max<int64_t>(1, max_batch_ / kAdmitFraction);
+  while (true) {
+    const int64_t free = max_batch_ - rows.live();
+    const int64_t queued = static_cast<int64_t>(rows.queued());
+    if (queued > 0 && (rows.live() == 0 || free >= std::min(queued, admit_at))) {
+      Admit(rows, std::min(free, queued));
+    }
+    if (rows.live() == 0) {
+      if (rows.queued() == 0) break;
+      continue;  // every admitted row ended at its first token
+    }
+    DecodeAndSample(rows);
   }
   // Note [Expert-parallel decode]: serve the group's other engines until every one is done.
   JoinGroupStep(StepKind::kNone);
@@ -383,131 +432,152 @@ void RolloutEngine::JoinGroupStep(StepKind mine) {
   }
 }
 
-void RolloutEngine::GenerateGroup(const std::vector<std::vector<int64_t>>& prompts,
-                                  const std::vector<size_t>& rows, const SamplingParams& params,
-                                  std::vector<Generation>& out) {
-  const SamplerConfig sampler{params.temperature, params.top_p, params.top_k};
-  const bool greedy = IsGreedy(sampler);
-  const int64_t batch = static_cast<int64_t>(rows.size());
-  const int64_t prompt_length = static_cast<int64_t>(prompts[rows[0]].size());
-  const int64_t limit = std::min(params.max_new_tokens, max_length_ - prompt_length);
-  const std::unordered_set<int64_t> stop(params.stop_token_ids.begin(),
-                                         params.stop_token_ids.end());
-
-  std::vector<at::Generator> generators;  // Note [Rollout seeds]
-  std::vector<int64_t> flat;              // [batch, prompt_length]
-  for (size_t row : rows) {
-    generators.push_back(MakeGenerator(params.seed + static_cast<uint64_t>(row)));
-    flat.insert(flat.end(), prompts[row].begin(), prompts[row].end());
-    out[row].prompt = prompts[row];
+void RolloutEngine::Admit(Rows& rows, int64_t count) {
+  // The admitted prompts by length (std::map orders them), each length prefilled in one forward
+  // into the next free cache rows.
+  std::map<size_t, std::vector<size_t>> by_length;
+  for (int64_t i = 0; i < count; ++i) {
+    const size_t index = rows.admitted++;
+    by_length[rows.prompts[index].size()].push_back(index);
   }
-  // Note [Rollout decode steps]: the positions the decode steps may mask hold finite values, in
-  // every row a decode graph may compute on.
-  const int64_t rows_used = DecodeGraphs::BatchBucket(batch, max_batch_);
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    for (auto& [tensor, position_dim] : CacheTensors(cache_->layer(l))) {
-      tensor.narrow(0, 0, rows_used)
-          .narrow(position_dim, prompt_length, max_length_ - prompt_length)
-          .zero_();
+  std::vector<int64_t> finished;
+  for (const auto& [length, indices] : by_length) {
+    const int64_t first_row = rows.live();
+    const int64_t batch = static_cast<int64_t>(indices.size());
+    const int64_t prompt_length = static_cast<int64_t>(length);
+    std::vector<int64_t> flat;  // [batch, prompt_length]
+    for (size_t index : indices) {
+      flat.insert(flat.end(), rows.prompts[index].begin(), rows.prompts[index].end());
+      rows.prompt.push_back(index);
+      rows.position.push_back(prompt_length);
+      rows.limit.push_back(std::min(rows.max_new_tokens, max_length_ - prompt_length));
+      rows.token.push_back(0);
     }
-  }
-  const at::Tensor prompt_tokens =
-      at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({batch, prompt_length});
-  // [live, vocab]: the next-token logits of each live row.
-  prefill_length_ = prompt_length;  // Note [Engine routing record]
-  at::Tensor logits;
-  try {
-    JoinGroupStep(StepKind::kPrefill);  // Note [Expert-parallel decode]
-    logits = decoder_->PrefillLogits(prompt_tokens, *cache_, 0);
-  } catch (...) {
+    const at::Tensor tokens =
+        at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({batch, prompt_length});
+    prefill_row_ = first_row;  // Note [Engine routing record]
+    prefill_length_ = prompt_length;
+    at::Tensor logits;  // [batch, vocab]: the next-token logits of the admitted rows
+    try {
+      JoinGroupStep(StepKind::kPrefill);  // Note [Expert-parallel decode]
+      model::KvCache cache_rows = cache_->Rows(first_row, batch);
+      logits = decoder_->PrefillLogits(tokens, cache_rows, 0);
+    } catch (...) {
+      prefill_length_ = 0;
+      throw;
+    }
     prefill_length_ = 0;
-    throw;
+    ++stats_.prefills;
+    SampleInto(rows, logits, first_row, finished);
   }
-  prefill_length_ = 0;
+  Retire(rows, finished);
+}
 
-  std::vector<int64_t> live(static_cast<size_t>(batch));  // indices into rows, in cache-row order
-  for (int64_t j = 0; j < batch; ++j) live[static_cast<size_t>(j)] = j;
-  int64_t position = prompt_length;
-  for (int64_t step = 0; step < limit; ++step) {
-    at::Tensor uniforms;
-    if (!greedy) {
-      std::vector<at::Tensor> draws;
-      for (int64_t j : live) {
-        draws.push_back(at::rand({1}, generators[static_cast<size_t>(j)],
-                                 at::TensorOptions().dtype(at::kDouble)));
-      }
-      uniforms = at::cat(draws);
-    }
-    const SampledTokens sampled = SampleWithUniforms(logits, sampler, uniforms);
-    const at::Tensor tokens = sampled.tokens.to(at::kCPU).contiguous();
-    const at::Tensor log_probs = sampled.log_probs.to(at::kCPU).contiguous();
-    const int64_t* token_data = tokens.data_ptr<int64_t>();
-    const float* log_prob_data = log_probs.data_ptr<float>();
+void RolloutEngine::DecodeAndSample(Rows& rows) {
+  const int64_t live = rows.live();
+  // The step's tokens and positions, staged on the host and copied in one transfer.
+  int64_t* host = host_step_.data_ptr<int64_t>();
+  std::copy(rows.token.begin(), rows.token.end(), host);
+  std::copy(rows.position.begin(), rows.position.end(), host + max_batch_);
+  step_.narrow(1, 0, live).copy_(host_step_.narrow(1, 0, live), /*non_blocking=*/true);
+  const int64_t last = *std::max_element(rows.position.begin(), rows.position.end());
+  JoinGroupStep(StepKind::kDecode);
+  const at::Tensor logits =
+      DecodeLogits(step_.select(0, 0).narrow(0, 0, live).view({live, 1}), KeyLength(last));
+  for (int64_t& position : rows.position) ++position;
+  ++stats_.decode_steps;
+  stats_.row_steps += live;
+  std::vector<int64_t> finished;
+  SampleInto(rows, logits, 0, finished);
+  Retire(rows, finished);
+}
 
-    std::vector<int64_t> finished;  // cache rows (indices into `live`) that end at this step
-    for (size_t r = 0; r < live.size(); ++r) {
-      Generation& gen = out[rows[static_cast<size_t>(live[r])]];
-      gen.response.push_back(token_data[r]);
-      gen.log_probs.push_back(log_prob_data[r]);
-      const bool stopped = stop.count(token_data[r]) > 0;
-      const bool full = static_cast<int64_t>(gen.response.size()) >= limit;
-      if (!stopped && full) gen.truncated = true;
-      if (stopped || full) finished.push_back(static_cast<int64_t>(r));
+void RolloutEngine::SampleInto(Rows& rows, const at::Tensor& logits, int64_t first_row,
+                               std::vector<int64_t>& finished) {
+  const int64_t n = logits.size(0);
+  at::Tensor uniforms;
+  if (!rows.greedy) {
+    std::vector<at::Tensor> draws;
+    for (int64_t r = first_row; r < first_row + n; ++r) {
+      draws.push_back(at::rand({1}, rows.generators[rows.prompt[static_cast<size_t>(r)]],
+                               at::TensorOptions().dtype(at::kDouble)));
     }
-    if (!finished.empty() && (experts_.data.defined() || indexer_.data.defined())) {
-      // Note [Engine routing record]: the fed positions [first, position) of each finished row.
-      const at::Tensor finished_rows =
-          at::tensor(finished, at::TensorOptions().dtype(at::kLong)).to(device_);
-      const auto extract = [&](const ChoiceRecord& record, auto& (*field)(Generation&)) {
-        if (!record.data.defined() || position <= record.first) return;
-        using T = typename std::remove_reference_t<decltype(field(out[0]))>::value_type;
-        const at::Tensor ids = record.data.narrow(2, record.first, position - record.first)
-                                   .index_select(1, finished_rows)
-                                   .cpu()
-                                   .contiguous();  // [layers, finished, positions, k]
-        for (size_t f = 0; f < finished.size(); ++f) {
-          const at::Tensor row = ids.select(1, static_cast<int64_t>(f)).contiguous();
-          const T* data = row.data_ptr<T>();
-          field(out[rows[static_cast<size_t>(live[static_cast<size_t>(finished[f])])]])
-              .assign(data, data + row.numel());
-        }
-      };
-      extract(
-          experts_, +[](Generation& g) -> std::vector<int16_t>& { return g.routed_experts; });
-      extract(
-          indexer_, +[](Generation& g) -> std::vector<int32_t>& { return g.indexer_topk; });
-    }
-    if (finished.size() == live.size()) break;
-    // The next step's tokens are the sampled ones of the rows that go on, still on the device.
-    at::Tensor step_tokens = sampled.tokens;
-    if (!finished.empty()) {
-      const RowFill fill = FillFinishedRows(finished, static_cast<int64_t>(live.size()));
-      const auto on_device = [&](const std::vector<int64_t>& v) {
-        return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device_);
-      };
-      if (!fill.from.empty()) {
-        const at::Tensor from = on_device(fill.from);
-        const at::Tensor to = on_device(fill.to);
-        for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-          for (auto& [tensor, position_dim] : CacheTensors(cache_->layer(l))) {
-            MoveRows(tensor, 0, position_dim, from, to, position);
-          }
-        }
-        for (ChoiceRecord* record : {&experts_, &indexer_}) {  // [layers, rows, positions, k]
-          if (record->data.defined()) MoveRows(record->data, 1, 2, from, to, position);
-        }
-      }
-      step_tokens = step_tokens.index_select(0, on_device(fill.order));
-      std::vector<int64_t> next_live;
-      for (int64_t r : fill.order) next_live.push_back(live[static_cast<size_t>(r)]);
-      live = std::move(next_live);
-    }
-    step_tokens = step_tokens.reshape({-1, 1});
-    position_.fill_(position);
-    JoinGroupStep(StepKind::kDecode);
-    logits = DecodeLogits(step_tokens, KeyLength(position));
-    ++position;
+    uniforms = at::cat(draws);
   }
+  const SampledTokens sampled = SampleWithUniforms(logits, rows.sampler, uniforms);
+  const at::Tensor tokens = sampled.tokens.to(at::kCPU).contiguous();
+  const at::Tensor log_probs = sampled.log_probs.to(at::kCPU).contiguous();
+  const int64_t* token_data = tokens.data_ptr<int64_t>();
+  const float* log_prob_data = log_probs.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t r = static_cast<size_t>(first_row + i);
+    Generation& gen = rows.out[rows.prompt[r]];
+    gen.response.push_back(token_data[i]);
+    gen.log_probs.push_back(log_prob_data[i]);
+    rows.token[r] = token_data[i];
+    const bool stopped = rows.stop.count(token_data[i]) > 0;
+    const bool full = static_cast<int64_t>(gen.response.size()) >= rows.limit[r];
+    if (!stopped && full) gen.truncated = true;
+    if (stopped || full) finished.push_back(static_cast<int64_t>(r));
+  }
+}
+
+void RolloutEngine::Retire(Rows& rows, const std::vector<int64_t>& finished) {
+  if (finished.empty()) return;
+  if (experts_.data.defined() || indexer_.data.defined()) {
+    // Note [Engine routing record]: the fed positions [first, position) of each finished row.
+    int64_t longest = 0;
+    for (int64_t r : finished) longest = std::max(longest, rows.position[static_cast<size_t>(r)]);
+    const at::Tensor finished_rows =
+        at::tensor(finished, at::TensorOptions().dtype(at::kLong)).to(device_);
+    const auto extract = [&](const ChoiceRecord& record, auto& (*field)(Generation&)) {
+      if (!record.data.defined() || longest <= record.first) return;
+      using T = typename std::remove_reference_t<decltype(field(rows.out[0]))>::value_type;
+      const at::Tensor ids = record.data.narrow(2, record.first, longest - record.first)
+                                 .index_select(1, finished_rows)
+                                 .cpu();  // [layers, finished, positions, k]
+      for (size_t f = 0; f < finished.size(); ++f) {
+        const size_t r = static_cast<size_t>(finished[f]);
+        const int64_t fed = rows.position[r] - record.first;
+        if (fed <= 0) continue;
+        const at::Tensor row =
+            ids.select(1, static_cast<int64_t>(f)).narrow(1, 0, fed).contiguous();
+        const T* data = row.data_ptr<T>();
+        field(rows.out[rows.prompt[r]]).assign(data, data + row.numel());
+      }
+    };
+    extract(
+        experts_, +[](Generation& g) -> std::vector<int16_t>& { return g.routed_experts; });
+    extract(
+        indexer_, +[](Generation& g) -> std::vector<int32_t>& { return g.indexer_topk; });
+  }
+  const RowFill fill = FillFinishedRows(finished, rows.live());
+  if (!fill.from.empty()) {
+    int64_t length = 0;  // the positions the moving rows hold
+    for (int64_t r : fill.from) length = std::max(length, rows.position[static_cast<size_t>(r)]);
+    const auto on_device = [&](const std::vector<int64_t>& v) {
+      return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device_);
+    };
+    const at::Tensor from = on_device(fill.from);
+    const at::Tensor to = on_device(fill.to);
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      for (auto& [tensor, position_dim] : CacheTensors(cache_->layer(l))) {
+        MoveRows(tensor, 0, position_dim, from, to, length);
+      }
+    }
+    for (ChoiceRecord* record : {&experts_, &indexer_}) {  // [layers, rows, positions, k]
+      if (record->data.defined()) MoveRows(record->data, 1, 2, from, to, length);
+    }
+  }
+  const auto reorder = [&](auto& v) {
+    std::remove_reference_t<decltype(v)> next;
+    for (int64_t r : fill.order) next.push_back(v[static_cast<size_t>(r)]);
+    v = std::move(next);
+  };
+  reorder(rows.prompt);
+  reorder(rows.position);
+  reorder(rows.limit);
+  reorder(rows.token);
 }
 
 }  // namespace rl::rollout

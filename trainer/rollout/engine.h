@@ -16,30 +16,34 @@
 // the weights are whatever the caller restored or synced.
 //
 // Note [Rollout batching]
-// Decoder::ForwardStep takes one start position for the whole batch, and left padding is not free
-// with RoPE and a cache (positions would shift). Generate therefore groups prompts by length: the
-// rows of a group are at equal positions for the whole generation (each step appends one token to
-// every live row), so each group is prefilled in one forward (Decoder::PrefillLogits: the logits
-// of the last prompt position only) and decoded step by step as one batch over cache rows
-// [0, group size). Groups larger than max_batch are split; groups run one after another. When
-// rows finish (stop token or length limit), the live rows are brought to the front and the
-// finished rows stop being computed: each finished row below the new batch size is taken by a
-// live row past it, whose cache entries (positions so far) move, in one index_select +
-// index_copy_ per cache tensor; the other rows stay where they are. So a step in which f rows
-// finish copies at most f rows, not every live row. Cost: with G distinct prompt lengths, G
-// sequential decode loops instead of one; GRPO sends n_samples_per_prompt copies of each prompt,
-// so groups are at least that large.
+// Continuous batching over the cache rows: rows decode together whatever their prompt lengths,
+// each at its own position (Note [Ragged decode] in trainer/model/layers.h), and a row that ends
+// gives its place to the next prompt. Generate keeps rows [0, live) of the KV cache live, in
+// order; each decode step feeds every live row its last sampled token (one step, one graph
+// replay, whatever the rows' lengths) and samples its next. Prompts are admitted in order:
+//  - when no row is live, or at least max_batch / kAdmitFraction rows are free (or all the
+//    prompts left fit), as many as fit. A prefill is a forward over the whole prompt, so
+//    admitting in bunches keeps them few while the batch stays at least 3/4 full;
+//  - the admitted prompts are prefilled into the free rows after the live ones, one forward per
+//    prompt length (Decoder::PrefillLogits, the logits of the last prompt position only, into
+//    KvCache::Rows of those rows), and their first tokens are sampled from those logits.
+// When rows finish (stop token or length limit), the live rows are brought to the front: each
+// finished row below the new live count is taken by a live row past it, whose cache entries
+// (positions so far) move, in one index_select + index_copy_ per cache tensor; the other rows
+// stay where they are. So a step in which f rows finish copies at most f rows, not every live
+// row. A row's tokens do not depend on its batch-mates (Note [Rollout seeds]), so neither does
+// what a prompt generates depend on the order or the moment it was admitted.
 //
 // Note [Rollout decode steps]
-// The decode steps of a group run at a device-side position (Decoder::DecodeStep) over the first
-// KeyLength(position) cache positions: position + 1 rounded up to a block of kKeyBlock, so that
-// the step's shapes change only once per block. On a CUDA device, for a model whose decode step
-// never waits on the host (Decoder::decode_step_capturable: dense, or MoE in bf16 on Hopper,
-// also under expert parallelism with its fixed-capacity dispatch), the steps
+// The decode steps run at device-side positions (Decoder::DecodeStep, one per row) over the first
+// KeyLength(position) cache positions of the longest live row: position + 1 rounded up to a block
+// of kKeyBlock, so that the step's shapes change only once per block. On a CUDA device, for a
+// model whose decode step never waits on the host (Decoder::decode_step_capturable: dense, or MoE
+// in bf16 on Hopper, also under expert parallelism with its fixed-capacity dispatch), the steps
 // replay CUDA graphs (Note [Decode graphs] in decode_graphs.h) unless set_cuda_graphs(false);
-// elsewhere they run eagerly, computing the same. Masked cache positions must be finite, so each
-// group first zeroes the cache positions past its prompts (after WakeUp, or under --ci-test's
-// poisoned pages, they hold anything).
+// elsewhere they run eagerly, computing the same. Masked cache positions must be finite, so
+// Generate first zeroes every cache row a step may compute on (after WakeUp, or under
+// --ci-test's poisoned pages, they hold anything); later they hold only what the model wrote.
 //
 // Note [Rollout seeds]
 // Prompt i of a Generate call samples with its own CPU generator seeded with `seed + i`, one
@@ -54,9 +58,9 @@
 // max_length, k] int16 of the experts each MoE layer chose, row for row with the cache; with
 // Records::indexer, one [indexer layers, max_batch, max_length, index_topk] int32 of the keys each
 // layer with its own DSA indexer selected. Observers on the Decoder write them: the prefill's
-// choices for positions [0, prompt length) of rows [0, batch), and each decode step's for its
-// device-side position (an index_copy_ at position_, so the write is captured in decode graphs
-// like the cache writes). Cache compaction moves their rows too. When a row finishes, the choices
+// choices for positions [0, prompt length) of the rows it fills, and each decode step's for its
+// device-side position (a scatter at position_, so the write is captured in decode graphs like
+// the cache writes). Cache compaction moves their rows too. When a row finishes, the choices
 // of its fed positions (all but the last token; for the indexer, from index_topk on: before, a
 // position sees at most index_topk keys and selects them all) are copied to its Generation, in
 // one device-to-host copy per record and step for all the rows that finish in it. Memory: 2 bytes
@@ -116,6 +120,13 @@ struct Generation {
   // index_topk, index_topk] flattened. Empty otherwise.
   std::vector<int16_t> routed_experts;
   std::vector<int32_t> indexer_topk;
+};
+
+// How the last Generate call ran (Note [Rollout batching]).
+struct GenerateStats {
+  int64_t prefills = 0;      // prefill forwards (one per prompt length per admission)
+  int64_t decode_steps = 0;  // decode steps (forwards of one token per live row)
+  int64_t row_steps = 0;     // live rows summed over the decode steps
 };
 
 // What the engine records of its forwards (Note [Engine routing record]).
@@ -208,6 +219,8 @@ class RolloutEngine {
   std::vector<Generation> Generate(const std::vector<std::vector<int64_t>>& prompts,
                                    const SamplingParams& params);
 
+  const GenerateStats& last_generate_stats() const { return stats_; }
+
   // Hooks called by Sleep (pause) and WakeUp (resume); default no-ops.
   void SetMemoryHooks(std::function<void()> pause, std::function<void()> resume);
   // Throws rl::Error when already asleep / already awake.
@@ -216,12 +229,26 @@ class RolloutEngine {
   bool asleep() const { return asleep_; }
 
  private:
-  // Generates rows `rows` (indices into prompts/out) that share one prompt length.
-  void GenerateGroup(const std::vector<std::vector<int64_t>>& prompts,
-                     const std::vector<size_t>& rows, const SamplingParams& params,
-                     std::vector<Generation>& out);
-  // One decode step of rows [0, live) at position_ (tokens [live, 1] on the device): their
-  // logits [live, vocab].
+  // One Generate call's prompts and live rows (Note [Rollout batching]).
+  struct Rows;
+  // Admit a prompt while at least max_batch / kAdmitFraction rows are free (or the last prompts
+  // fit, or no row is live).
+  static constexpr int64_t kAdmitFraction = 4;
+  // Prefills the next `count` prompts into the free cache rows after the live ones (one forward
+  // per prompt length) and samples their first tokens.
+  void Admit(Rows& rows, int64_t count);
+  // One decode step of every live row, each at its own position (Note [Ragged decode] in
+  // trainer/model/layers.h), and their next tokens.
+  void DecodeAndSample(Rows& rows);
+  // Samples a token for live rows [first_row, first_row + logits.size(0)) from their logits,
+  // appends it to their Generations, and adds the rows that end with it to `finished`.
+  void SampleInto(Rows& rows, const at::Tensor& logits, int64_t first_row,
+                  std::vector<int64_t>& finished);
+  // Hands the finished rows' records to their Generations and fills their cache rows with live
+  // rows from past the new batch size.
+  void Retire(Rows& rows, const std::vector<int64_t>& finished);
+  // One decode step of rows [0, live) at their positions position_[0, live) (tokens [live, 1] on
+  // the device): their logits [live, vocab].
   at::Tensor DecodeLogits(const at::Tensor& tokens, int64_t key_length);
   // One record kept row for row with the KV cache (Note [Engine routing record]).
   struct ChoiceRecord {
@@ -261,10 +288,14 @@ class RolloutEngine {
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<model::KvCache> cache_;  // max_batch rows; groups use rows [0, group size)
   model::RopeTable rope_;                  // every cache position [0, max_length)
-  at::Tensor position_;                    // [1] int64 on the device: the decode step's position
+  at::Tensor step_;       // [2, max_batch] int64 on the device: a decode step's tokens, positions
+  at::Tensor position_;   // step_[1]: each row's position in the decode step
+  at::Tensor host_step_;  // [2, max_batch] int64 on the host (pinned on a GPU): step_'s staging
   ChoiceRecord experts_;                   // int16 expert ids of the MoE layers
   ChoiceRecord indexer_;        // int32 key positions of the layers with their own DSA indexer
   int64_t prefill_length_ = 0;  // > 0 while a prefill of that many positions runs
+  int64_t prefill_row_ = 0;     // its first cache row
+  GenerateStats stats_;
   std::unique_ptr<DecodeGraphs> graphs_;   // null: eager decode steps
   int64_t weight_version_ = 0;
   bool asleep_ = false;

@@ -210,6 +210,35 @@ TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
   }
 }
 
+// Note [Rollout batching]: prompts of different lengths decode in one batch (one decode step
+// feeds every live row), and a row that ends makes room for the next prompt.
+TEST_CASE("Prompts of different lengths decode together, and later prompts take freed rows") {
+  const Fixture f = LoadFixture("qwen3");
+  const std::vector<std::vector<int64_t>> prompts = {
+      {1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11, 12}, {13, 14, 15, 16, 17, 18}};
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_new_tokens = 6;
+  {
+    auto engine = MakeEngine(f, 4, 16);
+    engine->Generate(prompts, params);
+    const GenerateStats& stats = engine->last_generate_stats();
+    CHECK(stats.prefills == 4);      // one per length
+    CHECK(stats.decode_steps == 5);  // the first token of each row comes from its prefill
+    CHECK(stats.row_steps == 4 * 5);
+  }
+  {
+    // Two rows: the last two prompts wait for the first two rows, then share a step.
+    auto engine = MakeEngine(f, 2, 16);
+    const std::vector<Generation> batched = engine->Generate(prompts, params);
+    const GenerateStats& stats = engine->last_generate_stats();
+    CHECK(stats.prefills == 4);
+    CHECK(stats.decode_steps == 2 * 5);
+    CHECK(stats.row_steps == 4 * 5);
+    CHECK(CheckEachAlone(*engine, prompts, params, batched) <= 1e-5);
+  }
+}
+
 TEST_CASE("Rows that finish mid-group give their places to later rows; each equals itself alone") {
   for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
