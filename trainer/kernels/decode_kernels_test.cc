@@ -306,6 +306,63 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
   CHECK_FALSE(DecodeQkvAttentionTakes(32, cache));
 }
 
+// Note [Ragged decode] in trainer/model/layers.h: with a position and cos / sin per row, each
+// row's preparation is bit for bit that row alone, and its attention reads its keys up to its own
+// position (past it the caches hold NaN).
+TEST_CASE("The decode kernels take a position and RoPE angles per row") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(12);
+  const int64_t batch = 5, q_heads = 16, kv_heads = 8, dim = 128, half = 64, key_length = 256;
+  const std::vector<int64_t> positions = {0, 200, 17, 255, 64};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    INFO(c10::toString(dtype));
+    const int64_t width = (q_heads + 2 * kv_heads) * dim;
+    const at::Tensor qkv = at::randn({batch, 1, width}, On(dtype)) * 2;
+    const at::Tensor q_norm = at::randn({dim}, On(dtype));
+    const at::Tensor k_norm = at::randn({dim}, On(dtype));
+    const at::Tensor cos = at::randn({batch, 1, half}, On(dtype));
+    const at::Tensor sin = at::randn({batch, 1, half}, On(dtype));
+    const at::Tensor pos = at::tensor(positions, at::kLong).to(On(at::kLong).device());
+    at::Tensor key = at::randn({batch, kv_heads, key_length, dim}, On(dtype));
+    at::Tensor value = at::randn_like(key);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t p = positions[static_cast<size_t>(b)];
+      if (p + 1 < key_length) {
+        key[b].narrow(1, p + 1, key_length - p - 1).fill_(NAN);
+        value[b].narrow(1, p + 1, key_length - p - 1).fill_(NAN);
+      }
+    }
+    const DecodeCache fused_cache{key.clone(), value.clone(), pos};
+    const DecodeCache cache{key.clone(), value.clone(), pos};
+    const at::Tensor fused = DecodeQkvAttention(qkv, q_norm, k_norm, 1e-6, cos, sin, false, q_heads,
+                                                kv_heads, dim, fused_cache, key_length, scale);
+    const at::Tensor q = DecodeQkvPrep(qkv, q_norm, k_norm, 1e-6, cos, sin, false, q_heads,
+                                       kv_heads, dim, cache);
+    CHECK(SameBits(fused, DecodeAttention(q, cache, key_length, scale)));
+    CHECK(SameBits(fused_cache.key, cache.key));
+    for (int64_t b = 0; b < batch; ++b) {
+      INFO("row " << b);
+      const int64_t p = positions[static_cast<size_t>(b)];
+      // The row alone, at its position with its angles.
+      const at::Tensor own_key = key.narrow(0, b, 1).clone();
+      const at::Tensor own_value = value.narrow(0, b, 1).clone();
+      const DecodeCache own{own_key, own_value, at::full({1}, p, On(at::kLong))};
+      const at::Tensor own_q =
+          DecodeQkvPrep(qkv.narrow(0, b, 1), q_norm, k_norm, 1e-6, cos[b], sin[b], false, q_heads,
+                        kv_heads, dim, own);
+      CHECK(SameBits(q.narrow(0, b, 1), own_q));
+      CHECK(SameBits(cache.key.narrow(0, b, 1), own.key));
+      CHECK(SameBits(cache.value.narrow(0, b, 1), own.value));
+      const at::Tensor expected =
+          ReferenceAttention(own_q, own.key, own.value, p, scale);  // [1, Hq * dim]
+      const double error =
+          (fused.narrow(0, b, 1).to(at::kDouble) - expected).abs().max().item<double>();
+      CHECK(error < (dtype == at::kBFloat16 ? 1.6e-2 : 1e-5));
+    }
+  }
+}
+
 TEST_CASE("DecodeAttention reads its position on the device, so a graph replay follows it") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(5);
