@@ -386,6 +386,11 @@ class ColocatedCycle {
       line.Set("rollout_samples_per_rank", IntList(shares.samples));
       line.Set("rollout_tokens_per_rank", IntList(shares.response_tokens));
       line.Set("rollout_tokens_imbalance", json::Value::Double(Imbalance(shares.response_tokens)));
+      line.Set("rollout_prefills", json::Value::Int(shares.prefills));
+      line.Set("rollout_decode_steps", json::Value::Int(shares.decode_steps));
+      const double steps = static_cast<double>(std::max<int64_t>(1, shares.decode_steps));
+      line.Set("rollout_rows_per_decode_step",
+               json::Value::Double(static_cast<double>(shares.row_steps) / steps));
     }
     // Note [Training plan]: what each rank trained on.
     const std::vector<int64_t> sample_tokens = SampleTokens(batch);

@@ -166,6 +166,10 @@ class EngineRollout final : public Rollout {
     }
     rl_algo::RolloutBatch batch;
     shares_ = GenerationShares();
+    const rollout::GenerateStats& stats = engine_->last_generate_stats();
+    shares_.prefills = stats.prefills;
+    shares_.decode_steps = stats.decode_steps;
+    shares_.row_steps = stats.row_steps;
     for (std::vector<rl_algo::Sample>& part : AllGatherSamples(local, comm_, device_)) {
       int64_t tokens = 0;
       for (const rl_algo::Sample& s : part) tokens += s.response_length;

@@ -27,6 +27,11 @@ namespace rl {
 struct GenerationShares {
   std::vector<int64_t> samples;
   std::vector<int64_t> response_tokens;
+  // How this rank's engine ran it (Note [Rollout batching] in rollout/engine.h): prefill
+  // forwards, decode steps, and live rows summed over the decode steps.
+  int64_t prefills = 0;
+  int64_t decode_steps = 0;
+  int64_t row_steps = 0;
 };
 
 class Rollout {

@@ -198,8 +198,8 @@ int main(int argc, char** argv) {
   std::vector<std::vector<int64_t>> prompts;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t* row = ids[b].data_ptr<int64_t>();
-    prompts.emplace_back(row, row + prompt_len - (b % length_groups) * prompt_len /
-                                                     (2 * length_groups));
+    prompts.emplace_back(row,
+                         row + prompt_len - (b % length_groups) * prompt_len / (2 * length_groups));
   }
   const bool uniform = stop_fraction == 0 && length_groups == 1;  // every row runs every step
   rl::rollout::SamplingParams timed;

@@ -159,11 +159,10 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
 // softmax(q k^T scale) v for one query position per row: q [batch, q_heads, dim] (contiguous),
 // query head h reading key/value head h / (q_heads / kv_heads) at cache positions
 // [0, position[b shape.position_stride]] (on the device); out [batch, q_heads, dim] (contiguous).
-// fp32 scores,
-// softmax and sums. The keys of a (row, head) are split into shape.splits blocks; with several,
-// each block writes partial_out [batch, q_heads, splits, dim] and partial_stats [batch, q_heads,
-// splits, 2] (fp32 scratch, unused with one split) and the last block of a row and head merges
-// them in split order, so the result does not depend on the blocks' timing. The merge counts
+// fp32 scores, softmax and sums. The keys of a (row, head) are split into shape.splits blocks; with
+// several, each block writes partial_out [batch, q_heads, splits, dim] and partial_stats [batch,
+// q_heads, splits, 2] (fp32 scratch, unused with one split) and the last block of a row and head
+// merges them in split order, so the result does not depend on the blocks' timing. The merge counts
 // blocks in a counter array of the module, which each merge leaves zeroed: two launches must not
 // run concurrently (one stream). q, the caches' rows and out must be aligned to dim / 32
 // elements.

@@ -7,8 +7,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -337,8 +337,8 @@ TEST_CASE("The decode kernels take a position and RoPE angles per row") {
     const DecodeCache cache{key.clone(), value.clone(), pos};
     const at::Tensor fused = DecodeQkvAttention(qkv, q_norm, k_norm, 1e-6, cos, sin, false, q_heads,
                                                 kv_heads, dim, fused_cache, key_length, scale);
-    const at::Tensor q = DecodeQkvPrep(qkv, q_norm, k_norm, 1e-6, cos, sin, false, q_heads,
-                                       kv_heads, dim, cache);
+    const at::Tensor q =
+        DecodeQkvPrep(qkv, q_norm, k_norm, 1e-6, cos, sin, false, q_heads, kv_heads, dim, cache);
     CHECK(SameBits(fused, DecodeAttention(q, cache, key_length, scale)));
     CHECK(SameBits(fused_cache.key, cache.key));
     for (int64_t b = 0; b < batch; ++b) {
@@ -348,9 +348,8 @@ TEST_CASE("The decode kernels take a position and RoPE angles per row") {
       const at::Tensor own_key = key.narrow(0, b, 1).clone();
       const at::Tensor own_value = value.narrow(0, b, 1).clone();
       const DecodeCache own{own_key, own_value, at::full({1}, p, On(at::kLong))};
-      const at::Tensor own_q =
-          DecodeQkvPrep(qkv.narrow(0, b, 1), q_norm, k_norm, 1e-6, cos[b], sin[b], false, q_heads,
-                        kv_heads, dim, own);
+      const at::Tensor own_q = DecodeQkvPrep(qkv.narrow(0, b, 1), q_norm, k_norm, 1e-6, cos[b],
+                                             sin[b], false, q_heads, kv_heads, dim, own);
       CHECK(SameBits(q.narrow(0, b, 1), own_q));
       CHECK(SameBits(cache.key.narrow(0, b, 1), own.key));
       CHECK(SameBits(cache.value.narrow(0, b, 1), own.value));
@@ -441,8 +440,7 @@ TEST_CASE("SampleRows draws the inverse-CDF token of the whole vocabulary, and i
         REQUIRE(SampleRowsTakes(logits));
         const SampledRows got = SampleRows(logits, temperature, false, uniforms);
         const ReferenceDraw r = ReferenceSample(logits, temperature, uniforms);
-        INFO("vocab " << vocab << ", " << c10::toString(dtype) << ", temperature "
-                      << temperature);
+        INFO("vocab " << vocab << ", " << c10::toString(dtype) << ", temperature " << temperature);
         CHECK(FarMismatches(got.tokens, r) == 0);
         CHECK((got.log_probs.cpu().to(at::kDouble) - r.log_probs).abs().max().item<double>() <
               1e-5);
@@ -451,8 +449,8 @@ TEST_CASE("SampleRows draws the inverse-CDF token of the whole vocabulary, and i
         CHECK(tokens.narrow(0, 0, 32).ge(vocab / 3).all().item<bool>());
         CHECK(tokens.narrow(0, 32, 32).lt(vocab - vocab / 3).all().item<bool>());
         // A row's result does not depend on its batch.
-        const SampledRows alone = SampleRows(logits.narrow(0, 5, 1), temperature, false,
-                                             uniforms.narrow(0, 5, 1));
+        const SampledRows alone =
+            SampleRows(logits.narrow(0, 5, 1), temperature, false, uniforms.narrow(0, 5, 1));
         CHECK(SameBits(alone.tokens, got.tokens.narrow(0, 5, 1)));
         CHECK(SameBits(alone.log_probs, got.log_probs.narrow(0, 5, 1)));
         // Greedy: the first largest logit.

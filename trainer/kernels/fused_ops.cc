@@ -379,9 +379,9 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   RL_CHECK(qkv.dim() == 3 && qkv.size(1) == 1 && qkv.size(2) >= (q_heads + 2 * kv_heads) * dim &&
                qkv.stride(2) == 1 && dim <= kMaxHeadDim && 2 * half <= dim &&
                RowStride(cos, batch, half) >= 0 && sin.sizes() == cos.sizes() &&
-               q_norm.defined() == k_norm.defined() &&
-               k.dim() == 4 && v.dim() == 4 && k.size(0) >= batch && k.size(1) == kv_heads &&
-               k.size(3) == dim && k.stride(3) == 1 && v.sizes() == k.sizes() && v.stride(3) == 1 &&
+               q_norm.defined() == k_norm.defined() && k.dim() == 4 && v.dim() == 4 &&
+               k.size(0) >= batch && k.size(1) == kv_heads && k.size(3) == dim &&
+               k.stride(3) == 1 && v.sizes() == k.sizes() && v.stride(3) == 1 &&
                RowStride(pos, batch, 1) >= 0 && pos.scalar_type() == at::kLong,
            Error,
            "{}: qkv [{}] with {} q and {} kv heads of {}, caches [{}], cos [{}], position [{}]",
@@ -498,9 +498,8 @@ at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_
   RL_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == cache.key.scalar_type() &&
                q.device() == cache.key.device() && q.size(2) == cache.key.size(3) &&
                Aligned(q, q.size(2) / 32) && DecodeAttentionTakes(q.size(1), cache) &&
-               cache.key.size(0) >= q.size(0) &&
-               key_length >= 1 && key_length <= cache.key.size(2) &&
-               RowStride(cache.position, q.size(0), 1) >= 0 &&
+               cache.key.size(0) >= q.size(0) && key_length >= 1 &&
+               key_length <= cache.key.size(2) && RowStride(cache.position, q.size(0), 1) >= 0 &&
                cache.position.scalar_type() == at::kLong,
            Error, "DecodeAttention: q [{}] against caches [{}] over {} keys, position [{}]",
            fmt::join(q.sizes(), ", "), fmt::join(cache.key.sizes(), ", "), key_length,
@@ -569,9 +568,8 @@ SampledRows SampleRows(const at::Tensor& logits, double temperature, bool greedy
   out.log_probs = at::empty({rows}, logits.options().dtype(at::kFloat));
   RL_CHECK_CUDA(kernels::SampleRows(logits.data_ptr(), rows, logits.size(1), logits.stride(0),
                                     temperature, greedy, greedy ? nullptr : u.data_ptr<double>(),
-                                    out.tokens.data_ptr<int64_t>(),
-                                    out.log_probs.data_ptr<float>(), CodeOf(logits),
-                                    c10::cuda::getCurrentCUDAStream()));
+                                    out.tokens.data_ptr<int64_t>(), out.log_probs.data_ptr<float>(),
+                                    CodeOf(logits), c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

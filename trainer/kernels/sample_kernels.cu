@@ -50,10 +50,10 @@ struct alignas(sizeof(T) * kVec) SamplePack {
 // as in at::argmax (so a row with a NaN yields the first NaN's index).
 __device__ __forceinline__ void TakeLarger(float& value, int64_t& index, float other_value,
                                            int64_t other_index) {
-  const bool larger = isnan(other_value)
-                          ? !isnan(value) || other_index < index
-                          : !isnan(value) && (other_value > value ||
-                                              (other_value == value && other_index < index));
+  const bool larger =
+      isnan(other_value)
+          ? !isnan(value) || other_index < index
+          : !isnan(value) && (other_value > value || (other_value == value && other_index < index));
   if (larger) {
     value = other_value;
     index = other_index;
@@ -84,10 +84,9 @@ int64_t StepTotalsBytes(int64_t vocab) {
 
 template <typename T>
 __global__ void __launch_bounds__(kSampleThreads)
-    SampleRowsKernel(const T* __restrict__ logits, int64_t vocab, int64_t stride,
-                     float temperature, bool scale, bool greedy,
-                     const double* __restrict__ uniforms, int64_t* __restrict__ tokens,
-                     float* __restrict__ log_probs) {
+    SampleRowsKernel(const T* __restrict__ logits, int64_t vocab, int64_t stride, float temperature,
+                     bool scale, bool greedy, const double* __restrict__ uniforms,
+                     int64_t* __restrict__ tokens, float* __restrict__ log_probs) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int64_t kStep = 32 * kVec;
   __shared__ float warp_max[kSampleWarps];
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     const int64_t first = k * kStep + lane * kVec;
     if (first < vocab) pack = *reinterpret_cast<const SamplePack<T, kVec>*>(x + first);
   };
-  const auto masses = [&](int64_t k, const SamplePack<T, kVec>& pack, double (&mass)[kVec]) {
+  const auto masses = [&](int64_t k, const SamplePack<T, kVec>& pack, double(&mass)[kVec]) {
     const int64_t first = k * kStep + lane * kVec;
     double sum = 0.0;
 #pragma unroll
@@ -284,7 +283,8 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
                        float* log_probs, DtypeCode dtype, cudaStream_t stream) {
   const int64_t vec = dtype == kBFloat16 ? 8 : 4;
   if (vocab < 1 || vocab % vec != 0 || stride % vec != 0 || temperature < 0 ||
-      (!greedy && uniforms == nullptr) || SampleRowsSharedBytes(vocab, dtype) > kSampleMaxSharedBytes) {
+      (!greedy && uniforms == nullptr) ||
+      SampleRowsSharedBytes(vocab, dtype) > kSampleMaxSharedBytes) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
@@ -297,9 +297,9 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
         static_cast<const __nv_bfloat16*>(logits), vocab, stride, t, scale, greedy, uniforms,
         tokens, log_probs);
   } else {
-    SampleRowsKernel<<<rows, kSampleThreads, shared, stream>>>(
-        static_cast<const float*>(logits), vocab, stride, t, scale, greedy, uniforms, tokens,
-        log_probs);
+    SampleRowsKernel<<<rows, kSampleThreads, shared, stream>>>(static_cast<const float*>(logits),
+                                                               vocab, stride, t, scale, greedy,
+                                                               uniforms, tokens, log_probs);
   }
   return cudaGetLastError();
 }

@@ -508,7 +508,7 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
   const CudnnAttentionOff cudnn_off;  // Note [Decode steps without cuDNN attention]
   const at::Tensor index = position.reshape({-1});  // [1] or [B]: Note [Ragged decode]
   const int64_t rows = index.size(0);
-  const RopeTable step_rope{rope.cos.index_select(0, index).unsqueeze(1),   // [rows, 1, half]
+  const RopeTable step_rope{rope.cos.index_select(0, index).unsqueeze(1),  // [rows, 1, half]
                             rope.sin.index_select(0, index).unsqueeze(1)};
   AttentionContext ctx;
   ctx.config = &config_;

@@ -59,7 +59,8 @@ class KvCache {
   int64_t max_length() const { return max_length_; }
   LayerKv& layer(int64_t i) { return layers_.at(i); }
   // Rows [begin, begin + count) as a cache of `count` sequences, views of the same storage (a
-  // prefill into some rows of a cache whose other rows hold live sequences).
+  // prefill into some rows of a cache whose other rows hold live sequences). Its storage() is
+  // still the whole cache's.
   KvCache Rows(int64_t begin, int64_t count) const;
   const at::Tensor& storage() const { return storage_; }
 

@@ -241,8 +241,8 @@ TEST_CASE("Rows at different positions in one decode step give their logits alon
       double worst = 0;
       for (int64_t i = 0; prompt[1] + i < seq; ++i) {
         const std::vector<int64_t> positions = {prompt[0] + i, prompt[1] + i};
-        const at::Tensor step = at::stack({tokens[0][positions[0]], tokens[1][positions[1]]})
-                                    .view({2, 1});
+        const at::Tensor step =
+            at::stack({tokens[0][positions[0]], tokens[1][positions[1]]}).view({2, 1});
         const at::Tensor logits =
             model.DecodeStep(step, at::tensor(positions, at::kLong), key_block, rope, together);
         for (int64_t r = 0; r < 2; ++r) {

@@ -129,8 +129,9 @@ struct MoeWeights {
 // A decode step normally takes its position on the host (`start`), which fixes the cache slot it
 // writes and the number of keys it reads. With `position` defined instead (S == 1, a cache given),
 // the slots come from the device: row r's new keys are written at position[r] ([B] int64 on the
-// model's device) and attention reads the first key_mask.size(-1) cache positions, those past
-// the row's position masked out (`key_mask` [B, 1, T] bool, true for keys <= position[r]). The
+// model's device; [1]: one for every row) and attention reads the first key_mask.size(-1) cache
+// positions, those past the row's position masked out (`key_mask` [B or 1, 1, T] bool, true for
+// keys <= position[r]). The
 // shapes and the kernels then depend only on (batch, T), not on the positions, so the step can
 // be captured in a CUDA graph once and replayed at every position < T. The masked cache positions
 // must hold finite values (a NaN there would survive the zero attention weight).
@@ -141,15 +142,15 @@ struct MoeWeights {
 // different prompt lengths, or admitted at different steps, decode in one batch (the rollout
 // engine's continuous batching, Note [Rollout batching] in trainer/rollout/engine.h). T is the
 // longest row's; a row reads only its keys up to its position (the decode kernels stop there; the
-// LibTorch ops mask the rest). A row computes what it would alone: the same positions, angles and
-// visible keys.
+// LibTorch ops mask the rest). A row sees what it would see alone: the same positions, angles and
+// keys.
 struct AttentionContext {
   const ModelConfig* config = nullptr;
-  const RopeTable* rope = nullptr;  // the S new positions ([B, S, half] with `position`)
+  const RopeTable* rope = nullptr;  // the S new positions ([B or 1, S, half] with `position`)
   int64_t start = 0;                // position of the first query (host-side positions)
   LayerKv* cache = nullptr;         // null: no cache, keys are the S new positions
-  at::Tensor position;  // [B] device-side positions: Note [Decode at a device position]
-  at::Tensor key_mask;  // [B, 1, T] bool, with `position`
+  at::Tensor position;              // [B] or [1]: Note [Decode at a device position]
+  at::Tensor key_mask;              // [B or 1, 1, T] bool, with `position`
   Kernels kernels = Kernels::kLibTorch;  // the Decoder's (Note [Inference kernels]): RoPE
   // With Kernels::kFused: MLA decode steps attend in the latent space (Note [MLA decode in the
   // latent space] in layers.cc); false keeps the expanded keys and values of training.

@@ -12,14 +12,15 @@
 //    owned here;
 //  - one graph per (batch bucket, key length): the live rows are padded to the next bucket (1, 2,
 //    4, 8, then multiples of 8 up to max_batch); the padding rows compute on whatever tokens the
-//    buffer holds, in cache rows nobody reads. The engine rounds key lengths up to blocks, so a
-//    handful of graphs serves a whole generation. Each is captured the first time it is needed
-//    and kept for the life of the engine. That first time, the step runs eagerly on the capture
-//    stream (a warm-up, so that lazy initialisation such as cuBLAS workspaces happens outside the
-//    capture), the capture records it without running it, and Run returns the warm-up's logits:
-//    the step runs exactly once per Run, so a step with collectives (an expert-parallel decode
-//    step, Note [Fixed-capacity dispatch] in trainer/model/layers.h) makes the same collectives
-//    on every rank of its group, whether a rank captures or replays.
+//    buffer holds, at position 0 (the engine stages that for them), in cache rows nobody reads. The
+//    engine rounds key lengths up to blocks, so a handful of graphs serves a whole generation. Each
+//    is captured the first time it is needed and kept for the life of the engine. That first time,
+//    the step runs eagerly on the capture stream (a warm-up, so that lazy initialisation such as
+//    cuBLAS workspaces happens outside the capture), the capture records it without running it, and
+//    Run returns the warm-up's logits: the step runs exactly once per Run, so a step with
+//    collectives (an expert-parallel decode step, Note [Fixed-capacity dispatch] in
+//    trainer/model/layers.h) makes the same collectives on every rank of its group, whether a rank
+//    captures or replays.
 //  - all graphs share one memory pool. That is safe because every Run's logits are consumed
 //    before the next Run replays anything (the engine reads the sampled tokens on the host every
 //    step): a graph may reuse memory another graph used for temporaries or for its output.

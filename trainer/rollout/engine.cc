@@ -254,10 +254,9 @@ void RolloutEngine::Record(ChoiceRecord& record, int64_t layer, const at::Tensor
 
 at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_length) {
   const at::Tensor logits =
-      graphs_ != nullptr
-          ? graphs_->Run(tokens, key_length)
-          : decoder_->DecodeStep(tokens, position_.narrow(0, 0, tokens.size(0)), key_length, rope_,
-                                 *cache_, decode_dispatch());
+      graphs_ != nullptr ? graphs_->Run(tokens, key_length)
+                         : decoder_->DecodeStep(tokens, position_.narrow(0, 0, tokens.size(0)),
+                                                key_length, rope_, *cache_, decode_dispatch());
   // Note [Enqueued all-to-all]: the sampler reads the logits on the host next.
   if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
   if (tensor_group_ != nullptr) tensor_group_->WaitEnqueued();
@@ -481,6 +480,7 @@ void RolloutEngine::DecodeAndSample(Rows& rows) {
   int64_t* host = host_step_.data_ptr<int64_t>();
   std::copy(rows.token.begin(), rows.token.end(), host);
   std::copy(rows.position.begin(), rows.position.end(), host + max_batch_);
+  std::fill(host + max_batch_ + live, host + 2 * max_batch_, 0);  // a graph's padding rows
   step_.copy_(host_step_, /*non_blocking=*/true);
   const int64_t last = *std::max_element(rows.position.begin(), rows.position.end());
   JoinGroupStep(StepKind::kDecode);

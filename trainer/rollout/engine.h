@@ -286,7 +286,7 @@ class RolloutEngine {
   double capacity_factor_;      // ExpertParallel::capacity_factor, for messages
   model::ExpertDispatch dispatch_;  // the decode steps' (capacity 0 without expert parallelism)
   std::unique_ptr<model::Decoder> decoder_;
-  std::unique_ptr<model::KvCache> cache_;  // max_batch rows; groups use rows [0, group size)
+  std::unique_ptr<model::KvCache> cache_;  // rows [0, live) hold the live rows of a Generate
   model::RopeTable rope_;                  // every cache position [0, max_length)
   at::Tensor step_;       // [2, max_batch] int64 on the device: a decode step's tokens, positions
   at::Tensor position_;   // step_[1]: each row's position in the decode step

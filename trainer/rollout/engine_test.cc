@@ -190,8 +190,8 @@ TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
   for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
     const Fixture f = LoadFixture(name);
-    // max_batch 2 splits the groups; stop tokens end rows at different steps, which compacts the
-    // cache mid-group.
+    // max_batch 2 admits later prompts into freed rows; stop tokens end rows at different steps,
+    // which moves live rows into finished rows' places.
     auto engine = MakeEngine(f, 2, 20);
     const SamplingParams params = StoppingParams(10, 1000, 9);
     const std::vector<std::vector<int64_t>> prompts = MixedPrompts(name);
@@ -239,11 +239,11 @@ TEST_CASE("Prompts of different lengths decode together, and later prompts take 
   }
 }
 
-TEST_CASE("Rows that finish mid-group give their places to later rows; each equals itself alone") {
+TEST_CASE("Rows that finish give their places to rows past them; each equals itself alone") {
   for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
     const Fixture f = LoadFixture(name);
-    // One group of 8 rows of one prompt (different seeds); stop tokens end them at different
+    // 8 rows of one prompt (different seeds); stop tokens end them at different
     // steps, so rows past the new batch move into finished rows' places (Note [Rollout
     // batching]), several times.
     auto engine = MakeEngine(f, 8, 20);
@@ -392,8 +392,8 @@ TEST_CASE("The engine's routing record equals the routing of a full forward, and
   for (const std::string name : {"qwen3_moe", "deepseek_v3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
     const Fixture f = LoadFixture(name);
-    // max_batch 3 splits the groups and stop tokens end rows early: the record is read at
-    // different steps and compacted with the cache.
+    // max_batch 3 admits prompts as rows free up, and stop tokens end rows early: the record is
+    // read at different steps and moves with the cache.
     auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3, 24,
                                                   PlainAllocator(at::Device(at::kCPU)),
                                                   Records{/*experts=*/true, /*indexer=*/false});
