@@ -478,10 +478,22 @@ at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
 }
 
 at::Tensor Decoder::PrefillLogits(const at::Tensor& tokens, KvCache& cache,
-                                  int64_t start_position) const {
+                                  int64_t start_position,
+                                  const std::vector<int64_t>& lengths) const {
   at::NoGradGuard no_grad;
+  const int64_t batch = tokens.size(0);
+  const int64_t seq = tokens.size(1);
+  RL_CHECK(lengths.empty() || static_cast<int64_t>(lengths.size()) == batch, Error,
+           "PrefillLogits: {} lengths for {} rows", lengths.size(), batch);
+  for (int64_t length : lengths) {
+    RL_CHECK(length >= 1 && length <= seq, Error,
+             "PrefillLogits: a row length of {} outside [1, {}]", length, seq);
+  }
   const at::Tensor hidden = Hidden(tokens, &cache, start_position);  // [B, S, H]
-  return WholeLogits(hidden.select(1, hidden.size(1) - 1).contiguous());
+  if (lengths.empty()) return WholeLogits(hidden.select(1, seq - 1).contiguous());
+  const at::Tensor last = (at::tensor(lengths, at::kLong) - 1).to(hidden.device());
+  return WholeLogits(
+      hidden.gather(1, last.view({batch, 1, 1}).expand({batch, 1, hidden.size(2)})).squeeze(1));
 }
 
 at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& position,

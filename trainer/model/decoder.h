@@ -130,9 +130,12 @@ class Decoder {
   // ForwardStep that returns only the logits of the last new position, [batch, vocab]: a
   // generation's prefill, which samples from those alone, so the LM head runs over one position
   // per row instead of every prompt position (whose [batch, new, vocab] logits, in bf16, take
-  // 2.5 GB for 64 prompts of 128 tokens and a 151,936-word vocabulary).
-  at::Tensor PrefillLogits(const at::Tensor& tokens, KvCache& cache,
-                           int64_t start_position) const;
+  // 2.5 GB for 64 prompts of 128 tokens and a 151,936-word vocabulary). With `lengths` (one per
+  // row, each in [1, new]), row r's tokens are its first lengths[r] (the rest padding after them,
+  // which causal attention keeps from every real position) and its logits are those of its last
+  // real position; the padding's cache entries lie past the row's tokens.
+  at::Tensor PrefillLogits(const at::Tensor& tokens, KvCache& cache, int64_t start_position,
+                           const std::vector<int64_t>& lengths = {}) const;
 
   // One decode step whose positions live on the device (Notes [Decode at a device position] and
   // [Ragged decode] in layers.h): appends tokens [batch, 1] at `position` ([batch] int64 on the

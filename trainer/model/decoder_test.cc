@@ -105,6 +105,43 @@ TEST_CASE("PrefillLogits is ForwardStep's last position, and writes the same cac
   }
 }
 
+// Right padding: a row's tokens come before its padding, so causal attention keeps the padding
+// from them; its logits are those of its last real position, and its cache up to it is the row's
+// alone (the engine's prefill of prompts of several lengths, Note [Rollout batching]).
+TEST_CASE("PrefillLogits of right-padded rows of several lengths equals each row alone") {
+  for (const std::string& name : FixtureNames()) {
+    INFO("fixture " << name);
+    testing::LoadedModel m = LoadFixture(name);
+    Decoder model(m.config, m.params);
+    const at::Tensor tokens = ReferenceTensor(name, "reference.safetensors", "tokens_long");
+    const std::vector<int64_t> lengths = {6, 11};
+    at::Tensor padded = tokens.narrow(1, 0, 11).clone();
+    padded[0].narrow(0, 6, 5).fill_(0);
+    KvCache together = KvCache::Allocate(m.config, 2, 20, at::kFloat, at::kCPU);
+    const at::Tensor logits = model.PrefillLogits(padded, together, 0, lengths);
+    for (int64_t r = 0; r < 2; ++r) {
+      INFO("row " << r);
+      const int64_t length = lengths[static_cast<size_t>(r)];
+      KvCache alone = KvCache::Allocate(m.config, 1, 20, at::kFloat, at::kCPU);
+      const at::Tensor own = model.PrefillLogits(tokens.narrow(0, r, 1).narrow(1, 0, length), alone, 0);
+      CHECK(MaxAbsDiff(logits.narrow(0, r, 1), own) <= 1e-5);
+      for (int64_t l = 0; l < m.config.num_hidden_layers; ++l) {
+        const LayerKv& mine = together.layer(l);
+        const LayerKv& theirs = alone.layer(l);
+        if (mine.key.defined()) {
+          CHECK(MaxAbsDiff(mine.key[r].narrow(1, 0, length), theirs.key[0].narrow(1, 0, length)) <= 1e-5);
+          CHECK(MaxAbsDiff(mine.value[r].narrow(1, 0, length), theirs.value[0].narrow(1, 0, length)) <= 1e-5);
+        } else {
+          CHECK(MaxAbsDiff(mine.latent_pe[r].narrow(0, 0, length),
+                           theirs.latent_pe[0].narrow(0, 0, length)) <= 1e-5);
+        }
+      }
+    }
+    CHECK_THROWS_WITH(model.PrefillLogits(padded, together, 0, {6, 12}),
+                      Catch::Contains("a row length of 12 outside [1, 11]"));
+  }
+}
+
 TEST_CASE("Decode steps at a device-side position over a larger key block give the full logits") {
   // Note [Decode at a device position]: keys past the position are masked, whatever finite values
   // the cache holds there (here large random ones, written before the steps).

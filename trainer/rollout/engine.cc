@@ -432,35 +432,46 @@ void RolloutEngine::JoinGroupStep(StepKind mine) {
 }
 
 void RolloutEngine::Admit(Rows& rows, int64_t count) {
-  // The admitted prompts by length (std::map orders them), each length prefilled in one forward
-  // into the next free cache rows.
-  std::map<size_t, std::vector<size_t>> by_length;
-  for (int64_t i = 0; i < count; ++i) {
-    const size_t index = rows.admitted++;
-    by_length[rows.prompts[index].size()].push_back(index);
-  }
+  // The admitted prompts, longest first, in prefills of lengths within a factor of 2 of their
+  // longest (so padding is less than half a prefill's positions), each right-padded to that
+  // longest and written into the next free cache rows.
+  std::vector<size_t> admitted;
+  for (int64_t i = 0; i < count; ++i) admitted.push_back(rows.admitted++);
+  std::stable_sort(admitted.begin(), admitted.end(), [&](size_t a, size_t b) {
+    return rows.prompts[a].size() > rows.prompts[b].size();
+  });
   std::vector<int64_t> finished;
-  for (const auto& [length, indices] : by_length) {
+  for (size_t begin = 0; begin < admitted.size();) {
+    const int64_t longest = static_cast<int64_t>(rows.prompts[admitted[begin]].size());
+    size_t end = begin + 1;
+    while (end < admitted.size() &&
+           2 * static_cast<int64_t>(rows.prompts[admitted[end]].size()) >= longest) {
+      ++end;
+    }
     const int64_t first_row = rows.live();
-    const int64_t batch = static_cast<int64_t>(indices.size());
-    const int64_t prompt_length = static_cast<int64_t>(length);
-    std::vector<int64_t> flat;  // [batch, prompt_length]
-    for (size_t index : indices) {
-      flat.insert(flat.end(), rows.prompts[index].begin(), rows.prompts[index].end());
-      rows.prompt.push_back(index);
-      rows.position.push_back(prompt_length);
-      rows.limit.push_back(std::min(rows.max_new_tokens, max_length_ - prompt_length));
+    const int64_t batch = static_cast<int64_t>(end - begin);
+    std::vector<int64_t> flat(static_cast<size_t>(batch * longest), 0);  // [batch, longest]
+    std::vector<int64_t> lengths;
+    for (size_t k = begin; k < end; ++k) {
+      const std::vector<int64_t>& prompt = rows.prompts[admitted[k]];
+      const int64_t length = static_cast<int64_t>(prompt.size());
+      std::copy(prompt.begin(), prompt.end(),
+                flat.begin() + static_cast<int64_t>(k - begin) * longest);
+      lengths.push_back(length);
+      rows.prompt.push_back(admitted[k]);
+      rows.position.push_back(length);
+      rows.limit.push_back(std::min(rows.max_new_tokens, max_length_ - length));
       rows.token.push_back(0);
     }
     const at::Tensor tokens =
-        at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({batch, prompt_length});
+        at::tensor(flat, at::TensorOptions().dtype(at::kLong)).view({batch, longest});
     prefill_row_ = first_row;  // Note [Engine routing record]
-    prefill_length_ = prompt_length;
+    prefill_length_ = longest;
     at::Tensor logits;  // [batch, vocab]: the next-token logits of the admitted rows
     try {
       JoinGroupStep(StepKind::kPrefill);  // Note [Expert-parallel decode]
       model::KvCache cache_rows = cache_->Rows(first_row, batch);
-      logits = decoder_->PrefillLogits(tokens, cache_rows, 0);
+      logits = decoder_->PrefillLogits(tokens, cache_rows, 0, lengths);
     } catch (...) {
       prefill_length_ = 0;
       throw;
@@ -468,6 +479,7 @@ void RolloutEngine::Admit(Rows& rows, int64_t count) {
     prefill_length_ = 0;
     ++stats_.prefills;
     SampleInto(rows, logits, first_row, finished);
+    begin = end;
   }
   Retire(rows, finished);
 }

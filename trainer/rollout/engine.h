@@ -24,9 +24,12 @@
 //  - when no row is live, or at least max_batch / kAdmitFraction rows are free (or all the
 //    prompts left fit), as many as fit. A prefill is a forward over the whole prompt, so
 //    admitting in bunches keeps them few while the batch stays at least 3/4 full;
-//  - the admitted prompts are prefilled into the free rows after the live ones, one forward per
-//    prompt length (Decoder::PrefillLogits, the logits of the last prompt position only, into
-//    KvCache::Rows of those rows), and their first tokens are sampled from those logits.
+//  - the admitted prompts are prefilled into the free rows after the live ones, longest first,
+//    those within a factor of 2 of the longest in one forward, right-padded to it
+//    (Decoder::PrefillLogits with the row lengths: the logits of each row's last prompt position
+//    only, into KvCache::Rows of those rows). Padding comes after a row's tokens, so causal
+//    attention keeps it from them; its cache entries lie past the row's position, masked until
+//    the row's decode steps overwrite them. The first tokens are sampled from those logits.
 // When rows finish (stop token or length limit), the live rows are brought to the front: each
 // finished row below the new live count is taken by a live row past it, whose cache entries
 // (positions so far) move, in one index_select + index_copy_ per cache tensor; the other rows
@@ -124,7 +127,7 @@ struct Generation {
 
 // How the last Generate call ran (Note [Rollout batching]).
 struct GenerateStats {
-  int64_t prefills = 0;      // prefill forwards (one per prompt length per admission)
+  int64_t prefills = 0;      // prefill forwards (of prompts within a factor of 2 in length)
   int64_t decode_steps = 0;  // decode steps (forwards of one token per live row)
   int64_t row_steps = 0;     // live rows summed over the decode steps
 };
@@ -235,7 +238,7 @@ class RolloutEngine {
   // fit, or no row is live).
   static constexpr int64_t kAdmitFraction = 4;
   // Prefills the next `count` prompts into the free cache rows after the live ones (one forward
-  // per prompt length) and samples their first tokens.
+  // for lengths within a factor of 2) and samples their first tokens.
   void Admit(Rows& rows, int64_t count);
   // One decode step of every live row, each at its own position (Note [Ragged decode] in
   // trainer/model/layers.h), and their next tokens.

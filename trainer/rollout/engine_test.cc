@@ -223,16 +223,25 @@ TEST_CASE("Prompts of different lengths decode together, and later prompts take 
     auto engine = MakeEngine(f, 4, 16);
     engine->Generate(prompts, params);
     const GenerateStats& stats = engine->last_generate_stats();
-    CHECK(stats.prefills == 4);      // one per length
+    CHECK(stats.prefills == 1);      // lengths 3 to 6: within a factor of 2, one prefill
     CHECK(stats.decode_steps == 5);  // the first token of each row comes from its prefill
     CHECK(stats.row_steps == 4 * 5);
+  }
+  {
+    // Lengths 2 and 5 are more than a factor of 2 apart: two prefills, one decode batch.
+    auto engine = MakeEngine(f, 4, 16);
+    const std::vector<std::vector<int64_t>> apart = {{1, 2}, {3, 4, 5, 6, 7}};
+    const std::vector<Generation> batched = engine->Generate(apart, params);
+    CHECK(engine->last_generate_stats().prefills == 2);
+    CHECK(engine->last_generate_stats().decode_steps == 5);
+    CHECK(CheckEachAlone(*engine, apart, params, batched) <= 1e-5);
   }
   {
     // Two rows: the last two prompts wait for the first two rows, then share a step.
     auto engine = MakeEngine(f, 2, 16);
     const std::vector<Generation> batched = engine->Generate(prompts, params);
     const GenerateStats& stats = engine->last_generate_stats();
-    CHECK(stats.prefills == 4);
+    CHECK(stats.prefills == 2);
     CHECK(stats.decode_steps == 2 * 5);
     CHECK(stats.row_steps == 4 * 5);
     CHECK(CheckEachAlone(*engine, prompts, params, batched) <= 1e-5);
