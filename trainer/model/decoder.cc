@@ -477,8 +477,7 @@ at::Tensor Decoder::ForwardStep(const at::Tensor& tokens, KvCache& cache,
   return WholeLogits(Hidden(tokens, &cache, start_position));
 }
 
-at::Tensor Decoder::PrefillLogits(const at::Tensor& tokens, KvCache& cache,
-                                  int64_t start_position,
+at::Tensor Decoder::PrefillLogits(const at::Tensor& tokens, KvCache& cache, int64_t start_position,
                                   const std::vector<int64_t>& lengths) const {
   at::NoGradGuard no_grad;
   const int64_t batch = tokens.size(0);

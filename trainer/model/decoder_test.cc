@@ -123,14 +123,17 @@ TEST_CASE("PrefillLogits of right-padded rows of several lengths equals each row
       INFO("row " << r);
       const int64_t length = lengths[static_cast<size_t>(r)];
       KvCache alone = KvCache::Allocate(m.config, 1, 20, at::kFloat, at::kCPU);
-      const at::Tensor own = model.PrefillLogits(tokens.narrow(0, r, 1).narrow(1, 0, length), alone, 0);
+      const at::Tensor own =
+          model.PrefillLogits(tokens.narrow(0, r, 1).narrow(1, 0, length), alone, 0);
       CHECK(MaxAbsDiff(logits.narrow(0, r, 1), own) <= 1e-5);
       for (int64_t l = 0; l < m.config.num_hidden_layers; ++l) {
         const LayerKv& mine = together.layer(l);
         const LayerKv& theirs = alone.layer(l);
         if (mine.key.defined()) {
-          CHECK(MaxAbsDiff(mine.key[r].narrow(1, 0, length), theirs.key[0].narrow(1, 0, length)) <= 1e-5);
-          CHECK(MaxAbsDiff(mine.value[r].narrow(1, 0, length), theirs.value[0].narrow(1, 0, length)) <= 1e-5);
+          CHECK(MaxAbsDiff(mine.key[r].narrow(1, 0, length), theirs.key[0].narrow(1, 0, length)) <=
+                1e-5);
+          CHECK(MaxAbsDiff(mine.value[r].narrow(1, 0, length),
+                           theirs.value[0].narrow(1, 0, length)) <= 1e-5);
         } else {
           CHECK(MaxAbsDiff(mine.latent_pe[r].narrow(0, 0, length),
                            theirs.latent_pe[0].narrow(0, 0, length)) <= 1e-5);
