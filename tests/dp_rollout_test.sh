@@ -4,7 +4,7 @@
 # per-token log-probs, groups, in prompt and sample order), is byte-identical at 1 CPU rank and at
 # more: the embedded default (dense; 2 and 4 ranks) and the Qwen3-MoE CI recipe with 5 prompts of
 # 6 samples (2 and 3 ranks; an uneven split at 3: 2, 2 and 1 prompts). The metrics say what each
-# rank generated.
+# rank generated, and how (one decode batch for all of a rank's samples).
 # (Only the first iteration: later ones start from weights trained at different DP sizes, which
 # agree to ~1e-7, not bit for bit.)
 set -euo pipefail
@@ -37,6 +37,13 @@ check moe "2 3" "$moe" --rollout-batch-size 5 --n-samples-per-prompt 6 --global-
   --rollout-max-response-len 8
 if ! grep -q '"rollout_samples_per_rank":\[12,12,6\]' "$tmp/moe.3.metrics"; then
   echo "FAIL: 5 prompts of 6 samples over 3 ranks are not generated as 12, 12 and 6 samples"
+  failed=1
+fi
+# Note [Rollout batching]: at 1 rank the 30 samples decode as one batch, whatever their prompts'
+# lengths: 7 steps of 30 rows (each row generates 8 tokens, the first from the prefill).
+if ! grep -q '"rollout_decode_steps":7,"rollout_rows_per_decode_step":30' "$tmp/moe.1.metrics"; then
+  echo "FAIL: the 30 samples at 1 rank did not decode as one batch of 7 steps:" \
+    "$(grep -o '"rollout_decode_steps":[^,]*,"rollout_rows_per_decode_step":[^,]*' "$tmp/moe.1.metrics")"
   failed=1
 fi
 [[ $failed -eq 0 ]] && echo "PASS"
