@@ -486,13 +486,13 @@ void RolloutEngine::Admit(Rows& rows, int64_t count) {
 
 void RolloutEngine::DecodeAndSample(Rows& rows) {
   const int64_t live = rows.live();
-  // The step's tokens and positions, staged on the host and copied in one transfer (the rows
-  // past the live ones keep positions of earlier steps, inside the cache, for a graph's padding
-  // rows). The staging is written again only after this step's tokens are read on the host.
+  // The step's tokens and positions, staged on the host and copied in one transfer; the rows past
+  // the live ones (a graph's padding rows) at position 0. The staging is written again only after
+  // this step's tokens are read on the host.
   int64_t* host = host_step_.data_ptr<int64_t>();
   std::copy(rows.token.begin(), rows.token.end(), host);
   std::copy(rows.position.begin(), rows.position.end(), host + max_batch_);
-  std::fill(host + max_batch_ + live, host + 2 * max_batch_, 0);  // a graph's padding rows
+  std::fill(host + max_batch_ + live, host + 2 * max_batch_, 0);
   step_.copy_(host_step_, /*non_blocking=*/true);
   const int64_t last = *std::max_element(rows.position.begin(), rows.position.end());
   JoinGroupStep(StepKind::kDecode);
