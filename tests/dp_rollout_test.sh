@@ -39,8 +39,8 @@ if ! grep -q '"rollout_samples_per_rank":\[12,12,6\]' "$tmp/moe.3.metrics"; then
   echo "FAIL: 5 prompts of 6 samples over 3 ranks are not generated as 12, 12 and 6 samples"
   failed=1
 fi
-# Note [Rollout batching]: at 1 rank the 30 samples decode as one batch, whatever their prompts'
-# lengths: 7 steps of 30 rows (each row generates 8 tokens, the first from the prefill).
+# Note [Rollout batching]: at 1 rank the 30 samples (5 prompts) decode as one batch: 7 steps of
+# 30 rows (each row generates 8 tokens, the first from the prefill).
 if ! grep -q '"rollout_decode_steps":7,"rollout_rows_per_decode_step":30' "$tmp/moe.1.metrics"; then
   echo "FAIL: the 30 samples at 1 rank did not decode as one batch of 7 steps:" \
     "$(grep -o '"rollout_decode_steps":[^,]*,"rollout_rows_per_decode_step":[^,]*' "$tmp/moe.1.metrics")"
