@@ -376,13 +376,14 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   const at::Tensor& k = cache.key;
   const at::Tensor& v = cache.value;
   const at::Tensor& pos = cache.position;
+  const int64_t rope_stride = RowStride(cos, batch, half);
+  const int64_t position_stride = RowStride(pos, batch, 1);
   RL_CHECK(qkv.dim() == 3 && qkv.size(1) == 1 && qkv.size(2) >= (q_heads + 2 * kv_heads) * dim &&
-               qkv.stride(2) == 1 && dim <= kMaxHeadDim && 2 * half <= dim &&
-               RowStride(cos, batch, half) >= 0 && sin.sizes() == cos.sizes() &&
-               q_norm.defined() == k_norm.defined() && k.dim() == 4 && v.dim() == 4 &&
-               k.size(0) >= batch && k.size(1) == kv_heads && k.size(3) == dim &&
+               qkv.stride(2) == 1 && dim <= kMaxHeadDim && 2 * half <= dim && rope_stride >= 0 &&
+               sin.sizes() == cos.sizes() && q_norm.defined() == k_norm.defined() && k.dim() == 4 &&
+               v.dim() == 4 && k.size(0) >= batch && k.size(1) == kv_heads && k.size(3) == dim &&
                k.stride(3) == 1 && v.sizes() == k.sizes() && v.stride(3) == 1 &&
-               RowStride(pos, batch, 1) >= 0 && pos.scalar_type() == at::kLong,
+               position_stride >= 0 && pos.scalar_type() == at::kLong,
            Error,
            "{}: qkv [{}] with {} q and {} kv heads of {}, caches [{}], cos [{}], position [{}]",
            what, fmt::join(qkv.sizes(), ", "), q_heads, kv_heads, dim, fmt::join(k.sizes(), ", "),
@@ -411,8 +412,8 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   shape.v_stride_h = v.stride(1);
   shape.v_stride_t = v.stride(2);
   shape.eps = static_cast<float>(eps);
-  shape.rope_stride = RowStride(cos, batch, half);
-  shape.position_stride = RowStride(pos, batch, 1);
+  shape.rope_stride = rope_stride;
+  shape.position_stride = position_stride;
   return p;
 }
 

@@ -76,6 +76,11 @@ RowFill FillFinishedRows(const std::vector<int64_t>& finished, int64_t batch) {
   return fill;
 }
 
+// `v` as an int64 tensor on `device` (row indices for index_select and index_copy_).
+at::Tensor OnDevice(const std::vector<int64_t>& v, at::Device device) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
 // Copies rows `from` of `tensor` ([n] int64 on its device, along `row_dim`) to rows `to`, positions
 // [0, length) of `position_dim` only.
 void MoveRows(const at::Tensor& tensor, int64_t row_dim, int64_t position_dim,
@@ -314,7 +319,6 @@ struct RolloutEngine::Rows {
   const std::vector<std::vector<int64_t>>& prompts;
   std::vector<Generation>& out;
   SamplerConfig sampler;
-  bool greedy = false;
   int64_t max_new_tokens = 0;
   std::unordered_set<int64_t> stop;
   std::vector<at::Generator> generators;  // one per prompt: Note [Rollout seeds]
@@ -351,7 +355,6 @@ std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<in
   std::vector<Generation> out(prompts.size());
   Rows rows{prompts, out};
   rows.sampler = {params.temperature, params.top_p, params.top_k};
-  rows.greedy = IsGreedy(rows.sampler);
   rows.max_new_tokens = params.max_new_tokens;
   rows.stop.insert(params.stop_token_ids.begin(), params.stop_token_ids.end());
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -510,7 +513,7 @@ void RolloutEngine::SampleInto(Rows& rows, const at::Tensor& logits, int64_t fir
                                std::vector<int64_t>& finished) {
   const int64_t n = logits.size(0);
   at::Tensor uniforms;
-  if (!rows.greedy) {
+  if (!IsGreedy(rows.sampler)) {
     std::vector<at::Tensor> draws;
     for (int64_t r = first_row; r < first_row + n; ++r) {
       draws.push_back(at::rand({1}, rows.generators[rows.prompt[static_cast<size_t>(r)]],
@@ -542,8 +545,7 @@ void RolloutEngine::Retire(Rows& rows, const std::vector<int64_t>& finished) {
     // Note [Engine routing record]: the fed positions [first, position) of each finished row.
     int64_t longest = 0;
     for (int64_t r : finished) longest = std::max(longest, rows.position[static_cast<size_t>(r)]);
-    const at::Tensor finished_rows =
-        at::tensor(finished, at::TensorOptions().dtype(at::kLong)).to(device_);
+    const at::Tensor finished_rows = OnDevice(finished, device_);
     const auto extract = [&](const ChoiceRecord& record, auto& (*field)(Generation&)) {
       if (!record.data.defined() || longest <= record.first) return;
       using T = typename std::remove_reference_t<decltype(field(rows.out[0]))>::value_type;
@@ -569,11 +571,8 @@ void RolloutEngine::Retire(Rows& rows, const std::vector<int64_t>& finished) {
   if (!fill.from.empty()) {
     int64_t length = 0;  // the positions the moving rows hold
     for (int64_t r : fill.from) length = std::max(length, rows.position[static_cast<size_t>(r)]);
-    const auto on_device = [&](const std::vector<int64_t>& v) {
-      return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device_);
-    };
-    const at::Tensor from = on_device(fill.from);
-    const at::Tensor to = on_device(fill.to);
+    const at::Tensor from = OnDevice(fill.from, device_);
+    const at::Tensor to = OnDevice(fill.to, device_);
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
       for (auto& [tensor, position_dim] : CacheTensors(cache_->layer(l))) {
         MoveRows(tensor, 0, position_dim, from, to, length);

@@ -210,51 +210,45 @@ TEST_CASE("A batch of prompts of different lengths equals each prompt alone") {
   }
 }
 
+// Generates `prompts` greedily (6 new tokens each) on an engine of `max_batch` rows, and checks
+// how it ran (GenerateStats) and that every row equals its prompt generated alone.
+void CheckBatching(const Fixture& f, int64_t max_batch,
+                   const std::vector<std::vector<int64_t>>& prompts,
+                   const GenerateStats& expected) {
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_new_tokens = 6;
+  auto engine = MakeEngine(f, max_batch, 16);
+  const std::vector<Generation> batched = engine->Generate(prompts, params);
+  const GenerateStats& stats = engine->last_generate_stats();
+  CHECK(stats.prefills == expected.prefills);
+  CHECK(stats.decode_steps == expected.decode_steps);
+  CHECK(stats.row_steps == expected.row_steps);
+  CHECK(CheckEachAlone(*engine, prompts, params, batched) <= 1e-5);
+}
+
 // Note [Rollout batching]: prompts of different lengths decode in one batch (one decode step
-// feeds every live row), and a row that ends makes room for the next prompt.
+// feeds every live row), and a row that ends makes room for the next prompt. The first token of
+// each row comes from its prefill, so 6 new tokens take 5 decode steps.
 TEST_CASE("Prompts of different lengths decode together, and later prompts take freed rows") {
   const Fixture f = LoadFixture("qwen3");
   const std::vector<std::vector<int64_t>> prompts = {
       {1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11, 12}, {13, 14, 15, 16, 17, 18}};
-  SamplingParams params;
-  params.temperature = 0;
-  params.max_new_tokens = 6;
-  {
-    auto engine = MakeEngine(f, 4, 16);
-    engine->Generate(prompts, params);
-    const GenerateStats& stats = engine->last_generate_stats();
-    CHECK(stats.prefills == 1);      // lengths 3 to 6: within a factor of 2, one prefill
-    CHECK(stats.decode_steps == 5);  // the first token of each row comes from its prefill
-    CHECK(stats.row_steps == 4 * 5);
-  }
-  {
-    // Lengths 2 and 5 are more than a factor of 2 apart: two prefills, one decode batch.
-    auto engine = MakeEngine(f, 4, 16);
-    const std::vector<std::vector<int64_t>> apart = {{1, 2}, {3, 4, 5, 6, 7}};
-    const std::vector<Generation> batched = engine->Generate(apart, params);
-    CHECK(engine->last_generate_stats().prefills == 2);
-    CHECK(engine->last_generate_stats().decode_steps == 5);
-    CHECK(CheckEachAlone(*engine, apart, params, batched) <= 1e-5);
-  }
-  {
-    // Two rows: the last two prompts wait for the first two rows, then share a step.
-    auto engine = MakeEngine(f, 2, 16);
-    const std::vector<Generation> batched = engine->Generate(prompts, params);
-    const GenerateStats& stats = engine->last_generate_stats();
-    CHECK(stats.prefills == 2);
-    CHECK(stats.decode_steps == 2 * 5);
-    CHECK(stats.row_steps == 4 * 5);
-    CHECK(CheckEachAlone(*engine, prompts, params, batched) <= 1e-5);
-  }
+  // Lengths 3 to 6, within a factor of 2: one prefill, 5 steps of 4 rows.
+  CheckBatching(f, 4, prompts, {/*prefills=*/1, /*decode_steps=*/5, /*row_steps=*/4 * 5});
+  // Lengths 2 and 5 are more than a factor of 2 apart: two prefills, one decode batch.
+  CheckBatching(f, 4, {{1, 2}, {3, 4, 5, 6, 7}}, {2, 5, 2 * 5});
+  // Two rows: the last two prompts wait for the first two rows, then share a step.
+  CheckBatching(f, 2, prompts, {2, 2 * 5, 4 * 5});
 }
 
 TEST_CASE("Rows that finish give their places to rows past them; each equals itself alone") {
   for (const std::string name : {"qwen3", "glm_moe_dsa"}) {
     INFO("fixture " << name);
     const Fixture f = LoadFixture(name);
-    // 8 rows of one prompt (different seeds); stop tokens end them at different
-    // steps, so rows past the new batch move into finished rows' places (Note [Rollout
-    // batching]), several times.
+    // 8 rows of one prompt (different seeds); stop tokens end them at different steps, so rows
+    // past the new batch move into finished rows' places (Note [Rollout batching]), several
+    // times.
     auto engine = MakeEngine(f, 8, 20);
     const SamplingParams params = StoppingParams(12, 2000, 7);
     const std::vector<std::vector<int64_t>> prompts(8, MixedPrompts(name)[3]);
