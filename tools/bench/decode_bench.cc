@@ -1,4 +1,5 @@
-// decode_bench --checkpoint DIR [--batch 64] [--prompt-len 128] [--new-tokens 128]
+// decode_bench --checkpoint DIR | --model-config FILE [--batch 64] [--prompt-len 128] [--new-tokens
+// 128]
 // [--temperature 0] [--compare-eager] [--no-cuda-graphs] [--profile FILE]: generation by our
 // rollout engine, greedy (or sampled at --temperature > 0, top-p 1, seed 11)
 // (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs there):
@@ -20,8 +21,14 @@
 // batch, in all and per layer (`kernels_per_step`, `kernels_per_layer`), by the Kineto profiler;
 // --profile writes a Chrome trace of one more Generate (tools/bench/profile_summary.py FILE).
 //
-// Roofline bytes per step (StepWeightBytes): the KV cache of every row so far, the embedding
-// rows of the step's tokens (the whole table when the LM head shares it), and
+// --model-config FILE decodes a model of that config.json with random weights (seed 3), e.g.
+// configs/models/glm5_744b_a40b_bench.json (GLM-5's widths, its 3 dense layers), whose DSA
+// attention takes the selected keys only once a row is longer than index_topk (2048).
+//
+// Roofline bytes per step (StepWeightBytes, StepCacheBytes): the KV cache of every row so far
+// (in a DSA model, per layer the index keys of every position and the cached latents of at most
+// index_topk of them, Note [DSA decode over the selected keys] in trainer/model/layers.cc), the
+// embedding rows of the step's tokens (the whole table when the LM head shares it), and
 //  - dense models: every other weight;
 //  - MoE models: every weight but the routed experts, plus, in each MoE layer, the weights of the
 //    distinct experts that the step's tokens (one per row) were routed to. That count is measured
@@ -89,6 +96,19 @@ double StepWeightBytes(const rl::model::ModelConfig& config, double element_byte
   return bytes;
 }
 
+// Cache bytes one decode step of a row at `length` positions reads at least once: every cached
+// position's keys and values; in a DSA model every position's index keys (layers with their own
+// indexer) and the latents of at most index_topk positions per layer (those selected).
+double StepCacheBytes(const rl::model::ModelConfig& config, double element_bytes, int64_t length) {
+  const auto per_position = static_cast<double>(rl::model::KvCache::NumElements(config, 1, 1));
+  if (!config.has_indexer()) return per_position * element_bytes * static_cast<double>(length);
+  const auto index_keys = static_cast<double>(config.indexer_layers().size() *
+                                              static_cast<size_t>(config.index_head_dim));
+  const double latents = per_position - index_keys;
+  return element_bytes * (index_keys * static_cast<double>(length) +
+                          latents * static_cast<double>(std::min(length, config.index_topk)));
+}
+
 // The mean over MoE layers and decode steps of the number of distinct routed experts the batch's
 // tokens of one step go to (the header comment says how it is measured). `generated` holds the
 // generations of `prompts` [batch, prompt_len], each of new_tokens >= 2 tokens.
@@ -154,7 +174,12 @@ int main(int argc, char** argv) {
   int64_t batch = 64, prompt_len = 128, new_tokens = 128;
   int rounds = 3;
   double hbm_tb_s = 4.8;
-  app.add_option("--checkpoint", checkpoint, "Hugging Face checkpoint directory")->required();
+  std::string model_config;
+  auto* from_checkpoint =
+      app.add_option("--checkpoint", checkpoint, "Hugging Face checkpoint directory");
+  app.add_option("--model-config", model_config,
+                 "config.json of a model to decode with random weights (seed 3) instead")
+      ->excludes(from_checkpoint);
   app.add_option("--batch", batch, "prompts per Generate call");
   app.add_option("--prompt-len", prompt_len, "tokens per prompt");
   app.add_option("--new-tokens", new_tokens, "tokens generated per prompt");
@@ -178,13 +203,24 @@ int main(int argc, char** argv) {
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   CLI11_PARSE(app, argc, argv);
+  if (checkpoint.empty() && model_config.empty()) {
+    std::fprintf(stderr, "decode_bench: give --checkpoint DIR or --model-config FILE\n");
+    return 2;
+  }
 
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
-  const rl::model::ModelConfig config = rl::model::LoadModelConfig(checkpoint);
+  const rl::model::ModelConfig config =
+      checkpoint.empty()
+          ? rl::model::ParseModelConfig(rl::json::ParseFile(model_config), model_config)
+          : rl::model::LoadModelConfig(checkpoint);
   rl::model::TensorMap host =
       rl::model::AllocateParams(rl::model::ListParams(config), dtype, at::kCPU);
-  rl::model::LoadParams(rl::model::CheckpointReader::Open(checkpoint), config, host);
+  if (checkpoint.empty()) {
+    rl::model::InitParamsRandom(config, host, 3);
+  } else {
+    rl::model::LoadParams(rl::model::CheckpointReader::Open(checkpoint), config, host);
+  }
 
   const int64_t max_length = prompt_len + new_tokens;
   rl::rollout::RolloutEngine engine(config, dtype, device, batch, max_length,
@@ -301,11 +337,10 @@ int main(int argc, char** argv) {
   const double weight_bytes = StepWeightBytes(
       config, element_bytes, static_cast<double>(config.n_routed_experts), batch);
   const double step_weight_bytes = StepWeightBytes(config, element_bytes, experts_per_step, batch);
-  const double kv_bytes_per_token =
-      static_cast<double>(rl::model::KvCache::NumElements(config, 1, 1)) * element_bytes;
   double bytes = 0;
   for (int64_t t = 0; t < new_tokens; ++t) {
-    bytes += step_weight_bytes + kv_bytes_per_token * static_cast<double>(batch * (prompt_len + t));
+    bytes += step_weight_bytes +
+             static_cast<double>(batch) * StepCacheBytes(config, element_bytes, prompt_len + t);
   }
   const double tokens_per_s = static_cast<double>(tokens_generated) / best;
   const double roofline = bytes / best / (hbm_tb_s * 1e12);

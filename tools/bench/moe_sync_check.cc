@@ -1,7 +1,8 @@
 // moe_sync_check [--device auto|cpu] [--tokens 64]: checks of the MoE block (Note [MoE block] in
-// trainer/model/layers.h) on small random models of both router kinds: softmax (Qwen3-MoE) and
-// sigmoid noaux_tc with expert groups and a shared expert (DeepSeek-V3). Hidden 256, 16 experts,
-// top-4, expert width 128, 2 MoE layers.
+// trainer/model/layers.h) on small random models of both router kinds: softmax (Qwen3-MoE),
+// sigmoid noaux_tc with expert groups and a shared expert (DeepSeek-V3), and GLM-5's (MLA with
+// the DSA indexer, whose decode step then selects 4 of 16 keys). Hidden 256, 16 experts, top-4,
+// expert width 128, 2 MoE layers.
 //
 //  1. Equivalence: MoeBlock (the stacked experts through GroupedLinear) against a plain loop over
 //     the experts (MoeBlockByExpertLoop, moe_reference.h), forward and the gradients of x, the
@@ -64,6 +65,20 @@ const char* const kSigmoidConfig = R"({
   "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
   "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 0,
   "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_interleave": true,
+  "max_position_embeddings": 4096, "tie_word_embeddings": false})";
+
+// GLM-5's layout (MLA, the DSA indexer in every layer, sigmoid router with a shared expert),
+// index_topk 4 so that the decode step over 16 cache positions selects keys (Note [DSA decode
+// over the selected keys] in trainer/model/layers.cc).
+const char* const kDsaConfig = R"({
+  "model_type": "glm_moe_dsa", "vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64,
+  "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "head_dim": 16,
+  "intermediate_size": 512, "moe_intermediate_size": 128, "n_routed_experts": 16,
+  "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
+  "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 0,
+  "index_n_heads": 4, "index_head_dim": 32, "index_topk": 4, "indexer_rope_interleave": true,
+  "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "rope_interleave": true,
   "max_position_embeddings": 4096, "tie_word_embeddings": false})";
 
 struct Model {
@@ -263,7 +278,8 @@ int main(int argc, char** argv) {
     Value::Array checks;
     const std::vector<std::pair<std::string, const char*>> kinds = {
         {"qwen3_moe_softmax", kSoftmaxConfig},
-        {"deepseek_v3_sigmoid_groups_shared", kSigmoidConfig}};
+        {"deepseek_v3_sigmoid_groups_shared", kSigmoidConfig},
+        {"glm5_dsa_sigmoid_shared", kDsaConfig}};
     for (const auto& [name, config_json] : kinds) {
       for (const at::ScalarType dtype : dtypes) {
         checks.push_back(

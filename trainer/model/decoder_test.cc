@@ -218,7 +218,10 @@ TEST_CASE("Fused projections on back-to-back weights give the plain decoder's lo
 
 // Note [MLA decode in the latent space]: an inference Decoder's decode steps (host-side and
 // device-side positions, the DSA fixture's sparse selection included) attend over the cached
-// latents with absorbed up-projections; the logits equal the expanded attention's, fp32.
+// latents with absorbed up-projections; the logits equal the expanded attention's, fp32. The
+// steps start after a 2-token prompt: the DSA fixture's first device-side steps see fewer keys
+// than index_topk (4) among the 20 of the key block, so their selection holds keys they cannot
+// see (Note [DSA decode over the selected keys]), and later steps attend over 4 of more.
 TEST_CASE("MLA decode steps in the latent space give the full forward's logits") {
   int64_t mla_fixtures = 0;
   for (const std::string& name : FixtureNames()) {
@@ -235,9 +238,11 @@ TEST_CASE("MLA decode steps in the latent space give the full forward's logits")
     KvCache host = KvCache::Allocate(m.config, 2, seq, at::kFloat, at::kCPU);
     KvCache device = KvCache::Allocate(m.config, 2, key_block, at::kFloat, at::kCPU);
     const RopeTable rope = MakeRopeTable(m.config, 0, key_block, at::kFloat, at::kCPU);
-    std::vector<at::Tensor> by_host = {latent.ForwardStep(tokens.narrow(1, 0, 5), host, 0)};
-    std::vector<at::Tensor> by_device = {latent.ForwardStep(tokens.narrow(1, 0, 5), device, 0)};
-    for (int64_t p = 5; p < seq; ++p) {
+    const int64_t prompt = 2;
+    std::vector<at::Tensor> by_host = {latent.ForwardStep(tokens.narrow(1, 0, prompt), host, 0)};
+    std::vector<at::Tensor> by_device = {
+        latent.ForwardStep(tokens.narrow(1, 0, prompt), device, 0)};
+    for (int64_t p = prompt; p < seq; ++p) {
       by_host.push_back(latent.ForwardStep(tokens.narrow(1, p, 1), host, p));
       by_device.push_back(latent
                               .DecodeStep(tokens.narrow(1, p, 1), at::full({1}, p, at::kLong),

@@ -15,9 +15,9 @@ at::Tensor MoeBlockByExpertLoop(const MoeWeights& w, const ModelConfig& c, const
   for (int64_t e = 0; e < w.gate_up.size(0); ++e) {
     const at::Tensor rows = at::nonzero(flat == e).view({-1}).to(x.device());
     if (rows.numel() == 0) continue;
-    const at::Tensor gate_up = at::linear(pairs.index_select(0, rows), w.gate_up[e]);
+    const at::Tensor gate_up = Linear(pairs.index_select(0, rows), w.gate_up[e]);
     const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-    ys = ys.index_copy(0, rows, at::linear(act, w.down[e]));
+    ys = ys.index_copy(0, rows, Linear(act, w.down[e]));
   }
   at::Tensor out =
       (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());

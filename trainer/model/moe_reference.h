@@ -3,10 +3,10 @@
 // //trainer/model:moe_test and on the GPU by tools/bench/moe_sync_check.
 //
 // Same routing (Route) and the same combination as MoeBlock; each expert's (token, slot) rows go
-// through two at::linear calls. The rows go to and come back from the experts by index_select /
-// index_copy, each row exactly once, so the gradients sum in the same order as MoeBlock's. Reads
-// the routing on the host (one loop iteration per expert): for checks, not for speed.
-// Thread safety: stateless.
+// through two Linear calls (layers.h: at::linear, batch-invariant on the CPU as MoeBlock's). The
+// rows go to and come back from the experts by index_select / index_copy, each row exactly once, so
+// the gradients sum in the same order as MoeBlock's. Reads the routing on the host (one loop
+// iteration per expert): for checks, not for speed. Thread safety: stateless.
 #ifndef RL_TRAINER_MODEL_MOE_REFERENCE_H_
 #define RL_TRAINER_MODEL_MOE_REFERENCE_H_
 
