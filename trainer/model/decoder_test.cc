@@ -219,9 +219,10 @@ TEST_CASE("Fused projections on back-to-back weights give the plain decoder's lo
 // Note [MLA decode in the latent space]: an inference Decoder's decode steps (host-side and
 // device-side positions, the DSA fixture's sparse selection included) attend over the cached
 // latents with absorbed up-projections; the logits equal the expanded attention's, fp32. The
-// steps start after a 2-token prompt: the DSA fixture's first device-side steps see fewer keys
-// than index_topk (4) among the 20 of the key block, so their selection holds keys they cannot
-// see (Note [DSA decode over the selected keys]), and later steps attend over 4 of more.
+// steps start after a 2-token prompt. DSA fixtures (index_topk 4, Note [DSA decode over the
+// selected keys]): the host-side steps over 5 to 7 keys mask to the selection, those over 8 or
+// more gather it; the device-side steps over the key block of 20 gather it, and the first of them
+// see fewer keys than 4, so their selection holds keys they cannot see.
 TEST_CASE("MLA decode steps in the latent space give the full forward's logits") {
   int64_t mla_fixtures = 0;
   for (const std::string& name : FixtureNames()) {

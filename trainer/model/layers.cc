@@ -175,7 +175,7 @@ at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // attention output [B, S, H * v_head_dim] before o_proj.
 at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::Tensor& q_pass,
                            const at::Tensor& q_rot, const at::Tensor& cached,
-                           const Visibility& visible) {
+                           const Visibility& visible, const at::Tensor& selected) {
   const int64_t b = q_pass.size(0);
   const int64_t heads = q_pass.size(1);
   const int64_t s = q_pass.size(2);
@@ -193,8 +193,9 @@ at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::
   at::Tensor scores = AtLeastFloat(at::bmm(query, cached.transpose(1, 2)))
                           .mul(c.attention_scale())
                           .view({b, heads, s, t});
-  const at::Tensor mask =  // [B or 1, S, T]
+  at::Tensor mask =  // [B or 1, S, T]
       visible.causal ? CausalMask(0, s, t, cached.device()).unsqueeze(0) : visible.mask;
+  if (selected.defined()) mask = mask.defined() ? at::logical_and(mask, selected) : selected;
   if (mask.defined()) {
     scores = scores.masked_fill(mask.logical_not().unsqueeze(1),
                                 -std::numeric_limits<double>::infinity());
@@ -211,15 +212,20 @@ at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::
 
 // Note [DSA decode over the selected keys]
 // A DSA layer's query attends to the index_topk keys its indexer selected (GLM-5: 2048), however
-// long the sequence. A decode step in the latent space gathers those keys' cached rows, [B, K,
-// kv_lora_rank + rope], and attends over them alone, so it reads K rows of the cache, not T, and
-// its scores and softmax are [B, heads, K]. Training (and the expanded decode) masks [B, S, T]
-// scores to the selection instead. The two attend over the same keys in another order, so they
-// agree up to rounding (//trainer/model:decoder_test checks the latent-space steps against the
-// full forward, fp32, within 1e-5). A selected key the row cannot see (a row shorter than K
-// among longer ones: its masked keys tie at -inf in the indexer and may be picked) stays masked:
-// its visibility is gathered with it. The selection always holds every visible key with the
-// largest index scores, so a row that sees any key attends to at least one.
+// long the sequence. Training (and the expanded decode) masks [B, S, T] scores to the selection.
+// A decode step in the latent space over T >= 2 K cached keys instead gathers the selected keys'
+// cached rows, [B, K, kv_lora_rank + rope], and attends over them alone: its scores and softmax
+// are [B, heads, K], and it reads the cache's K rows (twice, and writes them once, for the
+// gather), not its T. Below 2 K it masks as training does: by the ops' memory traffic the gather
+// pays from about 1.5 K on (per key, the attention's ops move about 4.9 KB at GLM-5's widths, 64
+// heads: the cached row twice, 1,152 bytes, and the [B, heads, T] scores through five ops; the
+// gather adds 2.3 KB per selected key). The two forms attend over the same keys in another order,
+// so they agree up to rounding (//trainer/model:decoder_test checks the latent-space steps of
+// both against the full forward, fp32, within 1e-5). A selected key the row cannot see (a row
+// shorter than K among longer ones: its masked keys tie at -inf in the indexer and may be picked)
+// stays masked: its visibility is gathered with it. The selection always holds every visible key
+// with the largest index scores, so a row that sees any key attends to at least one.
+constexpr int64_t kGatherSelectedFrom = 2;  // gather the selected keys from T >= this x K
 //
 // topk [B, 1, K] key positions of the decode step; the rest as LatentAttention.
 at::Tensor SelectedLatentAttention(const MlaWeights& w, const ModelConfig& c,
@@ -239,7 +245,7 @@ at::Tensor SelectedLatentAttention(const MlaWeights& w, const ModelConfig& c,
   if (visible.mask.defined()) {
     seen.mask = visible.mask.expand({b, 1, t}).gather(-1, keys.unsqueeze(1));
   }
-  return LatentAttention(w, c, q_pass, q_rot, rows, seen);
+  return LatentAttention(w, c, q_pass, q_rot, rows, seen, {});
 }
 
 // Writes `value` (the S new positions on axis `dim`) into rows [0, B) of the cache tensor `cache`
@@ -536,18 +542,22 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
     topk = IndexerTopk(w.indexer, x, q_resid, ctx);
   }
   const bool sparse = indexer_type != IndexerType::kNone && topk.defined();
+  const bool latent_decode =
+      ctx.cache != nullptr && s == 1 && ctx.kernels == Kernels::kFused && ctx.latent_mla_decode;
+  // Note [DSA decode over the selected keys]: gathered, or masked to.
+  const bool gather = latent_decode && sparse && t >= kGatherSelectedFrom * topk.size(-1);
+  at::Tensor selected;  // [B, S, T] bool
+  if (sparse && !gather) {
+    selected = at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
+                   .scatter_(-1, topk, true);
+  }
   const Visibility visible = Visible(ctx, s, t, x.device());
   at::Tensor out;  // [B, S, heads * vd]
-  if (ctx.cache != nullptr && s == 1 && ctx.kernels == Kernels::kFused && ctx.latent_mla_decode) {
+  if (latent_decode) {
     const at::Tensor cached = ctx.cache->latent_pe.narrow(0, 0, b).narrow(1, 0, t);
-    out = sparse ? SelectedLatentAttention(w, c, q_pass, q_rot, cached, visible, topk)
-                 : LatentAttention(w, c, q_pass, q_rot, cached, visible);
+    out = gather ? SelectedLatentAttention(w, c, q_pass, q_rot, cached, visible, topk)
+                 : LatentAttention(w, c, q_pass, q_rot, cached, visible, selected);
   } else {
-    at::Tensor selected;  // [B, S, T] bool
-    if (sparse) {
-      selected = at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
-                     .scatter_(-1, topk, true);
-    }
     at::Tensor kv = Linear(latent, w.kv_b_proj).view({b, t, heads, nope + vd}).transpose(1, 2);
     at::Tensor k_nope = kv.narrow(-1, 0, nope);
     at::Tensor v = kv.narrow(-1, nope, vd);
