@@ -21,6 +21,10 @@
 // batch, in all and per layer (`kernels_per_step`, `kernels_per_layer`), by the Kineto profiler;
 // --profile writes a Chrome trace of one more Generate (tools/bench/profile_summary.py FILE).
 //
+// --step-time also times Generates of the same prompts with one new token, the prefill and its
+// token, and reports the mean decode step, (best Generate - best prefill) / (new tokens - 1), in
+// `decode_step_ms` (and the mean step's roofline bytes over it, `decode_step_roofline_fraction`):
+// with long prompts the prefill is most of a Generate's time.
 // --model-config FILE decodes a model of that config.json with random weights (seed 3), e.g.
 // configs/models/glm5_744b_a40b_bench.json (GLM-5's widths, its 3 dense layers), whose DSA
 // attention takes the selected keys only once a row is longer than index_topk (2048).
@@ -202,6 +206,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs, "decode by CUDA graphs (default)");
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
+  bool step_time = false;
+  app.add_flag("--step-time", step_time,
+               "also time Generates of one new token (the prefill) and report the decode steps' "
+               "mean time, (Generate - prefill) / (new tokens - 1)");
   CLI11_PARSE(app, argc, argv);
   if (checkpoint.empty() && model_config.empty()) {
     std::fprintf(stderr, "decode_bench: give --checkpoint DIR or --model-config FILE\n");
@@ -263,6 +271,14 @@ int main(int argc, char** argv) {
   };
   std::vector<rl::rollout::Generation> generated;
   const double best = time_generate(timed, generated);
+  double step_seconds = 0;
+  if (step_time && new_tokens >= 2) {
+    rl::rollout::SamplingParams prefill_only = timed;
+    prefill_only.max_new_tokens = 1;
+    std::vector<rl::rollout::Generation> first_tokens;
+    step_seconds =
+        (best - time_generate(prefill_only, first_tokens)) / static_cast<double>(new_tokens - 1);
+  }
   int64_t tokens_generated = 0;
   for (const auto& g : generated) {
     tokens_generated += static_cast<int64_t>(g.response.size());
@@ -356,6 +372,7 @@ int main(int argc, char** argv) {
   if (length_groups > 1) line.Set("length_groups", rl::json::Value::Int(length_groups));
   if (!uniform) line.Set("tokens_generated", rl::json::Value::Int(tokens_generated));
   line.Set("seconds", rl::json::Value::Double(best));
+  if (step_seconds > 0) line.Set("decode_step_ms", rl::json::Value::Double(1e3 * step_seconds));
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_s));
   line.Set("weight_bytes", rl::json::Value::Double(weight_bytes));
   if (moe && uniform) {
@@ -363,6 +380,11 @@ int main(int argc, char** argv) {
     line.Set("step_weight_bytes", rl::json::Value::Double(step_weight_bytes));
   }
   if (uniform) line.Set("roofline_fraction", rl::json::Value::Double(roofline));
+  if (uniform && step_seconds > 0) {  // the mean step's bytes over the mean step's time
+    line.Set("decode_step_roofline_fraction",
+             rl::json::Value::Double(bytes / static_cast<double>(new_tokens) / step_seconds /
+                                     (hbm_tb_s * 1e12)));
+  }
   line.Set("cuda_graphs", rl::json::Value::Bool(graphs));
   if (kernels_per_step > 0) {
     line.Set("kernels_per_step", rl::json::Value::Int(kernels_per_step));
