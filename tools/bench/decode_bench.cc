@@ -1,6 +1,6 @@
-// decode_bench --checkpoint DIR | --model-config FILE [--batch 64] [--prompt-len 128] [--new-tokens
-// 128]
-// [--temperature 0] [--compare-eager] [--no-cuda-graphs] [--profile FILE]: generation by our
+// decode_bench --checkpoint DIR | --model-config FILE [--batch 64] [--prompt-len 128]
+// [--new-tokens 128] [--temperature 0] [--compare-eager] [--no-cuda-graphs] [--profile FILE]
+// [--step-time]: generation by our
 // rollout engine, greedy (or sampled at --temperature > 0, top-p 1, seed 11)
 // (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs there):
 // tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the bytes
@@ -27,7 +27,7 @@
 // with long prompts the prefill is most of a Generate's time.
 // --model-config FILE decodes a model of that config.json with random weights (seed 3), e.g.
 // configs/models/glm5_744b_a40b_bench.json (GLM-5's widths, its 3 dense layers), whose DSA
-// attention takes the selected keys only once a row is longer than index_topk (2048).
+// indexer selects keys once a row is longer than index_topk (2048).
 //
 // Roofline bytes per step (StepWeightBytes, StepCacheBytes): the KV cache of every row so far
 // (in a DSA model, per layer the index keys of every position and the cached latents of at most
@@ -102,7 +102,8 @@ double StepWeightBytes(const rl::model::ModelConfig& config, double element_byte
 
 // Cache bytes one decode step of a row at `length` positions reads at least once: every cached
 // position's keys and values; in a DSA model every position's index keys (layers with their own
-// indexer) and the latents of at most index_topk positions per layer (those selected).
+// indexer) and the latents of at most index_topk positions per layer (those selected; the engine
+// gathers them from 2 x index_topk keys on, and reads every latent below that).
 double StepCacheBytes(const rl::model::ModelConfig& config, double element_bytes, int64_t length) {
   const auto per_position = static_cast<double>(rl::model::KvCache::NumElements(config, 1, 1));
   if (!config.has_indexer()) return per_position * element_bytes * static_cast<double>(length);

@@ -211,23 +211,27 @@ at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::
 }
 
 // Note [DSA decode over the selected keys]
-// A DSA layer's query attends to the index_topk keys its indexer selected (GLM-5: 2048), however
-// long the sequence. Training (and the expanded decode) masks [B, S, T] scores to the selection.
-// A decode step in the latent space over T >= 2 K cached keys instead gathers the selected keys'
-// cached rows, [B, K, kv_lora_rank + rope], and attends over them alone: its scores and softmax
-// are [B, heads, K], and it reads the cache's K rows (twice, and writes them once, for the
-// gather), not its T. Below 2 K it masks as training does: by the ops' memory traffic the gather
-// pays from about 1.5 K on (per key, the attention's ops move about 4.9 KB at GLM-5's widths, 64
-// heads: the cached row twice, 1,152 bytes, and the [B, heads, T] scores through five ops; the
-// gather adds 2.3 KB per selected key). The two forms attend over the same keys in another order,
-// so they agree up to rounding (//trainer/model:decoder_test checks the latent-space steps of
-// both against the full forward, fp32, within 1e-5). A selected key the row cannot see (a row
-// shorter than K among longer ones: its masked keys tie at -inf in the indexer and may be picked)
-// stays masked: its visibility is gathered with it. The selection always holds every visible key
-// with the largest index scores, so a row that sees any key attends to at least one.
-constexpr int64_t kGatherSelectedFrom = 2;  // gather the selected keys from T >= this x K
-//
-// topk [B, 1, K] key positions of the decode step; the rest as LatentAttention.
+// A DSA layer's query attends to the index_topk (K) keys its indexer selected (GLM-5: 2048),
+// however long the sequence. Training (and the expanded decode) masks [B, S, T] scores to the
+// selection. A decode step in the latent space over T >= 2 K cached keys instead gathers the
+// selected keys' cached rows, [B, K, kv_lora_rank + rope], and attends over them alone: its
+// scores and softmax are [B, heads, K], and it reads K rows of the cache (twice, after writing
+// them once in the gather), not T. Below 2 K it masks to the selection as training does. Counting
+// the ops' reads and writes at GLM-5's widths (64 heads), the attention moves about 4.9 KB per key
+// (the 1,152-byte cached row twice, and the [B, heads, T] scores through five ops) and the gather
+// adds 2.3 KB per selected key, so it pays from about 1.5 K keys on; 2 K leaves a margin. The two
+// forms attend over the same keys in another order, so they agree up to rounding
+// (//trainer/model:decoder_test checks the latent-space steps of both against the full forward,
+// fp32, within 1e-5). A selected key the row cannot see (a row shorter than K among longer ones:
+// its masked keys tie at -inf in the indexer and may be picked) stays masked: its visibility is
+// gathered with it. The selection holds the visible keys with the largest index scores before any
+// masked one, so a row that sees any key attends to at least one.
+
+// The selected keys are gathered from T >= kGatherSelectedFrom x K cached keys on.
+constexpr int64_t kGatherSelectedFrom = 2;
+
+// LatentAttention over the keys `topk` [B, 1, K] of a decode step (one position per row) only;
+// the rest as LatentAttention.
 at::Tensor SelectedLatentAttention(const MlaWeights& w, const ModelConfig& c,
                                    const at::Tensor& q_pass, const at::Tensor& q_rot,
                                    const at::Tensor& cached, const Visibility& visible,

@@ -6,7 +6,8 @@
 // through two Linear calls (layers.h: at::linear, batch-invariant on the CPU as MoeBlock's). The
 // rows go to and come back from the experts by index_select / index_copy, each row exactly once, so
 // the gradients sum in the same order as MoeBlock's. Reads the routing on the host (one loop
-// iteration per expert): for checks, not for speed. Thread safety: stateless.
+// iteration per expert): for checks, not for speed.
+// Thread safety: stateless.
 #ifndef RL_TRAINER_MODEL_MOE_REFERENCE_H_
 #define RL_TRAINER_MODEL_MOE_REFERENCE_H_
 
