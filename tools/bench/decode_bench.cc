@@ -50,14 +50,15 @@
 //    decode step to measure and every expert counts.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <CLI/CLI.hpp>
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include "launch/device.h"
@@ -173,7 +174,8 @@ int64_t KernelsPerDecodeStep(const rl::rollout::RolloutEngine& engine, const at:
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The benchmark; main reports what it throws (a missing checkpoint, a bad config) as one line.
+int Run(int argc, char** argv) {
   CLI::App app{"Decode benchmark: our rollout engine, tokens/s and HBM roofline."};
   std::string checkpoint;
   int64_t batch = 64, prompt_len = 128, new_tokens = 128;
@@ -400,4 +402,13 @@ int main(int argc, char** argv) {
   }
   std::printf("%s\n", rl::json::Dump(line).c_str());
   return identical ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode_bench: %s\n", e.what());
+    return 1;
+  }
 }
