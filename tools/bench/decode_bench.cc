@@ -1,4 +1,4 @@
-// decode_bench --checkpoint DIR | --model-config FILE [--batch 64] [--prompt-len 128]
+// decode_bench --checkpoint DIR | --model-config FILE [--layers N] [--batch 64] [--prompt-len 128]
 // [--new-tokens 128] [--temperature 0] [--compare-eager] [--no-cuda-graphs] [--profile FILE]
 // [--step-time]: generation by our
 // rollout engine, greedy (or sampled at --temperature > 0, top-p 1, seed 11)
@@ -27,7 +27,9 @@
 // with long prompts the prefill is most of a Generate's time.
 // --model-config FILE decodes a model of that config.json with random weights (seed 3), e.g.
 // configs/models/glm5_744b_a40b_bench.json (GLM-5's widths, its 3 dense layers), whose DSA
-// indexer selects keys once a row is longer than index_topk (2048).
+// indexer selects keys once a row is longer than index_topk (2048); --layers N keeps its first N
+// layers (configs/models/glm47_flash.json --layers 4: GLM-4.7-Flash's widths, a dense layer and 3
+// MoE layers).
 //
 // Roofline bytes per step (StepWeightBytes, StepCacheBytes): the KV cache of every row so far
 // (in a DSA model, per layer the index keys of every position and the cached latents of at most
@@ -187,6 +189,10 @@ int Run(int argc, char** argv) {
   app.add_option("--model-config", model_config,
                  "config.json of a model to decode with random weights (seed 3) instead")
       ->excludes(from_checkpoint);
+  int64_t layers = 0;
+  app.add_option("--layers", layers,
+                 "with --model-config: keep only the first N layers (num_hidden_layers = N)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "prompts per Generate call");
   app.add_option("--prompt-len", prompt_len, "tokens per prompt");
   app.add_option("--new-tokens", new_tokens, "tokens generated per prompt");
@@ -221,10 +227,18 @@ int Run(int argc, char** argv) {
 
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  if (layers > 0 && model_config.empty()) {
+    std::fprintf(stderr, "decode_bench: --layers needs --model-config\n");
+    return 2;
+  }
+  rl::json::Value architecture;
+  if (!model_config.empty()) {
+    architecture = rl::json::ParseFile(model_config);
+    if (layers > 0) architecture.Set("num_hidden_layers", rl::json::Value::Int(layers));
+  }
   const rl::model::ModelConfig config =
-      checkpoint.empty()
-          ? rl::model::ParseModelConfig(rl::json::ParseFile(model_config), model_config)
-          : rl::model::LoadModelConfig(checkpoint);
+      checkpoint.empty() ? rl::model::ParseModelConfig(architecture, model_config)
+                         : rl::model::LoadModelConfig(checkpoint);
   rl::model::TensorMap host =
       rl::model::AllocateParams(rl::model::ListParams(config), dtype, at::kCPU);
   if (checkpoint.empty()) {
