@@ -1,19 +1,18 @@
 // decode_bench --checkpoint DIR | --model-config FILE [--layers N] [--batch 64] [--prompt-len 128]
 // [--new-tokens 128] [--temperature 0] [--compare-eager] [--no-cuda-graphs] [--profile FILE]
-// [--step-time]: generation by our
-// rollout engine, greedy (or sampled at --temperature > 0, top-p 1, seed 11)
-// (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs there):
-// tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the bytes
-// that must be read at least once over the step time at --hbm-tb-s (H200: 4.8 TB/s). Prints one
-// JSON line with the figures, so that tools/bench/vs_transformers.sh can set them against
-// `transformers` generate run in the same call. Every row generates exactly --new-tokens tokens
-// (no stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager
-// decode steps in the same process and checks that graphs and eager steps generate bit-identical
-// tokens and log-probs (the timed ones, and sampled at temperature 1); the exit status is 1 when
-// they differ. --stop-fraction F > 0 makes the first F of the vocabulary's ids stop tokens, so that
-// rows end at different steps as in a real rollout (each sampled token ends its row with
-// probability about F at temperature 1 on a random checkpoint): tokens/s then counts the tokens
-// generated, and no roofline is reported (its bytes assume every row runs every step).
+// [--step-time]: generation by our rollout engine, greedy (or sampled at --temperature > 0, top-p
+// 1, seed 11) (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs
+// there): tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the
+// bytes that must be read at least once over the step time at --hbm-tb-s (H200: 4.8 TB/s). Prints
+// one JSON line with the figures, so that tools/bench/vs_transformers.sh can set them against
+// `transformers` generate run in the same call. Every row generates exactly --new-tokens tokens (no
+// stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager decode
+// steps in the same process and checks that graphs and eager steps generate bit-identical tokens
+// and log-probs (the timed ones, and sampled at temperature 1); the exit status is 1 when they
+// differ. --stop-fraction F > 0 makes the first F of the vocabulary's ids stop tokens, so that rows
+// end at different steps as in a real rollout (each sampled token ends its row with probability
+// about F at temperature 1 on a random checkpoint): tokens/s then counts the tokens generated, and
+// no roofline is reported (its bytes assume every row runs every step).
 // --length-groups G > 1 gives the prompts G lengths (row b's is --prompt-len less
 // (b mod G) x --prompt-len / (2 G)), as a real rollout's prompts differ (Note [Rollout batching]);
 // no roofline then either.
@@ -224,13 +223,13 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "decode_bench: give --checkpoint DIR or --model-config FILE\n");
     return 2;
   }
-
-  const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
-  const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   if (layers > 0 && model_config.empty()) {
     std::fprintf(stderr, "decode_bench: --layers needs --model-config\n");
     return 2;
   }
+
+  const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
+  const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   rl::json::Value architecture;
   if (!model_config.empty()) {
     architecture = rl::json::ParseFile(model_config);

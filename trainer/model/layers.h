@@ -131,10 +131,10 @@ struct MoeWeights {
 // the slots come from the device: row r's new keys are written at position[r] ([B] int64 on the
 // model's device; [1]: one for every row) and attention reads the first key_mask.size(-1) cache
 // positions, those past the row's position masked out (`key_mask` [B or 1, 1, T] bool, true for
-// keys <= position[r]). The
-// shapes and the kernels then depend only on (batch, T), not on the positions, so the step can
-// be captured in a CUDA graph once and replayed at every position < T. The masked cache positions
-// must hold finite values (a NaN there would survive the zero attention weight).
+// keys <= position[r]). The shapes and the kernels then depend only on (batch, T), not on the
+// positions, so the step can be captured in a CUDA graph once and replayed at every position < T.
+// The masked cache positions must hold finite values (a NaN there would survive the zero
+// attention weight).
 //
 // Note [Ragged decode]
 // The rows of a decode step need not be at one position: each row's position, RoPE angles (the
