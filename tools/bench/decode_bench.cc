@@ -360,7 +360,9 @@ int Run(int argc, char** argv) {
 
   // Roofline (header comment): per decode step the weights it reads and the KV cache so far.
   const double element_bytes = static_cast<double>(c10::elementSize(dtype));
-  const bool moe = config.is_moe();
+  // A model with a router but no MoE layer among those kept (GLM-5's first 3, dense) counts as
+  // dense: there is no routing to measure.
+  const bool moe = !config.moe_layers().empty();
   double experts_per_step = 0;
   if (moe && uniform) {
     experts_per_step = new_tokens >= 2 ? MeanExpertsPerStep(engine, device, ids, generated)
