@@ -69,7 +69,8 @@ const char* const kSigmoidConfig = R"({
 
 // GLM-5's layout (MLA, the DSA indexer in every layer, sigmoid router with a shared expert),
 // index_topk 4 so that the decode step over 16 cache positions selects keys (Note [DSA decode
-// over the selected keys] in trainer/model/layers.cc).
+// over the selected keys] in trainer/model/layers.cc), 8 index heads of 64 so that the indexer's
+// decode step runs by its kernel (Note [DSA index scores kernel] in trainer/kernels).
 const char* const kDsaConfig = R"({
   "model_type": "glm_moe_dsa", "vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2,
   "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64,
@@ -77,7 +78,7 @@ const char* const kDsaConfig = R"({
   "intermediate_size": 512, "moe_intermediate_size": 128, "n_routed_experts": 16,
   "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
   "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 0,
-  "index_n_heads": 4, "index_head_dim": 32, "index_topk": 4, "indexer_rope_interleave": true,
+  "index_n_heads": 8, "index_head_dim": 64, "index_topk": 4, "indexer_rope_interleave": true,
   "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "rope_interleave": true,
   "max_position_embeddings": 4096, "tie_word_embeddings": false})";
 

@@ -195,6 +195,23 @@ cudaError_t DecodeQkvAttention(const QkvPrepInputs& prep, const int64_t* positio
                                const DecodeAttentionShape& shape, DtypeCode dtype,
                                cudaStream_t stream);
 
+// The DSA indexer's scores for one decode position per row (Note [DSA index scores kernel] in
+// dsa_kernels.cu): out[b, t] = sum_h weights[b, h] relu(scale (q[b, h] . keys[b, t])) (fp32 sums)
+// for t <= position[b * position_stride], -inf for the other t < key_length. q [batch, heads,
+// dim] bf16 contiguous, weights [batch, heads] fp32 contiguous, keys bf16 with unit stride along
+// dim, row b's key t at b * key_stride_b + t * key_stride_t (both multiples of 8, 16-byte aligned
+// start), out fp32 with row stride out_stride. No atomics: the same inputs give the same bits.
+struct DsaIndexShape {
+  int64_t batch = 0, heads = 0, dim = 0, key_length = 0;
+  int64_t key_stride_b = 0, key_stride_t = 0, position_stride = 0, out_stride = 0;
+  float scale = 1.0f;
+};
+// True when DsaIndexScores takes this many heads of this dim: 8, 16 or 32 heads of 64 or 128.
+bool DsaIndexScoresSupports(int64_t heads, int64_t dim);
+cudaError_t DsaIndexScores(const void* q, const float* weights, const void* keys,
+                           const int64_t* position, float* out, const DsaIndexShape& shape,
+                           cudaStream_t stream);
+
 // One token per row of logits [rows, vocab] (row stride `stride`; vocab and stride multiples of
 // 16 bytes' elements, the rows 16-byte aligned) from the whole vocabulary (Note [Sampling kernel]
 // in sample_kernels.cu): greedy, the first largest logit; else the first token in id order whose

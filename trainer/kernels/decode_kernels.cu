@@ -473,15 +473,6 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row, bool transpose) {
   if (transpose) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -673,18 +664,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
   MergeWarpsAndSplits<T, kDim, kGroup, kMmaWarps>(warp_out, warp_max, warp_sum, b, first_head,
                                                   split, pos, out, partial_out, partial_stats, p);
-}
-
-int MultiprocessorCount() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 132;
-    }
-    return sms;
-  }();
-  return count;
 }
 
 // How SmallLinearKernel gets its input rows x [rows, k_in].

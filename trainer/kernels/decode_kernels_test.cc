@@ -1,5 +1,6 @@
 // The decode step's kernels (fused_ops.h) against the LibTorch ops they replace, on a GPU: bit for
-// bit where the header says so, and DecodeAttention within bf16 rounding of an fp64 reference.
+// bit where the header says so, DecodeAttention within bf16 rounding of an fp64 reference and
+// DsaIndexScores within fp32 rounding of one.
 // Skipped loudly without a CUDA device (CI has none; the GPU machine runs it).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -402,6 +403,66 @@ TEST_CASE("DecodeAttention reads its position on the device, so a graph replay f
     const double error =
         (out.to(at::kDouble) - ReferenceAttention(q, key, value, p, 0.1)).abs().max().item<double>();
     CHECK(error < 1.6e-2);
+  }
+}
+
+// Note [DSA index scores kernel]: the scores of every cached key, against the fp64 sum of the
+// same bf16 inputs; keys past a row's position score -inf (they hold NaN here, and the last
+// visible key's row is what the kernel loads in their place). Rows at their own positions (one
+// sees a single key; one sees every key) and a key length that ends within a tile of 16; then
+// one position for the whole batch. The same inputs give the same bits.
+TEST_CASE("DsaIndexScores is the indexer's weighted relu scores, -inf past each row's position") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(14);
+  const int64_t batch = 4, key_length = 2085, cache_length = 2112;
+  const std::vector<int64_t> positions = {0, 2084, 700, 16};
+  struct Heads {
+    int64_t heads, dim;
+  };
+  for (const Heads& h : {Heads{32, 128}, Heads{16, 64}, Heads{8, 128}}) {
+    INFO(h.heads << " heads of " << h.dim);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(h.dim));
+    const at::Tensor q = at::randn({batch, h.heads, h.dim}, On(at::kBFloat16));
+    const at::Tensor weights = at::randn({batch, h.heads}, On(at::kFloat)) * 0.2;
+    // The cache has a spare row and spare positions, as the engine's does.
+    const at::Tensor cache = at::randn({batch + 1, cache_length, h.dim}, On(at::kBFloat16));
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t p = positions[static_cast<size_t>(b)];
+      cache[b].narrow(0, p + 1, cache_length - p - 1).fill_(NAN);
+    }
+    const at::Tensor keys = cache.narrow(1, 0, key_length);
+    const at::Tensor pos = at::tensor(positions, at::kLong).to(On(at::kLong).device());
+    REQUIRE(DsaIndexScoresTakes(q, keys));
+    const at::Tensor scores = DsaIndexScores(q, weights, keys, pos, key_length, scale);
+    REQUIRE(scores.sizes() == at::IntArrayRef({batch, key_length}));
+    CHECK(SameBits(scores, DsaIndexScores(q, weights, keys, pos, key_length, scale)));
+    const at::Tensor products = at::matmul(
+        q.to(at::kDouble), keys.narrow(0, 0, batch).to(at::kDouble).transpose(1, 2));  // [B, H, T]
+    const at::Tensor expected =
+        (weights.to(at::kDouble).unsqueeze(-1) * at::relu(products * scale)).sum(1);  // [B, T]
+    for (int64_t b = 0; b < batch; ++b) {
+      INFO("row " << b);
+      const int64_t seen = positions[static_cast<size_t>(b)] + 1;
+      const at::Tensor got = scores[b].to(at::kDouble);
+      const double largest = expected[b].narrow(0, 0, seen).abs().max().item<double>();
+      const double error =
+          (got.narrow(0, 0, seen) - expected[b].narrow(0, 0, seen)).abs().max().item<double>();
+      CHECK(error <= 1e-5 * std::max(1.0, largest));
+      if (seen < key_length) {
+        CHECK(at::all(got.narrow(0, seen, key_length - seen) ==
+                      -std::numeric_limits<double>::infinity())
+                  .item<bool>());
+      }
+    }
+    // One position for the whole batch: every row as row 2 (position 700) of the above.
+    const at::Tensor row_2_cache =
+        cache.narrow(0, 2, 1).expand({batch, cache_length, h.dim}).contiguous();
+    const at::Tensor shared =
+        DsaIndexScores(q.narrow(0, 2, 1).expand({batch, h.heads, h.dim}).contiguous(),
+                       weights.narrow(0, 2, 1).expand({batch, h.heads}).contiguous(),
+                       row_2_cache.narrow(1, 0, key_length),
+                       at::full({1}, positions[2], On(at::kLong)), key_length, scale);
+    for (int64_t b = 0; b < batch; ++b) CHECK(SameBits(shared[b], scores[2]));
   }
 }
 

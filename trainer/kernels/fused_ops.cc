@@ -541,6 +541,51 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
   return out;
 }
 
+bool DsaIndexScoresTakes(const at::Tensor& q, const at::Tensor& keys) {
+  if (!Supported(q) || q.scalar_type() != at::kBFloat16 || q.dim() != 3 || !keys.defined() ||
+      keys.dim() != 3 || keys.scalar_type() != at::kBFloat16 || keys.device() != q.device() ||
+      keys.size(2) != q.size(2) || keys.size(0) < q.size(0) ||
+      !DsaIndexScoresSupports(q.size(1), q.size(2))) {
+    return false;
+  }
+  return keys.stride(2) == 1 && Aligned(keys, 8) && keys.stride(0) % 8 == 0 &&
+         keys.stride(1) % 8 == 0;
+}
+
+at::Tensor DsaIndexScores(const at::Tensor& q, const at::Tensor& weights, const at::Tensor& keys,
+                          const at::Tensor& position, int64_t key_length, double scale) {
+  CheckNoGrad({&q, &weights, &keys}, "DsaIndexScores");
+  const int64_t batch = q.size(0);
+  RL_CHECK(DsaIndexScoresTakes(q, keys) && weights.dim() == 2 && weights.size(0) == batch &&
+               weights.size(1) == q.size(1) && weights.scalar_type() == at::kFloat &&
+               weights.device() == q.device() && key_length >= 1 && key_length <= keys.size(1) &&
+               position.scalar_type() == at::kLong && position.device() == q.device() &&
+               RowStride(position, batch, 1) >= 0,
+           Error,
+           "DsaIndexScores: q {} [{}], weights [{}], keys {} [{}] over {} keys, position [{}]",
+           c10::toString(q.scalar_type()), fmt::join(q.sizes(), ", "),
+           fmt::join(weights.sizes(), ", "), c10::toString(keys.scalar_type()),
+           fmt::join(keys.sizes(), ", "), key_length, fmt::join(position.sizes(), ", "));
+  const at::Tensor query = q.contiguous();
+  const at::Tensor w = weights.contiguous();
+  at::Tensor out = at::empty({batch, key_length}, q.options().dtype(at::kFloat));
+  DsaIndexShape shape;
+  shape.batch = batch;
+  shape.heads = q.size(1);
+  shape.dim = q.size(2);
+  shape.key_length = key_length;
+  shape.key_stride_b = keys.stride(0);
+  shape.key_stride_t = keys.stride(1);
+  shape.position_stride = RowStride(position, batch, 1);
+  shape.out_stride = key_length;
+  shape.scale = static_cast<float>(scale);
+  const c10::cuda::CUDAGuard guard(q.device());
+  RL_CHECK_CUDA(kernels::DsaIndexScores(query.data_ptr(), w.data_ptr<float>(), keys.data_ptr(),
+                                        position.data_ptr<int64_t>(), out.data_ptr<float>(), shape,
+                                        c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 bool SampleRowsTakes(const at::Tensor& logits) {
   if (!Supported(logits) || logits.dim() != 2 || logits.stride(1) != 1 || logits.size(0) == 0) {
     return false;

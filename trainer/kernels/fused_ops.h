@@ -140,6 +140,17 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
                               int64_t kv_heads, int64_t dim, const DecodeCache& cache,
                               int64_t key_length, double scale);
 
+// The DSA indexer's scores of one decode step (Note [DSA index scores kernel] in dsa_kernels.cu):
+// for q [B, H, D] (bf16), weights [B, H] (fp32, the head weights with their H^-0.5), the index
+// key cache rows `keys` [>= B, >= key_length, D] (bf16, unit stride along D) and the positions
+// `position` ([1] or [B] int64): [B, key_length] fp32, sum_h weights relu(scale q . k) for the
+// keys up to each row's position and -inf past it; the ops' scores up to the order of fp32 sums.
+// DsaIndexScoresTakes: CUDA tensors of those dtypes, 8, 16 or 32 heads of 64 or 128 dims, keys
+// rows 16-byte aligned.
+bool DsaIndexScoresTakes(const at::Tensor& q, const at::Tensor& keys);
+at::Tensor DsaIndexScores(const at::Tensor& q, const at::Tensor& weights, const at::Tensor& keys,
+                          const at::Tensor& position, int64_t key_length, double scale);
+
 // SampleRows (cuda_kernels.h): a decode step's tokens [B] int64 and their log-probs [B] fp32 from
 // logits [B, V] drawn from the whole vocabulary, in one kernel. SampleRowsTakes: Supported
 // logits of two dims with unit stride along V, V and the row stride multiples of a 16-byte

@@ -1,9 +1,13 @@
 // Device helpers the kernels of trainer/kernels share: dtype conversions, warp and block sums,
-// and the elementwise steps whose rounding several kernels must reproduce.
+// the elementwise steps whose rounding several kernels must reproduce, the bf16 tensor-core mma
+// and the SM count.
 #ifndef RL_TRAINER_KERNELS_KERNEL_UTIL_CUH_
 #define RL_TRAINER_KERNELS_KERNEL_UTIL_CUH_
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace rl::kernels {
 namespace {
@@ -66,6 +70,34 @@ __device__ __forceinline__ T Rotated(bool first, float x1, float x2, float c, fl
 template <typename T>
 __device__ __forceinline__ T SiluTimes(float g, float u) {
   return FromFloat<T>(__fmul_rn(ToFloat(FromFloat<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))))), u));
+}
+
+// D += A B on the tensor cores, one m16n8k16 mma with bf16 inputs and fp32 sums. Per lane
+// (g = lane / 4, t = lane % 4), each register two bf16 of consecutive k, the lower k in the low
+// half: A (16 x 16, row-major) a[0] rows g, k 2t and 2t + 1; a[1] row g + 8, the same k; a[2] row
+// g, k 2t + 8 and 2t + 9; a[3] row g + 8, those k. B (16 x 8, by column) b0 column g, k 2t and
+// 2t + 1; b1 column g, k 2t + 8 and 2t + 9. D (16 x 8) d[0] (g, 2t), d[1] (g, 2t + 1), d[2]
+// (g + 8, 2t), d[3] (g + 8, 2t + 1).
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The current device's SM count (132 if it cannot be read), read once.
+inline int MultiprocessorCount() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 132;
+    }
+    return sms;
+  }();
+  return count;
 }
 
 }  // namespace

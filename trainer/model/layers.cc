@@ -486,11 +486,19 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
   // [B, S, heads, rope].
   q = ApplyRope(q, ctx.rope->cos.unsqueeze(-2), ctx.rope->sin.unsqueeze(-2), layout);
 
-  at::Tensor kf = AtLeastFloat(k).transpose(1, 2).unsqueeze(1);  // [B, 1, D, T]
   at::Tensor weights = at::linear(AtLeastFloat(xd), AtLeastFloat(w.weights_proj)) *
                        std::pow(static_cast<double>(heads), -0.5);  // [B, S, heads]
   const double softmax_scale = std::pow(static_cast<double>(d), -0.5);
   const int64_t topk = std::min(c.index_topk, t);
+  if (s == 1 && ctx.kernels == Kernels::kFused && ctx.position.defined()) {
+    const at::Tensor q_rows = q.reshape({b, heads, d});
+    if (kernels::DsaIndexScoresTakes(q_rows, k)) {  // Note [DSA index scores kernel]
+      const at::Tensor index = kernels::DsaIndexScores(q_rows, weights.view({b, heads}), k,
+                                                       ctx.position, t, softmax_scale);
+      return std::get<1>(index.topk(topk, -1)).unsqueeze(1);  // [B, 1, K]
+    }
+  }
+  at::Tensor kf = AtLeastFloat(k).transpose(1, 2).unsqueeze(1);  // [B, 1, D, T]
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(s, kIndexerScoreElements / std::max<int64_t>(1, b * heads * t)));
   const at::Tensor causal =  // [B or 1, S, T]
