@@ -1,6 +1,7 @@
 // fused_kernels_bench [--rows 4096] [--vocab 151936] [--rounds 5]: our CUDA kernels
 // (trainer/kernels) against the LibTorch ops they replace, on the GPU, in one process:
-//  1. agreement: RMSNorm with its gradients (fp32 and bf16), RoPE (must be bit-identical) and the token log-prob /
+//  1. agreement: RMSNorm with its gradients (fp32 and bf16), RoPE (must be bit-identical) and the
+//  token log-prob /
 //     entropy with their gradients (fp32 and bf16), fused vs LibTorch, with the largest
 //     differences and a verdict per case;
 //  2. speed: the loss head of a train step, log-prob of the targets forward + backward over
@@ -12,23 +13,27 @@
 //     several blocks_per_sm (and the CUDA-core kernel at the default) against SDPA over the key
 //     block with a mask, as the LibTorch decode step ran it; DecodeQkvAttention against
 //     DecodeQkvPrep and DecodeAttention at the same shapes; SmallLinear against at::linear for
-//     1 and 2 rows (the rows it takes) at each projection's shape.
+//     1 and 2 rows (the rows it takes) at each projection's shape; DsaIndexScores against the
+//     DSA indexer's LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768 keys), and
+//     the top-2048 selection after it.
 // Exit status 1 when an agreement check fails. Needs a GPU.
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <functional>
-#include <utility>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "launch/device.h"
@@ -162,6 +167,47 @@ void DecodeKernelSpeeds(const at::Device& device) {
                 "DecodeQkvAttention %.1f us, DecodeQkvPrep + DecodeAttention %.1f us\n",
                 static_cast<long long>(batch), static_cast<long long>(q_heads),
                 static_cast<long long>(kv_heads), fused, two);
+  }
+  // The DSA indexer's decode-step scores at GLM-5's widths (32 heads of 128), every key visible:
+  // the LibTorch ops of IndexerTopk (the fp32 copy of the keys, the [B, 1, H, T] products, relu,
+  // the weighted sum over the heads, the mask) against DsaIndexScores, and the top-2048 selection
+  // that follows either.
+  for (const int64_t batch : {1, 16, 64}) {
+    for (const int64_t length : {4096, 16384, 32768}) {
+      const int64_t heads = 32, index_dim = 128;
+      const at::Tensor q = at::randn({batch, 1, heads, index_dim}, on(at::kBFloat16));
+      const at::Tensor weights = at::randn({batch, 1, heads}, on(at::kFloat)) * 0.2;
+      const at::Tensor keys = at::randn({batch, length, index_dim}, on(at::kBFloat16));
+      const at::Tensor position = at::full({1}, length - 1, on(at::kLong));
+      const at::Tensor mask =
+          (at::arange(length, on(at::kLong)) <= length - 1).view({1, 1, length});
+      const double scale = 1.0 / std::sqrt(static_cast<double>(index_dim));
+      const auto ops = [&] {
+        const at::Tensor kf = keys.to(at::kFloat).transpose(1, 2).unsqueeze(1);  // [B, 1, D, T]
+        const at::Tensor scores = at::relu(at::matmul(q.to(at::kFloat), kf) * scale);
+        at::Tensor index = at::matmul(weights.unsqueeze(-2), scores).squeeze(-2);  // [B, 1, T]
+        index.masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity());
+        return index;
+      };
+      const auto kernel = [&] {
+        return rl::kernels::DsaIndexScores(q.view({batch, heads, index_dim}),
+                                           weights.view({batch, heads}), keys, position, length,
+                                           scale);
+      };
+      const at::Tensor want = ops().view({batch, length});
+      const double diff = MaxAbs(kernel(), want) / want.abs().max().item<double>();
+      const double by_ops = MicrosPerCall([&] { ops(); });
+      const double by_kernel = MicrosPerCall([&] { kernel(); });
+      const double select = MicrosPerCall([&] { want.topk(2048, -1); });
+      const double bytes = static_cast<double>(batch * length * index_dim * 2);
+      std::printf(
+          "DSA index scores batch %lld, %lld keys: LibTorch ops %.1f us, DsaIndexScores "
+          "%.1f us (%.2f TB/s of keys), %.2fx; top-2048 %.1f us; largest diff / largest "
+          "score %.2g%s\n",
+          static_cast<long long>(batch), static_cast<long long>(length), by_ops, by_kernel,
+          bytes / by_kernel * 1e-6, by_ops / by_kernel, select, diff,
+          diff <= 1e-5 ? "" : " (MORE THAN 1e-5)");
+    }
   }
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};
