@@ -155,6 +155,17 @@ at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Ten
       enable_gqa);
 }
 
+// scale * (a b) in at least fp32, a [B, M, K] and b [B, K, N]. bf16 CUDA inputs take cuBLAS's fp32
+// output with the scale as its alpha: the scores are not rounded to bf16 before the softmax, and
+// no separate pass scales them (it computed bmm, an fp32 copy and the product before).
+at::Tensor ScaledScores(const at::Tensor& a, const at::Tensor& b, double scale) {
+  if (a.is_cuda() && a.scalar_type() == at::kBFloat16) {
+    at::Tensor out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(at::kFloat));
+    return at::baddbmm_out(out, out, a, b, at::kFloat, /*beta=*/0, /*alpha=*/scale);
+  }
+  return AtLeastFloat(at::bmm(a, b)).mul_(scale);
+}
+
 // Note [MLA decode in the latent space]
 // MLA's keys and values are up-projections of a per-position latent c (kv_lora_rank values) by
 // kv_b_proj, per head h: k_nope = W_uk[h] c, v = W_uv[h] c; the RoPE part of the key, k_pe, is
@@ -165,11 +176,11 @@ at::Tensor AttentionCore(const at::Tensor& q, const at::Tensor& k, const at::Ten
 //   q_nope . k_nope = (W_uk[h]^T q_nope) . c,   sum_t p_t v_t = W_uv[h] (sum_t p_t c_t),
 // so the step attends like multi-query attention with one head of kv_lora_rank + rope dims over
 // the cache as it is stored ([latent | k_pe] per position, LayerKv::latent_pe): scores are one
-// GEMM per sequence of the absorbed queries of every head against the cached rows, the softmax
-// in fp32, the weighted sum of latents one GEMM, and W_uv one batched GEMM over the heads. Equal
-// to the expanded attention up to rounding (another order of products; //trainer/model:
-// decoder_test checks fp32 within 1e-5). Training and the CPU engine (kLibTorch) keep the
-// expanded form, which the batch-invariant CPU attention needs.
+// GEMM per sequence of the absorbed queries of every head against the cached rows (fp32 out,
+// ScaledScores), the softmax in fp32, the weighted sum of latents one GEMM, and W_uv one batched
+// GEMM over the heads. Equal to the expanded attention up to rounding (another order of products;
+// //trainer/model: decoder_test checks fp32 within 1e-5). Training and the CPU engine (kLibTorch)
+// keep the expanded form, which the batch-invariant CPU attention needs.
 //
 // q_pass [B, H, S, nope], q_rot [B, H, S, rope], cached [B, T, kv_lora_rank + rope] -> the
 // attention output [B, S, H * v_head_dim] before o_proj.
@@ -190,15 +201,13 @@ at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::
   const at::Tensor query =
       at::cat({q_latent.view({heads, b, s, rank}).permute({1, 0, 2, 3}), q_rot}, -1)
           .reshape({b, heads * s, rank + q_rot.size(-1)});
-  at::Tensor scores = AtLeastFloat(at::bmm(query, cached.transpose(1, 2)))
-                          .mul(c.attention_scale())
-                          .view({b, heads, s, t});
+  at::Tensor scores =
+      ScaledScores(query, cached.transpose(1, 2), c.attention_scale()).view({b, heads, s, t});
   at::Tensor mask =  // [B or 1, S, T]
       visible.causal ? CausalMask(0, s, t, cached.device()).unsqueeze(0) : visible.mask;
   if (selected.defined()) mask = mask.defined() ? at::logical_and(mask, selected) : selected;
   if (mask.defined()) {
-    scores = scores.masked_fill(mask.logical_not().unsqueeze(1),
-                                -std::numeric_limits<double>::infinity());
+    scores.masked_fill_(mask.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
   }
   const at::Tensor probs =
       at::softmax(scores, -1).to(cached.scalar_type()).view({b, heads * s, t});
