@@ -69,12 +69,13 @@ const char* const kSigmoidConfig = R"({
 
 // GLM-5's layout (MLA, the DSA indexer in every layer, sigmoid router with a shared expert),
 // index_topk 4 so that the decode step over 16 cache positions selects keys (Note [DSA decode
-// over the selected keys] in trainer/model/layers.cc), 8 index heads of 64 so that the indexer's
-// decode step runs by its kernel (Note [DSA index scores kernel] in trainer/kernels).
+// over the selected keys] in trainer/model/layers.cc), 8 index heads of 64 and GLM-5's latent
+// widths (kv_lora_rank 512, rope 64) so that the decode step's indexer and attention run by their
+// kernels (Notes [DSA index scores kernel], [MLA decode attention kernel] in trainer/kernels).
 const char* const kDsaConfig = R"({
   "model_type": "glm_moe_dsa", "vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2,
-  "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64,
-  "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "head_dim": 16,
+  "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
+  "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32, "head_dim": 64,
   "intermediate_size": 512, "moe_intermediate_size": 128, "n_routed_experts": 16,
   "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
   "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 0,

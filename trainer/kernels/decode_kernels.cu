@@ -147,31 +147,10 @@ __device__ __forceinline__ void LoadRow(const T* __restrict__ src, float (&dst)[
   for (int e = 0; e < kVec; ++e) dst[e] = ToFloat(pack.v[e]);
 }
 
-// kBytes (4, 8, 16 or a multiple of 16, aligned to the lesser of itself and 16) from global to
-// shared memory without passing through registers (cp.async); they may be read once this thread's
-// cp.async.wait_group has counted them.
-template <int kBytes>
-__device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
-  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  if constexpr (kBytes <= 16) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(to), "l"(global),
-                 "n"(kBytes));
-  } else {
-#pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to + 16 * i),
-                   "l"(static_cast<const char*>(global) + 16 * i));
-    }
-  }
-}
-
 // A warp's ring of kRing stages in shared memory, filled by cp.async one iteration ahead per
 // stage, one group of copies per iteration (empty past the keys), so that waiting for all but the
 // newest kRing - 1 groups waits for the current iteration's. `copy(t0, stage)` issues the copies
 // of the iteration at t0 into `stage`.
-__device__ __forceinline__ void CommitCopies() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
 
 // The iterations t0, t0 + stride, ... into stages 0 to kRing - 2, those that start before
 // `limit`. The copies do not wait for anything this step writes.
@@ -468,22 +447,6 @@ constexpr int kMmaWarps = 4;
 constexpr int kTileKeys = 16;
 constexpr int kMmaStages = 2;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row, bool transpose) {
-  if (transpose) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(SharedAddress(row)));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(SharedAddress(row)));
-  }
-}
 
 template <int kDim, int kGroup, bool kPrep>
 __global__ void __launch_bounds__(kMmaWarps * 32)

@@ -466,6 +466,71 @@ TEST_CASE("DsaIndexScores is the indexer's weighted relu scores, -inf past each 
   }
 }
 
+// softmax(scale q . rows) . latents in fp64 over the keys `visible` [B, T] (bool) of each row:
+// q [B, H, 576], rows [B, T, 576] -> [B, H, 512]. Rows a query does not see count as zeros (they
+// may hold NaN).
+at::Tensor ReferenceMla(const at::Tensor& q, const at::Tensor& rows, const at::Tensor& visible,
+                        double scale) {
+  const at::Tensor seen = visible.unsqueeze(-1);
+  const at::Tensor r =
+      at::where(seen, rows.to(at::kDouble), at::zeros({}, rows.options().dtype(at::kDouble)));
+  at::Tensor scores = at::matmul(q.to(at::kDouble), r.transpose(1, 2)) * scale;  // [B, H, T]
+  scores.masked_fill_(visible.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1), r.narrow(-1, 0, 512));
+}
+
+// Note [MLA decode attention kernel]: against fp64 over the keys up to each row's position (rows
+// past it hold NaN), with 20 heads (a partly empty tile of 16) and 64 (four tiles); at 3 rows the
+// keys are split over blocks and merged, at 70 rows not; then over selected keys by index, some of
+// them past the row's position. The same inputs give the same bits.
+TEST_CASE("MlaDecodeAttention attends over the cached latents, by position or by selected index") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(15);
+  const double scale = 0.06;
+  struct Case {
+    int64_t batch, heads, keys;
+  };
+  for (const Case& k : {Case{3, 20, 1200}, Case{3, 64, 1200}, Case{70, 16, 300}}) {
+    INFO(k.batch << " rows of " << k.heads << " heads over " << k.keys << " keys");
+    const at::Tensor cache = at::randn({k.batch + 1, k.keys + 16, 576}, On(at::kBFloat16));
+    const at::Tensor q = at::randn({k.batch, k.heads, 576}, On(at::kBFloat16));
+    at::Tensor positions = at::randint(k.keys, {k.batch}, On(at::kLong));
+    positions[0].fill_(0);
+    positions[1].fill_(k.keys - 1);
+    for (int64_t b = 0; b < k.batch; ++b) {
+      const int64_t p = positions[b].item<int64_t>();
+      cache[b].narrow(0, p + 1, k.keys + 16 - p - 1).fill_(NAN);
+    }
+    const at::Tensor rows = cache.narrow(0, 0, k.batch).narrow(1, 0, k.keys);
+    REQUIRE(MlaDecodeAttentionTakes(q, cache.narrow(1, 0, k.keys)));
+    const at::Tensor got = MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, {}, scale);
+    CHECK(SameBits(got, MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, {}, scale)));
+    const at::Tensor visible =
+        at::arange(k.keys, On(at::kLong)).unsqueeze(0) <= positions.unsqueeze(1);  // [B, T]
+    const double error =
+        (got.to(at::kDouble) - ReferenceMla(q, rows, visible, scale)).abs().max().item<double>();
+    CHECK(error < 2e-2);
+
+    // Selected keys (DSA): 100 distinct positions per row, position 0 among them (every row sees
+    // it), the others at random, some past the row's position.
+    const int64_t selected = 100;
+    const at::Tensor order = std::get<1>(at::rand({k.batch, k.keys - 1}, On(at::kFloat)).sort(-1));
+    const at::Tensor others = 1 + order.narrow(1, 0, selected - 1);
+    const at::Tensor indices =
+        at::cat({at::zeros({k.batch, 1}, others.options()), others}, 1).contiguous();
+    const at::Tensor by_index =
+        MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, indices, scale);
+    const at::Tensor picked =
+        rows.gather(1, indices.unsqueeze(-1).expand({k.batch, selected, 576}));
+    const double index_error = (by_index.to(at::kDouble) -
+                                ReferenceMla(q, picked, indices <= positions.unsqueeze(1), scale))
+                                   .abs()
+                                   .max()
+                                   .item<double>();
+    CHECK(index_error < 2e-2);
+  }
+}
+
 // The sampling rule of SampleRows (cuda_kernels.h) on the CPU in fp64: per row the first token
 // whose cumulative softmax(logits / T) exceeds t = u x total, log_softmax there, and the
 // cumulative distribution and t, to judge a differing token.

@@ -151,6 +151,16 @@ bool DsaIndexScoresTakes(const at::Tensor& q, const at::Tensor& keys);
 at::Tensor DsaIndexScores(const at::Tensor& q, const at::Tensor& weights, const at::Tensor& keys,
                           const at::Tensor& position, int64_t key_length, double scale);
 
+// An MLA decode step's attention in the latent space in one kernel (Note [MLA decode attention
+// kernel] in mla_kernels.cu): for the absorbed queries `query` [B, H, 576] (bf16), the cached
+// rows `cached` [>= B, T, 576] (bf16, [latent 512 | k_pe 64], unit stride along the row), the
+// positions ([1] or [B] int64) and, for DSA, the selected keys `indices` [B, K] int64 (undefined:
+// every key up to the position): [B, H, 512] bf16, softmax(scale query . rows) . latents, fp32
+// sums. MlaDecodeAttentionTakes: CUDA bf16 tensors of those widths, rows 16-byte aligned.
+bool MlaDecodeAttentionTakes(const at::Tensor& query, const at::Tensor& cached);
+at::Tensor MlaDecodeAttention(const at::Tensor& query, const at::Tensor& cached,
+                              const at::Tensor& position, const at::Tensor& indices, double scale);
+
 // SampleRows (cuda_kernels.h): a decode step's tokens [B] int64 and their log-probs [B] fp32 from
 // logits [B, V] drawn from the whole vocabulary, in one kernel. SampleRowsTakes: Supported
 // logits of two dims with unit stride along V, V and the row stride multiples of a 16-byte

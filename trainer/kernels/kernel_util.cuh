@@ -1,6 +1,6 @@
 // Device helpers the kernels of trainer/kernels share: dtype conversions, warp and block sums,
-// the elementwise steps whose rounding several kernels must reproduce, the bf16 tensor-core mma
-// and the SM count.
+// the elementwise steps whose rounding several kernels must reproduce, cp.async copies, ldmatrix,
+// the bf16 tensor-core mma and the SM count.
 #ifndef RL_TRAINER_KERNELS_KERNEL_UTIL_CUH_
 #define RL_TRAINER_KERNELS_KERNEL_UTIL_CUH_
 
@@ -85,6 +85,48 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// kBytes (4, 8, 16 or a multiple of 16, aligned to the lesser of itself and 16) from global to
+// shared memory without passing through registers (cp.async); they may be read once this thread's
+// cp.async.wait_group has counted them.
+template <int kBytes>
+__device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
+  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  if constexpr (kBytes <= 16) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(to), "l"(global), "n"(kBytes));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to + 16 * i),
+                   "l"(static_cast<const char*>(global) + 16 * i));
+    }
+  }
+}
+
+// Closes this thread's group of cp.async copies issued since the last (cp.async.wait_group counts
+// groups).
+__device__ __forceinline__ void CommitCopies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ldmatrix .x4: lanes 8m to 8m + 7 give the addresses of rows 0 to 7 (16 bytes each, in shared
+// memory) of matrix m; each lane receives in r[m] its two elements of matrix m, row lane / 4,
+// columns 2 (lane % 4) and + 1 (the matrix transposed first with `transpose`).
+__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row, bool transpose) {
+  if (transpose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
+  }
 }
 
 // The current device's SM count (132 if it cannot be read), read once.

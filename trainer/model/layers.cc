@@ -178,45 +178,68 @@ at::Tensor ScaledScores(const at::Tensor& a, const at::Tensor& b, double scale) 
 // the cache as it is stored ([latent | k_pe] per position, LayerKv::latent_pe): scores are one
 // GEMM per sequence of the absorbed queries of every head against the cached rows (fp32 out,
 // ScaledScores), the softmax in fp32, the weighted sum of latents one GEMM, and W_uv one batched
-// GEMM over the heads. Equal to the expanded attention up to rounding (another order of products;
+// GEMM over the heads. On the GPU, with kv_lora_rank 512 and rope 64 (every MLA checkpoint this
+// trainer reads), a decode step at device-side positions takes the scores, the softmax and the
+// weighted latents in one kernel instead (Note [MLA decode attention kernel] in
+// trainer/kernels/mla_kernels.cu). Equal to the expanded attention up to rounding (another order of
+// products;
 // //trainer/model: decoder_test checks fp32 within 1e-5). Training and the CPU engine (kLibTorch)
 // keep the expanded form, which the batch-invariant CPU attention needs.
 //
-// q_pass [B, H, S, nope], q_rot [B, H, S, rope], cached [B, T, kv_lora_rank + rope] -> the
-// attention output [B, S, H * v_head_dim] before o_proj.
-at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::Tensor& q_pass,
-                           const at::Tensor& q_rot, const at::Tensor& cached,
-                           const Visibility& visible, const at::Tensor& selected) {
-  const int64_t b = q_pass.size(0);
-  const int64_t heads = q_pass.size(1);
-  const int64_t s = q_pass.size(2);
-  const int64_t t = cached.size(1);
+// A step's absorbed queries and the up-projection its weighted latents go through.
+struct LatentHeads {
+  int64_t b = 0, heads = 0, s = 0;
+  at::Tensor w_kv;   // kv_b_proj as [heads, nope + v_head_dim, kv_lora_rank]
+  at::Tensor query;  // [B, heads * S, kv_lora_rank + rope]: per head q_nope W_uk[h], then q_rot
+};
+
+// q_pass [B, H, S, nope], q_rot [B, H, S, rope].
+LatentHeads AbsorbQueries(const MlaWeights& w, const ModelConfig& c, const at::Tensor& q_pass,
+                          const at::Tensor& q_rot) {
+  LatentHeads h;
+  h.b = q_pass.size(0);
+  h.heads = q_pass.size(1);
+  h.s = q_pass.size(2);
   const int64_t nope = c.qk_nope_head_dim;
   const int64_t rank = c.kv_lora_rank;
+  h.w_kv = w.kv_b_proj.view({h.heads, nope + c.v_head_dim, rank});
+  const at::Tensor q_latent =  // [heads, B * S, rank]
+      at::bmm(q_pass.permute({1, 0, 2, 3}).reshape({h.heads, h.b * h.s, nope}),
+              h.w_kv.narrow(1, 0, nope));
+  h.query = at::cat({q_latent.view({h.heads, h.b, h.s, rank}).permute({1, 0, 2, 3}), q_rot}, -1)
+                .reshape({h.b, h.heads * h.s, rank + q_rot.size(-1)});
+  return h;
+}
+
+// latents [B, heads * S, kv_lora_rank] (the weighted latents of each query) -> the attention
+// output [B, S, heads * v_head_dim] before o_proj.
+at::Tensor ProjectLatents(const LatentHeads& h, const ModelConfig& c, const at::Tensor& latents) {
   const int64_t vd = c.v_head_dim;
-  const at::Tensor w_kv = w.kv_b_proj.view({heads, nope + vd, rank});
-  // Absorbed queries: per head, q_nope W_uk[h] ([heads, B * S, rank]).
-  const at::Tensor q_latent = at::bmm(q_pass.permute({1, 0, 2, 3}).reshape({heads, b * s, nope}),
-                                      w_kv.narrow(1, 0, nope));
-  const at::Tensor query =
-      at::cat({q_latent.view({heads, b, s, rank}).permute({1, 0, 2, 3}), q_rot}, -1)
-          .reshape({b, heads * s, rank + q_rot.size(-1)});
-  at::Tensor scores =
-      ScaledScores(query, cached.transpose(1, 2), c.attention_scale()).view({b, heads, s, t});
+  const at::Tensor out =  // [heads, B * S, vd]
+      at::bmm(latents.reshape({h.b, h.heads, h.s, c.kv_lora_rank})
+                  .permute({1, 0, 2, 3})
+                  .reshape({h.heads, h.b * h.s, c.kv_lora_rank}),
+              h.w_kv.narrow(1, c.qk_nope_head_dim, vd).transpose(1, 2));
+  return out.view({h.heads, h.b, h.s, vd}).permute({1, 2, 0, 3}).reshape({h.b, h.s, h.heads * vd});
+}
+
+// The weighted latents [B, heads * S, kv_lora_rank] of the absorbed queries over the cached rows
+// `cached` [B, T, kv_lora_rank + rope], the keys those of `visible` (and `selected`, [B, S, T]
+// bool, when defined), by the LibTorch ops.
+at::Tensor WeightedLatents(const LatentHeads& h, const ModelConfig& c, const at::Tensor& cached,
+                           const Visibility& visible, const at::Tensor& selected) {
+  const int64_t t = cached.size(1);
+  at::Tensor scores = ScaledScores(h.query, cached.transpose(1, 2), c.attention_scale())
+                          .view({h.b, h.heads, h.s, t});
   at::Tensor mask =  // [B or 1, S, T]
-      visible.causal ? CausalMask(0, s, t, cached.device()).unsqueeze(0) : visible.mask;
+      visible.causal ? CausalMask(0, h.s, t, cached.device()).unsqueeze(0) : visible.mask;
   if (selected.defined()) mask = mask.defined() ? at::logical_and(mask, selected) : selected;
   if (mask.defined()) {
     scores.masked_fill_(mask.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
   }
   const at::Tensor probs =
-      at::softmax(scores, -1).to(cached.scalar_type()).view({b, heads * s, t});
-  const at::Tensor out_latent = at::bmm(probs, cached.narrow(-1, 0, rank));  // [B, H * S, rank]
-  const at::Tensor out =
-      at::bmm(out_latent.view({b, heads, s, rank}).permute({1, 0, 2, 3}).reshape(
-                  {heads, b * s, rank}),
-              w_kv.narrow(1, nope, vd).transpose(1, 2));  // [heads, B * S, vd]
-  return out.view({heads, b, s, vd}).permute({1, 2, 0, 3}).reshape({b, s, heads * vd});
+      at::softmax(scores, -1).to(cached.scalar_type()).view({h.b, h.heads * h.s, t});
+  return at::bmm(probs, cached.narrow(-1, 0, c.kv_lora_rank));
 }
 
 // Note [DSA decode over the selected keys]
@@ -234,23 +257,22 @@ at::Tensor LatentAttention(const MlaWeights& w, const ModelConfig& c, const at::
 // fp32, within 1e-5). A selected key the row cannot see (a row shorter than K among longer ones:
 // its masked keys tie at -inf in the indexer and may be picked) stays masked: its visibility is
 // gathered with it. The selection holds the visible keys with the largest index scores before any
-// masked one, so a row that sees any key attends to at least one.
+// masked one, so a row that sees any key attends to at least one. Where the MLA decode kernel
+// applies (Note [MLA decode attention kernel]) it reads the selected rows by their indices
+// itself, once each, at any T: neither the gather nor the mask.
 
 // The selected keys are gathered from T >= kGatherSelectedFrom x K cached keys on.
 constexpr int64_t kGatherSelectedFrom = 2;
 
-// LatentAttention over the keys `topk` [B, 1, K] of a decode step (one position per row) only;
-// the rest as LatentAttention.
-at::Tensor SelectedLatentAttention(const MlaWeights& w, const ModelConfig& c,
-                                   const at::Tensor& q_pass, const at::Tensor& q_rot,
+// WeightedLatents over the keys `topk` [B, 1, K] of a decode step (one position per row) only.
+at::Tensor SelectedWeightedLatents(const LatentHeads& h, const ModelConfig& c,
                                    const at::Tensor& cached, const Visibility& visible,
                                    const at::Tensor& topk) {
   const int64_t b = cached.size(0);
   const int64_t t = cached.size(1);
   const int64_t k = topk.size(-1);
-  RL_CHECK(q_pass.size(2) == 1 && topk.dim() == 3 && topk.size(0) == b && topk.size(1) == 1 &&
-               !visible.causal,
-           Error, "SelectedLatentAttention: one decode position per row, got topk of {} dims",
+  RL_CHECK(h.s == 1 && topk.dim() == 3 && topk.size(0) == b && topk.size(1) == 1 && !visible.causal,
+           Error, "SelectedWeightedLatents: one decode position per row, got topk of {} dims",
            topk.dim());
   const at::Tensor keys = topk.view({b, k});
   const at::Tensor rows = cached.gather(1, keys.unsqueeze(-1).expand({b, k, cached.size(-1)}));
@@ -258,7 +280,7 @@ at::Tensor SelectedLatentAttention(const MlaWeights& w, const ModelConfig& c,
   if (visible.mask.defined()) {
     seen.mask = visible.mask.expand({b, 1, t}).gather(-1, keys.unsqueeze(1));
   }
-  return LatentAttention(w, c, q_pass, q_rot, rows, seen, {});
+  return WeightedLatents(h, c, rows, seen, {});
 }
 
 // Writes `value` (the S new positions on axis `dim`) into rows [0, B) of the cache tensor `cache`
@@ -565,20 +587,31 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   const bool sparse = indexer_type != IndexerType::kNone && topk.defined();
   const bool latent_decode =
       ctx.cache != nullptr && s == 1 && ctx.kernels == Kernels::kFused && ctx.latent_mla_decode;
-  // Note [DSA decode over the selected keys]: gathered, or masked to.
-  const bool gather = latent_decode && sparse && t >= kGatherSelectedFrom * topk.size(-1);
-  at::Tensor selected;  // [B, S, T] bool
-  if (sparse && !gather) {
-    selected = at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
-                   .scatter_(-1, topk, true);
-  }
+  // Note [DSA decode over the selected keys]: read by index, gathered, or masked to.
+  const auto selection = [&] {  // [B, S, T] bool, where the attention masks to the DSA keys
+    return sparse ? at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
+                        .scatter_(-1, topk, true)
+                  : at::Tensor();
+  };
   const Visibility visible = Visible(ctx, s, t, x.device());
   at::Tensor out;  // [B, S, heads * vd]
   if (latent_decode) {
     const at::Tensor cached = ctx.cache->latent_pe.narrow(0, 0, b).narrow(1, 0, t);
-    out = gather ? SelectedLatentAttention(w, c, q_pass, q_rot, cached, visible, topk)
-                 : LatentAttention(w, c, q_pass, q_rot, cached, visible, selected);
+    const LatentHeads absorbed = AbsorbQueries(w, c, q_pass, q_rot);
+    at::Tensor latents;  // [B, heads, kv_lora_rank]
+    if (ctx.position.defined() && kernels::MlaDecodeAttentionTakes(absorbed.query, cached)) {
+      // Note [MLA decode attention kernel]: the selected keys by index.
+      latents = kernels::MlaDecodeAttention(absorbed.query, cached, ctx.position,
+                                            sparse ? topk.view({b, topk.size(-1)}) : at::Tensor(),
+                                            c.attention_scale());
+    } else if (sparse && t >= kGatherSelectedFrom * topk.size(-1)) {
+      latents = SelectedWeightedLatents(absorbed, c, cached, visible, topk);
+    } else {
+      latents = WeightedLatents(absorbed, c, cached, visible, selection());
+    }
+    out = ProjectLatents(absorbed, c, latents);
   } else {
+    const at::Tensor selected = selection();
     at::Tensor kv = Linear(latent, w.kv_b_proj).view({b, t, heads, nope + vd}).transpose(1, 2);
     at::Tensor k_nope = kv.narrow(-1, 0, nope);
     at::Tensor v = kv.narrow(-1, nope, vd);
