@@ -170,6 +170,7 @@ struct RopeShape {
   int64_t stride_b, stride_s, stride_h, stride_d;
   int64_t seq, heads, dim, half;
   bool interleaved;
+  int64_t cos_stride_b;  // rows of cos/sin per b: S, or 0 where the batch shares them
 };
 
 template <typename T>
@@ -194,8 +195,8 @@ __global__ void RopeKernel(const T* __restrict__ x, const T* __restrict__ cos,
   const int64_t i2 = p.interleaved ? 2 * i + 1 : i + p.half;
   const float x1 = ToFloat(in[i1 * p.stride_d]);
   const float x2 = ToFloat(in[i2 * p.stride_d]);
-  out[index] = Rotated<T>(j < p.half, x1, x2, ToFloat(cos[s * p.half + i]),
-                          ToFloat(sin[s * p.half + i]));
+  const int64_t c = (b * p.cos_stride_b + s) * p.half + i;
+  out[index] = Rotated<T>(j < p.half, x1, x2, ToFloat(cos[c]), ToFloat(sin[c]));
 }
 
 template <typename T>
@@ -310,12 +311,13 @@ cudaError_t RmsNormBackward(const void* x, const void* weight, const float* inv_
 }
 
 cudaError_t Rope(const void* x, int64_t stride_b, int64_t stride_s, int64_t stride_h,
-                 int64_t stride_d, const void* cos, const void* sin, void* out, int64_t batch,
-                 int64_t seq, int64_t heads, int64_t dim, int64_t half, bool interleaved,
-                 DtypeCode dtype, cudaStream_t stream) {
+                 int64_t stride_d, const void* cos, const void* sin, int64_t cos_stride_b,
+                 void* out, int64_t batch, int64_t seq, int64_t heads, int64_t dim, int64_t half,
+                 bool interleaved, DtypeCode dtype, cudaStream_t stream) {
   const int64_t total = batch * seq * heads * dim;
   if (total == 0) return cudaSuccess;
-  const RopeShape shape{stride_b, stride_s, stride_h, stride_d, seq, heads, dim, half, interleaved};
+  const RopeShape shape{stride_b, stride_s, stride_h, stride_d,    seq,
+                        heads,    dim,      half,     interleaved, cos_stride_b};
   const int64_t blocks = (total + kThreads - 1) / kThreads;
   if (dtype == kBFloat16) {
     RopeKernel<<<blocks, kThreads, 0, stream>>>(

@@ -39,14 +39,15 @@ cudaError_t RmsNormBackward(const void* x, const void* weight, const float* inv_
                             cudaStream_t stream);
 
 // Rotary embedding of x [B, S, H, D] (any element strides) into out [B, S, H, D] (contiguous), with
-// the rows of cos/sin [S, half] (contiguous, x's dtype) by position s: the pairs (j, j + half)
-// (interleaved: (2j, 2j + 1)) become (x1 cos - x2 sin, x2 cos + x1 sin) in dims [0, 2 half), each
-// product and each sum rounded to the dtype as separate LibTorch ops round them; dims from
-// 2 half on are copied.
+// the rows of cos/sin (contiguous, x's dtype; row b s of [B, S, half] where cos_stride_b is S, row
+// s of [S, half] where it is 0: a position per row, or one for the batch) by position s: the
+// pairs (j, j + half) (interleaved: (2j, 2j + 1)) become (x1 cos - x2 sin, x2 cos + x1 sin) in
+// dims [0, 2 half), each product and each sum rounded to the dtype as separate LibTorch ops round
+// them; dims from 2 half on are copied.
 cudaError_t Rope(const void* x, int64_t stride_b, int64_t stride_s, int64_t stride_h,
-                 int64_t stride_d, const void* cos, const void* sin, void* out, int64_t batch,
-                 int64_t seq, int64_t heads, int64_t dim, int64_t half, bool interleaved,
-                 DtypeCode dtype, cudaStream_t stream);
+                 int64_t stride_d, const void* cos, const void* sin, int64_t cos_stride_b,
+                 void* out, int64_t batch, int64_t seq, int64_t heads, int64_t dim, int64_t half,
+                 bool interleaved, DtypeCode dtype, cudaStream_t stream);
 
 // Per row of logits [rows, vocab] (contiguous, `dtype`): lse = logsumexp in fp32,
 // log_probs[r] = logits[r, targets[r]] - lse[r], and when `entropy` is not null the entropy of

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "trainer/kernels/fused_ops.h"
+#include "trainer/model/layers.h"
 
 namespace rl::kernels {
 namespace {
@@ -48,6 +49,37 @@ bool SameBits(const at::Tensor& a, const at::Tensor& b) {
     }
   };
   return at::equal(bits(a), bits(b));
+}
+
+// The RoPE the inference decoder applies to MLA's and the DSA indexer's heads: cos/sin of one
+// position per row ([B, 1, half], Note [Ragged decode]), of one for the batch ([1, 1, half]) and
+// of a prefill ([S, half]), bit for bit ApplyRope's ops, both layouts, a partial rotation, and a
+// strided input (a narrow of the heads' last dim, as MLA's rotated part is).
+TEST_CASE("RopeInference takes cos/sin per row, for the batch or per position, bit for bit") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(16);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const bool interleaved : {false, true}) {
+      const model::RopeLayout layout =
+          interleaved ? model::RopeLayout::kInterleaved : model::RopeLayout::kHalf;
+      for (const std::vector<int64_t>& table :
+           {std::vector<int64_t>{5, 1, 32}, std::vector<int64_t>{1, 1, 32},
+            std::vector<int64_t>{1, 32}}) {
+        const int64_t seq = table.size() == 2 ? 7 : 1;
+        const std::vector<int64_t> shape =
+            table.size() == 2 ? std::vector<int64_t>{seq, 32} : table;
+        const at::Tensor angles = at::rand(shape, On(at::kFloat)) * 6;
+        const at::Tensor cos = angles.cos().to(dtype);
+        const at::Tensor sin = angles.sin().to(dtype);
+        const at::Tensor x = at::randn({5, seq, 4, 192}, On(dtype)).narrow(-1, 96, 96);
+        // ApplyRope against x [B, H, S, D]: [S, half] as it is, [B or 1, S, half] per row.
+        const at::Tensor c = cos.dim() == 3 ? cos.unsqueeze(1) : cos;
+        const at::Tensor n = sin.dim() == 3 ? sin.unsqueeze(1) : sin;
+        const at::Tensor want = model::ApplyRope(x.transpose(1, 2), c, n, layout).transpose(1, 2);
+        CHECK(SameBits(RopeInference(x, cos, sin, interleaved), want.contiguous()));
+      }
+    }
+  }
 }
 
 TEST_CASE("AddRmsNorm is the add and FusedRmsNorm, bit for bit") {

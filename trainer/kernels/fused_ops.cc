@@ -134,10 +134,13 @@ at::Tensor FusedRmsNorm(const at::Tensor& x, const at::Tensor& weight, double ep
 
 at::Tensor RopeInference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                          bool interleaved) {
-  RL_CHECK(x.dim() == 4 && cos.dim() == 2 && cos.sizes() == sin.sizes() &&
-               cos.size(0) == x.size(1) && 2 * cos.size(1) <= x.size(3) &&
-               cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
-               cos.device() == x.device() && sin.device() == x.device(),
+  // cos/sin [S, half], [1, S, half] (the batch shares them) or [B, S, half] (a row each).
+  const bool per_row = cos.dim() == 3 && cos.size(0) == x.size(0) && x.size(0) > 1;
+  RL_CHECK(x.dim() == 4 && (cos.dim() == 2 || (cos.dim() == 3 && (cos.size(0) == 1 || per_row))) &&
+               cos.sizes() == sin.sizes() && cos.size(-2) == x.size(1) &&
+               2 * cos.size(-1) <= x.size(3) && cos.scalar_type() == x.scalar_type() &&
+               sin.scalar_type() == x.scalar_type() && cos.device() == x.device() &&
+               sin.device() == x.device(),
            Error, "RopeInference: x [{}] {} with cos/sin [{}] {} on {}", fmt::join(x.sizes(), ", "),
            c10::toString(x.scalar_type()), fmt::join(cos.sizes(), ", "),
            c10::toString(cos.scalar_type()), cos.device().str());
@@ -146,8 +149,9 @@ at::Tensor RopeInference(const at::Tensor& x, const at::Tensor& cos, const at::T
   at::Tensor out = at::empty(x.sizes(), x.options());
   const c10::cuda::CUDAGuard guard(x.device());
   RL_CHECK_CUDA(Rope(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), x.stride(3), c.data_ptr(),
-                     s.data_ptr(), out.data_ptr(), x.size(0), x.size(1), x.size(2), x.size(3),
-                     c.size(1), interleaved, CodeOf(x), c10::cuda::getCurrentCUDAStream()));
+                     s.data_ptr(), per_row ? x.size(1) : 0, out.data_ptr(), x.size(0), x.size(1),
+                     x.size(2), x.size(3), c.size(-1), interleaved, CodeOf(x),
+                     c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

@@ -20,9 +20,10 @@ bool Supported(const at::Tensor& t);
 // is one kernel for x's gradient and one for the weight's (partial sums over row chunks).
 at::Tensor FusedRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// Rotary embedding of x [B, S, H, D] with cos/sin [S, half] (x's dtype) in one kernel, no
-// autograd; the same bits as layers.h ApplyRope of x.transpose(1, 2) (each product and sum
-// rounded like the LibTorch ops). Returns a contiguous [B, S, H, D].
+// Rotary embedding of x [B, S, H, D] with cos/sin [S, half], [1, S, half] or [B, S, half] (a
+// position per row; x's dtype) in one kernel, no autograd; the same bits as layers.h ApplyRope of
+// x.transpose(1, 2) (each product and sum rounded like the LibTorch ops). Returns a contiguous
+// [B, S, H, D].
 at::Tensor RopeInference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                          bool interleaved);
 

@@ -86,10 +86,6 @@ Visibility Visible(const AttentionContext& ctx, int64_t s, int64_t t, at::Device
   return {false, CausalMask(ctx.start, s, t, device).unsqueeze(0)};
 }
 
-// A RopeTable's cos or sin against x [B, H, S, D] (heads before positions): [S, half] broadcasts
-// as it is, [B, S, half] (a position per row) gains the heads axis.
-at::Tensor HeadsFirst(const at::Tensor& t) { return t.dim() == 3 ? t.unsqueeze(1) : t; }
-
 // softmax(q k^T * scale + mask) v with fp32 softmax. q [B, Hq, L, Dq], k [B, Hk, T, Dq],
 // v [B, Hk, T, Dv] with Hk == Hq, or Hq a multiple of Hk when `enable_gqa` (query head h reads key
 // head h / (Hq / Hk)); `selected` ([B, L, T] bool, optional) further restricts the visible keys.
@@ -380,6 +376,24 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   return at::cat({out, x.narrow(-1, 2 * half, d - 2 * half)}, -1);
 }
 
+namespace {
+
+// ApplyRope of x [B, S, H, D] (heads after positions) by ctx.rope ([S, half], or [B or 1, S,
+// half] with a position per row): in an inference decoder on CUDA, the RoPE kernel (the same bits
+// in one kernel, where the ops take about eight: kernels::RopeInference), else the ops. Returns
+// [B, S, H, D].
+at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeLayout layout) {
+  const at::Tensor& cos = ctx.rope->cos;
+  const at::Tensor& sin = ctx.rope->sin;
+  if (ctx.kernels == Kernels::kFused && kernels::Supported(x) && !x.requires_grad() &&
+      cos.scalar_type() == x.scalar_type()) {
+    return kernels::RopeInference(x, cos, sin, layout == RopeLayout::kInterleaved);
+  }
+  return ApplyRope(x, cos.unsqueeze(-2), sin.unsqueeze(-2), layout);
+}
+
+}  // namespace
+
 // Note [Decode kernels]
 // A decode step of the rollout engine (Kernels::kFused, one new position at a device-side
 // position, on CUDA) runs each GQA layer as
@@ -455,19 +469,8 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
     k = RmsNorm(k, w.k_norm, c.rms_norm_eps);
   }
   const RopeLayout layout = c.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
-  if (ctx.kernels == Kernels::kFused && kernels::Supported(q) && ctx.rope->cos.dim() == 2 &&
-      ctx.rope->cos.scalar_type() == q.scalar_type()) {
-    // The same bits as ApplyRope below, in one kernel per tensor ([B, S, H, D], before the
-    // transpose).
-    const bool interleaved = layout == RopeLayout::kInterleaved;
-    q = kernels::RopeInference(q, ctx.rope->cos, ctx.rope->sin, interleaved).transpose(1, 2);
-    k = kernels::RopeInference(k, ctx.rope->cos, ctx.rope->sin, interleaved).transpose(1, 2);
-  } else {
-    const at::Tensor cos = HeadsFirst(ctx.rope->cos);
-    const at::Tensor sin = HeadsFirst(ctx.rope->sin);
-    q = ApplyRope(q.transpose(1, 2), cos, sin, layout);  // [B, Hq, S, D]
-    k = ApplyRope(k.transpose(1, 2), cos, sin, layout);  // [B, Hkv, S, D]
-  }
+  q = RopeHeadsLast(q, ctx, layout).transpose(1, 2);  // [B, Hq, S, D]
+  k = RopeHeadsLast(k, ctx, layout).transpose(1, 2);  // [B, Hkv, S, D]
   v = v.transpose(1, 2);
   if (ctx.cache != nullptr) {
     k = AppendToCache(ctx.cache->key, 2, k, ctx);
@@ -507,15 +510,13 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
                                 kIndexerNormEps);  // [B, S, D]
   const RopeLayout layout =
       c.indexer_rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
-  k = ApplyRope(k, ctx.rope->cos, ctx.rope->sin, layout);
+  k = RopeHeadsLast(k.unsqueeze(2), ctx, layout).squeeze(2);
   if (ctx.cache != nullptr) k = AppendToCache(ctx.cache->index_key, 1, k, ctx);
   const int64_t t = k.size(1);
   if (t <= c.index_topk) return at::Tensor();  // every key is selected: dense causal attention
 
   at::Tensor q = Linear(q_resid.detach(), w.wq_b).view({b, s, heads, d});
-  // cos/sin [S, rope/2] -> [S, 1, rope/2] ([B, S, rope/2] -> [B, S, 1, rope/2]) against q
-  // [B, S, heads, rope].
-  q = ApplyRope(q, ctx.rope->cos.unsqueeze(-2), ctx.rope->sin.unsqueeze(-2), layout);
+  q = RopeHeadsLast(q, ctx, layout);  // [B, S, heads, D]
 
   at::Tensor weights = at::linear(AtLeastFloat(xd), AtLeastFloat(w.weights_proj)) *
                        std::pow(static_cast<double>(heads), -0.5);  // [B, S, heads]
@@ -569,12 +570,13 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   }
   q = q.view({b, s, heads, nope + rope}).transpose(1, 2);  // [B, Hq, S, nope + rope]
   at::Tensor q_pass = q.narrow(-1, 0, nope);
-  at::Tensor q_rot = ApplyRope(q.narrow(-1, nope, rope), HeadsFirst(ctx.rope->cos),
-                               HeadsFirst(ctx.rope->sin), layout);
+  at::Tensor q_rot =  // [B, Hq, S, rope]
+      RopeHeadsLast(q.narrow(-1, nope, rope).transpose(1, 2), ctx, layout).transpose(1, 2);
 
   at::Tensor ckv = Linear(x, w.kv_a_proj, w.kv_a_bias);  // [B, S, kv_rank + rope]
   at::Tensor latent = RmsNorm(ckv.narrow(-1, 0, kv_rank), w.kv_a_norm, kMlaLatentNormEps);
-  at::Tensor k_rot = ApplyRope(ckv.narrow(-1, kv_rank, rope), ctx.rope->cos, ctx.rope->sin, layout);
+  at::Tensor k_rot = RopeHeadsLast(ckv.narrow(-1, kv_rank, rope).unsqueeze(2), ctx, layout)
+                         .squeeze(2);  // [B, S, rope]
   if (ctx.cache != nullptr) {
     latent = AppendToCache(ctx.cache->latent, 1, latent, ctx);
     k_rot = AppendToCache(ctx.cache->k_pe, 1, k_rot, ctx);
