@@ -177,11 +177,10 @@ at::Tensor ScaledScores(const at::Tensor& a, const at::Tensor& b, double scale) 
 // GEMM over the heads. On the GPU, with kv_lora_rank 512 and rope 64 (every MLA checkpoint this
 // trainer reads), a decode step at device-side positions takes the scores, the softmax and the
 // weighted latents in one kernel instead (Note [MLA decode attention kernel] in
-// trainer/kernels/mla_kernels.cu). Equal to the expanded attention up to rounding (another order of
-// products;
-// //trainer/model: decoder_test checks fp32 within 1e-5). Training and the CPU engine (kLibTorch)
-// keep the expanded form, which the batch-invariant CPU attention needs.
-//
+// trainer/kernels/mla_kernels.cu). Equal to the expanded attention up to rounding (another order
+// of products; //trainer/model:decoder_test checks fp32 within 1e-5). Training and the CPU engine
+// (kLibTorch) keep the expanded form, which the batch-invariant CPU attention needs.
+
 // A step's absorbed queries and the up-projection its weighted latents go through.
 struct LatentHeads {
   int64_t b = 0, heads = 0, s = 0;
