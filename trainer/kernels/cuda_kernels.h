@@ -235,6 +235,26 @@ cudaError_t MlaDecodeAttention(const void* q, const void* cache, const int64_t* 
                                float* partial_stats, const MlaDecodeShape& shape,
                                cudaStream_t stream);
 
+// A MoE router's choice per token (Note [Router kernel] in router_kernels.cu): from logits
+// [tokens, experts] fp32 (contiguous), ids [tokens, k] int64 (in descending order of the choice)
+// and weights [tokens, k] fp32. Softmax: chosen by softmax(logits), weighted by it (divided by
+// the chosen weights' sum with `normalize`). Sigmoid (noaux_tc): s = sigmoid(logits), chosen by
+// s + bias (bias [experts] fp32, or null) within the best topk_group of `groups` expert groups
+// (a group's score: its two best choices summed), weighted by s (divided by the chosen sum +
+// 1e-20 with `normalize`) times `scale`. RouterTopKSupports: up to 512 experts, 16 choices and 8
+// groups that divide the experts and hold k experts.
+constexpr int kMaxRouterLanes = 16;  // experts per lane: 512 in all
+constexpr int kMaxRouterK = 16;
+constexpr int kMaxRouterGroups = 8;
+struct RouterShape {
+  int64_t tokens = 0, experts = 0, k = 0, groups = 1, topk_group = 1;
+  bool sigmoid = false, normalize = false;
+  float scale = 1.0f;
+};
+bool RouterTopKSupports(int64_t experts, int64_t k, int64_t groups, int64_t topk_group);
+cudaError_t RouterTopK(const float* logits, const float* bias, int64_t* ids, float* weights,
+                       const RouterShape& shape, cudaStream_t stream);
+
 // One token per row of logits [rows, vocab] (row stride `stride`; vocab and stride multiples of
 // 16 bytes' elements, the rows 16-byte aligned) from the whole vocabulary (Note [Sampling kernel]
 // in sample_kernels.cu): greedy, the first largest logit; else the first token in id order whose

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "trainer/kernels/fused_ops.h"
@@ -560,6 +561,66 @@ TEST_CASE("MlaDecodeAttention attends over the cached latents, by position or by
                                    .max()
                                    .item<double>();
     CHECK(index_error < 2e-2);
+  }
+}
+
+// Note [Router kernel]: against the rule of Route's ops (trainer/model/layers.cc) for Qwen3-MoE's
+// softmax router (with and without norm_topk_prob), DeepSeek-V3's grouped sigmoid router with a
+// bias, and Kimi's 384 experts in one group: the same experts (compared as sets: the ops' order
+// is unspecified; random logits have no ties) and weights within fp32 rounding.
+TEST_CASE("RouterTopK chooses the experts and weights of the router's ops") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(17);
+  struct Router {
+    int64_t experts, k, groups, topk_group;
+    bool sigmoid, normalize;
+    double scale;
+  };
+  for (const Router& r :
+       {Router{128, 8, 1, 1, false, true, 1.0}, Router{64, 4, 1, 1, false, false, 1.0},
+        Router{256, 8, 8, 4, true, true, 2.5}, Router{384, 8, 1, 1, true, true, 2.827}}) {
+    INFO(r.experts << " experts, top-" << r.k << (r.sigmoid ? ", sigmoid" : ", softmax"));
+    const int64_t tokens = 37;
+    const at::Tensor logits = at::randn({tokens, r.experts}, On(at::kFloat)) * 2;
+    const at::Tensor bias = r.sigmoid ? at::randn({r.experts}, On(at::kFloat)) * 0.1 : at::Tensor();
+    const RouterChoice got =
+        RouterTopK(logits, bias, r.sigmoid, r.k, r.groups, r.topk_group, r.normalize, r.scale);
+    at::Tensor ids, weights;  // the ops
+    if (!r.sigmoid) {
+      std::tie(weights, ids) = at::softmax(logits, -1).topk(r.k, -1);
+      if (r.normalize) weights = weights / weights.sum(-1, true);
+    } else {
+      const at::Tensor scores = at::sigmoid(logits);
+      at::Tensor choice = scores + bias.unsqueeze(0);
+      if (r.groups > 1) {
+        const int64_t per_group = r.experts / r.groups;
+        const at::Tensor group_scores =
+            std::get<0>(choice.view({tokens, r.groups, per_group}).topk(2, -1)).sum(-1);
+        const at::Tensor group_idx = std::get<1>(group_scores.topk(r.topk_group, -1));
+        const at::Tensor keep = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0);
+        choice = choice.masked_fill(
+            keep.unsqueeze(-1).expand({tokens, r.groups, per_group}).reshape({tokens, r.experts}) ==
+                0,
+            -std::numeric_limits<double>::infinity());
+      }
+      ids = std::get<1>(choice.topk(r.k, -1));
+      weights = scores.gather(1, ids);
+      if (r.normalize) weights = weights / (weights.sum(-1, true) + 1e-20);
+      weights = weights * r.scale;
+    }
+    // Both sorted by expert id.
+    const auto [got_ids, got_order] = got.ids.sort(-1);
+    const auto [want_ids, want_order] = ids.sort(-1);
+    CHECK(at::equal(got_ids, want_ids));
+    const double error = (got.weights.gather(1, got_order) - weights.gather(1, want_order))
+                             .abs()
+                             .max()
+                             .item<double>();
+    CHECK(error <= 1e-6 * r.scale);
+    // Descending order of the choice: the weights of the softmax router fall along the row.
+    if (!r.sigmoid)
+      CHECK(at::all(got.weights.narrow(1, 0, r.k - 1) >= got.weights.narrow(1, 1, r.k - 1))
+                .item<bool>());
   }
 }
 

@@ -642,6 +642,41 @@ at::Tensor MlaDecodeAttention(const at::Tensor& query, const at::Tensor& cached,
   return out;
 }
 
+bool RouterTopKTakes(const at::Tensor& logits, int64_t k, int64_t groups, int64_t topk_group) {
+  return logits.defined() && logits.is_cuda() && logits.scalar_type() == at::kFloat &&
+         logits.dim() == 2 && !logits.requires_grad() &&
+         RouterTopKSupports(logits.size(1), k, groups, topk_group);
+}
+
+RouterChoice RouterTopK(const at::Tensor& logits, const at::Tensor& bias, bool sigmoid, int64_t k,
+                        int64_t groups, int64_t topk_group, bool normalize, double scale) {
+  RL_CHECK(RouterTopKTakes(logits, k, groups, topk_group) &&
+               (!bias.defined() || (bias.dim() == 1 && bias.size(0) == logits.size(1) &&
+                                    bias.device() == logits.device())),
+           Error, "RouterTopK: logits {} [{}] on {}, top-{} of {} groups ({} kept)",
+           c10::toString(logits.scalar_type()), fmt::join(logits.sizes(), ", "),
+           logits.device().str(), k, groups, topk_group);
+  const at::Tensor rows = logits.contiguous();
+  const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
+  RouterShape shape;
+  shape.tokens = rows.size(0);
+  shape.experts = rows.size(1);
+  shape.k = k;
+  shape.groups = groups;
+  shape.topk_group = topk_group;
+  shape.sigmoid = sigmoid;
+  shape.normalize = normalize;
+  shape.scale = static_cast<float>(scale);
+  RouterChoice out{at::empty({shape.tokens, k}, rows.options().dtype(at::kLong)),
+                   at::empty({shape.tokens, k}, rows.options())};
+  const c10::cuda::CUDAGuard guard(rows.device());
+  RL_CHECK_CUDA(kernels::RouterTopK(rows.data_ptr<float>(),
+                                    b.defined() ? b.data_ptr<float>() : nullptr,
+                                    out.ids.data_ptr<int64_t>(), out.weights.data_ptr<float>(),
+                                    shape, c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 bool SampleRowsTakes(const at::Tensor& logits) {
   if (!Supported(logits) || logits.dim() != 2 || logits.stride(1) != 1 || logits.size(0) == 0) {
     return false;

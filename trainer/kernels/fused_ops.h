@@ -162,6 +162,19 @@ bool MlaDecodeAttentionTakes(const at::Tensor& query, const at::Tensor& cached);
 at::Tensor MlaDecodeAttention(const at::Tensor& query, const at::Tensor& cached,
                               const at::Tensor& position, const at::Tensor& indices, double scale);
 
+// A MoE router's experts and weights per token in one kernel (Note [Router kernel] in
+// router_kernels.cu), from its fp32 logits [T, E] on CUDA: ids [T, k] int64, weights [T, k]
+// fp32, the rule of Route's ops (trainer/model/layers.h) with `sigmoid` false (softmax) or true
+// (noaux_tc with `bias` [E] fp32 or undefined, `groups` / `topk_group`, times `scale`).
+// RouterTopKTakes: such logits and a layout RouterTopKSupports.
+struct RouterChoice {
+  at::Tensor ids;
+  at::Tensor weights;
+};
+bool RouterTopKTakes(const at::Tensor& logits, int64_t k, int64_t groups, int64_t topk_group);
+RouterChoice RouterTopK(const at::Tensor& logits, const at::Tensor& bias, bool sigmoid, int64_t k,
+                        int64_t groups, int64_t topk_group, bool normalize, double scale);
+
 // SampleRows (cuda_kernels.h): a decode step's tokens [B] int64 and their log-probs [B] fp32 from
 // logits [B, V] drawn from the whole vocabulary, in one kernel. SampleRowsTakes: Supported
 // logits of two dims with unit stride along V, V and the row stride multiples of a 16-byte

@@ -394,8 +394,8 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
       if (replay.defined() && sequence_parallel_) {
         replay = replay.narrow(0, tensor_group_->rank() * rows, rows);
       }
-      h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr, replay,
-                   dispatch);
+      h = MoeBlock(layer.moe, config_, h, routing_observer_ ? &chosen : nullptr, replay, dispatch,
+                   kernels_);
       if (routing_observer_) {
         if (sequence_parallel_) chosen = GatherFromSequenceParallel(chosen, *tensor_group_);
         routing_observer_(static_cast<int64_t>(l), chosen);

@@ -638,14 +638,30 @@ at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl) {
 }
 
 Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
-              const at::Tensor& replay) {
-  at::Tensor xf = AtLeastFloat(x);
-  at::Tensor logits = Linear(xf, w.router.to(xf.scalar_type()));  // [T, E]
+              const at::Tensor& replay, Kernels impl) {
+  const bool inference = impl == Kernels::kFused && x.is_cuda() && !x.requires_grad() &&
+                         x.scalar_type() == at::kBFloat16 &&
+                         w.router.scalar_type() == at::kBFloat16 && !w.router.requires_grad();
   const int64_t k = c.num_experts_per_tok;
   RL_CHECK(!replay.defined() || (replay.dim() == 2 && replay.size(0) == x.size(0) &&
                                  replay.size(1) == k && replay.scalar_type() == at::kLong),
            Error, "routing replay: expert ids must be [{}, {}] int64; got {} of {} dims", x.size(0),
            k, c10::toString(replay.scalar_type()), replay.dim());
+  at::Tensor logits;  // [T, E] in at least fp32
+  if (inference) {
+    logits = at::mm(x, w.router.t(), at::kFloat);
+  } else {
+    const at::Tensor xf = AtLeastFloat(x);
+    logits = Linear(xf, w.router.to(xf.scalar_type()));
+  }
+  const bool sigmoid = c.router != RouterKind::kSoftmax;
+  if (inference && !replay.defined() &&
+      kernels::RouterTopKTakes(logits, k, sigmoid ? c.n_group : 1, sigmoid ? c.topk_group : 1)) {
+    const kernels::RouterChoice r = kernels::RouterTopK(
+        logits, sigmoid ? w.router_bias : at::Tensor(), sigmoid, k, sigmoid ? c.n_group : 1,
+        sigmoid ? c.topk_group : 1, c.norm_topk_prob, sigmoid ? c.routed_scaling_factor : 1.0);
+    return {r.ids, r.weights};
+  }
   if (c.router == RouterKind::kSoftmax) {
     const at::Tensor probs = at::softmax(logits, -1);
     at::Tensor top_w, top_i;
@@ -928,12 +944,12 @@ at::Tensor GroupedLinear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 }
 
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
-                    at::Tensor* chosen, const at::Tensor& replay,
-                    const ExpertDispatch* dispatch) {
+                    at::Tensor* chosen, const at::Tensor& replay, const ExpertDispatch* dispatch,
+                    Kernels impl) {
   const int64_t hidden = x.size(-1);
   const at::Tensor x2 = x.reshape({-1, hidden});  // [T, H]
   const int64_t tokens = x2.size(0);
-  const Routing r = Route(w, c, x2, replay);
+  const Routing r = Route(w, c, x2, replay, impl);
   if (chosen != nullptr) *chosen = r.indices;
   const int64_t k = r.indices.size(1);
   const int64_t experts = c.n_routed_experts;

@@ -197,8 +197,12 @@ struct Routing {
 // over the replayed experts, normalised as usual), so the router keeps its gradient. Replaying
 // the ids a forward chose, in the order it reports them, reproduces that forward bit for bit.
 // Ids must lie in [0, n_routed_experts) (not checked on the host: that would wait for the device).
+// With Kernels::kFused (an inference decoder) on CUDA in bf16, the logits come from one bf16 GEMM
+// with fp32 output (no fp32 copies of x and the router; the same products, summed in another
+// order) and, without replay, the choice from one kernel (Note [Router kernel] in
+// trainer/kernels/router_kernels.cu): the same experts up to exact ties, ids in descending order.
 Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x /*[T, H]*/,
-              const at::Tensor& replay = {});
+              const at::Tensor& replay = {}, Kernels impl = Kernels::kLibTorch);
 
 // Rows of `x` [R, K] grouped by expert times each expert's weight: rows [ends[e-1], ends[e]) of
 // the result [R, N] are x[rows] w[e]^T, for `w` [E, N, K] and `ends` [E] int32 (cumulative row
@@ -277,9 +281,10 @@ int64_t DispatchCapacity(const ModelConfig& config, int64_t max_tokens, int64_t 
 
 // `dispatch`, when given, uses the fixed-capacity exchange (Note [Fixed-capacity dispatch]) over
 // w.expert_group (which must be set; a group of one works too); no autograd then.
+// `impl` routes as Route does.
 at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x,
                     at::Tensor* chosen = nullptr, const at::Tensor& replay = {},
-                    const ExpertDispatch* dispatch = nullptr);
+                    const ExpertDispatch* dispatch = nullptr, Kernels impl = Kernels::kLibTorch);
 
 // A MoE block's part of a forward with no tokens on this rank: it serves the rows the other
 // ranks of w.expert_group send to its experts (Note [Expert-parallel MoE]), through `dispatch`

@@ -1,0 +1,207 @@
+// RouterTopK (cuda_kernels.h): a MoE router's choice of experts and their weights per token, from
+// its fp32 logits, in one kernel.
+//
+// Note [Router kernel]
+// The LibTorch ops of a router (Route in trainer/model/layers.cc) take about ten kernels per MoE
+// layer and token batch: the softmax or the sigmoid, the bias, DeepSeek-V3's group selection
+// (the sum of each group's two best scores, the best topk_group groups, the mask), the top-k,
+// the gather of the weights, their sum, the division and the scaling. In a decode step the batch
+// is a few dozen tokens, so those are launches, not work. Here one warp takes one token, lane l
+// holding the experts l, l + 32, ...:
+//  - softmax router (Qwen3-MoE): p = softmax(logits) (the maximum and the sum by warp
+//    reductions), choose by p;
+//  - sigmoid noaux_tc (DeepSeek-V3, GLM, Kimi): s = sigmoid(logits), choose by s + bias; with
+//    groups, each group's score is the sum of its two largest choices and the experts outside
+//    the best topk_group groups drop out;
+//  - k rounds of a warp arg-max (ties to the lower expert id) pick the experts, in descending
+//    order; their weights are p (or s) there, divided by their sum (plus 1e-20 for sigmoid) with
+//    norm_topk_prob, times routed_scaling_factor for sigmoid.
+// The same choices as the ops but for exact ties, which the ops break in no stated order; the
+// weights equal the ops' up to the order of the softmax's sum (their order of ids is the ops'
+// topk's, here descending). Per token, so graphs and eager steps agree.
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include <cstdint>
+
+#include "trainer/kernels/cuda_kernels.h"
+#include "trainer/kernels/kernel_util.cuh"
+
+namespace rl::kernels {
+namespace {
+
+constexpr int kRouterWarps = 4;  // tokens per block
+
+struct Best {
+  float value;
+  int expert;
+};
+
+// The better of two candidates: the larger value, then the lower expert id.
+__device__ __forceinline__ Best Better(Best a, Best b) {
+  return (b.value > a.value || (b.value == a.value && b.expert < a.expert)) ? b : a;
+}
+
+__device__ __forceinline__ Best WarpBest(Best b) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const Best other{__shfl_xor_sync(0xffffffff, b.value, offset),
+                     __shfl_xor_sync(0xffffffff, b.expert, offset)};
+    b = Better(b, other);
+  }
+  return b;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+  return v;
+}
+
+template <int kPerLane>
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    RouterTopKKernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                     int64_t* __restrict__ ids, float* __restrict__ weights, RouterShape p) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kRouterWarps + warp;
+  if (token >= p.tokens) return;  // the whole warp
+  const float* row = logits + token * p.experts;
+  float score[kPerLane];   // the weight an expert would get: p or s
+  float choice[kPerLane];  // what chooses it; -inf for no expert or a dropped one
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    score[i] = e < p.experts ? row[e] : -CUDART_INF_F;
+  }
+  if (p.sigmoid) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      score[i] = e < p.experts ? 1.0f / (1.0f + expf(-score[i])) : 0.0f;
+      choice[i] = e < p.experts ? score[i] + (bias != nullptr ? bias[e] : 0.0f) : -CUDART_INF_F;
+    }
+  } else {
+    float largest = -CUDART_INF_F;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) largest = fmaxf(largest, score[i]);
+    largest = WarpMax(largest);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      score[i] = lane + 32 * i < p.experts ? expf(score[i] - largest) : 0.0f;
+      sum += score[i];
+    }
+    sum = WarpSum(sum);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      score[i] /= sum;
+      choice[i] = lane + 32 * i < p.experts ? score[i] : -CUDART_INF_F;
+    }
+  }
+  if (p.groups > 1) {
+    // Each group's score: the sum of its two largest choices (top-2 of each lane, merged).
+    const int per_group = p.experts / p.groups;
+    float group_score[kMaxRouterGroups];
+    for (int g = 0; g < p.groups; ++g) {
+      float first = -CUDART_INF_F, second = -CUDART_INF_F;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int e = lane + 32 * i;
+        if (e >= p.experts || e / per_group != g) continue;
+        if (choice[i] > first) {
+          second = first;
+          first = choice[i];
+        } else if (choice[i] > second) {
+          second = choice[i];
+        }
+      }
+      for (int offset = 16; offset > 0; offset /= 2) {
+        const float other_first = __shfl_xor_sync(0xffffffff, first, offset);
+        const float other_second = __shfl_xor_sync(0xffffffff, second, offset);
+        second = fmaxf(fminf(first, other_first), fmaxf(second, other_second));
+        first = fmaxf(first, other_first);
+      }
+      group_score[g] = first + second;
+    }
+    // The best topk_group groups (ties to the lower group); every lane computes the same.
+    bool kept[kMaxRouterGroups];
+    for (int g = 0; g < p.groups; ++g) kept[g] = false;
+    for (int round = 0; round < p.topk_group; ++round) {
+      int best = -1;
+      for (int g = 0; g < p.groups; ++g) {
+        if (!kept[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+      }
+      kept[best] = true;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < p.experts && !kept[e / per_group]) choice[i] = -CUDART_INF_F;
+    }
+  }
+  // k rounds of the arg-max; lane 0 keeps the choices.
+  int64_t chosen[kMaxRouterK];
+  float weight[kMaxRouterK];
+  float total = 0.0f;
+  for (int j = 0; j < p.k; ++j) {
+    Best mine{-CUDART_INF_F, static_cast<int>(p.experts)};  // past every expert
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) mine = Better(mine, Best{choice[i], lane + 32 * i});
+    const Best best = WarpBest(mine);
+    const int owner = best.expert % 32;
+    const int slot = best.expert / 32;
+    float w = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (i == slot && lane == owner) {
+        w = score[i];
+        choice[i] = -CUDART_INF_F;
+      }
+    }
+    w = __shfl_sync(0xffffffff, w, owner);
+    chosen[j] = best.expert;
+    weight[j] = w;
+    total += w;
+  }
+  if (lane != 0) return;
+  const float divisor = p.normalize ? (p.sigmoid ? total + 1e-20f : total) : 1.0f;
+  for (int j = 0; j < p.k; ++j) {
+    ids[token * p.k + j] = chosen[j];
+    const float w = weight[j] / divisor;
+    weights[token * p.k + j] = p.sigmoid ? w * p.scale : w;
+  }
+}
+
+}  // namespace
+
+bool RouterTopKSupports(int64_t experts, int64_t k, int64_t groups, int64_t topk_group) {
+  return experts >= 1 && experts <= 32 * kMaxRouterLanes && k >= 1 && k <= kMaxRouterK &&
+         k <= experts && groups >= 1 && groups <= kMaxRouterGroups && experts % groups == 0 &&
+         topk_group >= 1 && topk_group <= groups && topk_group * (experts / groups) >= k;
+}
+
+cudaError_t RouterTopK(const float* logits, const float* bias, int64_t* ids, float* weights,
+                       const RouterShape& shape, cudaStream_t stream) {
+  if (!RouterTopKSupports(shape.experts, shape.k, shape.groups, shape.topk_group)) {
+    return cudaErrorInvalidValue;
+  }
+  if (shape.tokens == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>((shape.tokens + kRouterWarps - 1) / kRouterWarps);
+  const int per_lane = static_cast<int>((shape.experts + 31) / 32);
+  if (per_lane <= 2) {
+    RouterTopKKernel<2>
+        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
+  } else if (per_lane <= 4) {
+    RouterTopKKernel<4>
+        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
+  } else if (per_lane <= 8) {
+    RouterTopKKernel<8>
+        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
+  } else {
+    RouterTopKKernel<16>
+        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace rl::kernels
