@@ -540,9 +540,11 @@ TEST_CASE("MlaDecodeAttention attends over the cached latents, by position or by
     CHECK(SameBits(got, MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, {}, scale)));
     const at::Tensor visible =
         at::arange(k.keys, On(at::kLong)).unsqueeze(0) <= positions.unsqueeze(1);  // [B, T]
-    const double error =
-        (got.to(at::kDouble) - ReferenceMla(q, rows, visible, scale)).abs().max().item<double>();
-    CHECK(error < 2e-2);
+    // Within bf16 rounding of the output and of the weights: 2^-8 of the value and 5e-3.
+    const auto beyond = [](const at::Tensor& out, const at::Tensor& want) {
+      return ((out.to(at::kDouble) - want).abs() - want.abs() * 0.0039).max().item<double>();
+    };
+    CHECK(beyond(got, ReferenceMla(q, rows, visible, scale)) <= 5e-3);
 
     // Selected keys (DSA): 100 distinct positions per row, position 0 among them (every row sees
     // it), the others at random, some past the row's position.
@@ -555,12 +557,8 @@ TEST_CASE("MlaDecodeAttention attends over the cached latents, by position or by
         MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, indices, scale);
     const at::Tensor picked =
         rows.gather(1, indices.unsqueeze(-1).expand({k.batch, selected, 576}));
-    const double index_error = (by_index.to(at::kDouble) -
-                                ReferenceMla(q, picked, indices <= positions.unsqueeze(1), scale))
-                                   .abs()
-                                   .max()
-                                   .item<double>();
-    CHECK(index_error < 2e-2);
+    CHECK(beyond(by_index, ReferenceMla(q, picked, indices <= positions.unsqueeze(1), scale)) <=
+          5e-3);
   }
 }
 

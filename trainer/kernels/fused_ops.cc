@@ -546,13 +546,16 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
 }
 
 bool DsaIndexScoresTakes(const at::Tensor& q, const at::Tensor& keys) {
-  if (!Supported(q) || q.scalar_type() != at::kBFloat16 || q.dim() != 3 || !keys.defined() ||
-      keys.dim() != 3 || keys.scalar_type() != at::kBFloat16 || keys.device() != q.device() ||
+  if (!Supported(q) || q.scalar_type() != at::kBFloat16 || q.dim() != 3 || q.size(0) < 1 ||
+      q.size(0) > 65535 || !keys.defined() || keys.dim() != 3 ||
+      keys.scalar_type() != at::kBFloat16 || keys.device() != q.device() ||
       keys.size(2) != q.size(2) || keys.size(0) < q.size(0) ||
       !DsaIndexScoresSupports(q.size(1), q.size(2))) {
     return false;
   }
-  return keys.stride(2) == 1 && Aligned(keys, 8) && keys.stride(0) % 8 == 0 &&
+  // The kernel reads 16-byte pieces of the query rows (contiguous() keeps a view's start) and of
+  // the key rows.
+  return Aligned(q, 8) && keys.stride(2) == 1 && Aligned(keys, 8) && keys.stride(0) % 8 == 0 &&
          keys.stride(1) % 8 == 0;
 }
 
@@ -593,13 +596,15 @@ at::Tensor DsaIndexScores(const at::Tensor& q, const at::Tensor& weights, const 
 bool MlaDecodeAttentionTakes(const at::Tensor& query, const at::Tensor& cached) {
   constexpr int64_t kWidth = 576;  // kv_lora_rank 512 + qk_rope_head_dim 64
   if (!Supported(query) || query.scalar_type() != at::kBFloat16 || query.dim() != 3 ||
-      query.size(2) != kWidth || !cached.defined() || cached.dim() != 3 ||
-      cached.scalar_type() != at::kBFloat16 || cached.device() != query.device() ||
-      cached.size(2) != kWidth || cached.size(0) < query.size(0)) {
+      query.size(0) < 1 || query.size(0) > 65535 || query.size(1) < 1 || query.size(2) != kWidth ||
+      !cached.defined() || cached.dim() != 3 || cached.scalar_type() != at::kBFloat16 ||
+      cached.device() != query.device() || cached.size(2) != kWidth ||
+      cached.size(0) < query.size(0) || cached.size(1) < 1) {
     return false;
   }
-  return cached.stride(2) == 1 && Aligned(cached, 8) && cached.stride(0) % 8 == 0 &&
-         cached.stride(1) % 8 == 0;
+  // 16-byte pieces of the query rows (contiguous() keeps a view's start) and of the cached rows.
+  return Aligned(query, 8) && cached.stride(2) == 1 && Aligned(cached, 8) &&
+         cached.stride(0) % 8 == 0 && cached.stride(1) % 8 == 0;
 }
 
 at::Tensor MlaDecodeAttention(const at::Tensor& query, const at::Tensor& cached,

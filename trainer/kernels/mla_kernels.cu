@@ -16,8 +16,9 @@
 //     stage and Q^T by ldmatrix from the block's 16 query rows in shared memory; it writes the
 //     scaled scores to shared memory, -FLT_MAX for the keys the row cannot see;
 //  2. the block's 128 threads, 8 per head, take each head's maximum over the round, the weights
-//     exp(s - max) (rounded to bf16 as the ops round their probabilities) into shared memory, and
-//     the running maximum, sum and correction of each head (fp32, the online softmax);
+//     exp(s - max) rounded to bf16 (the ops round the normalised probabilities to bf16 for their
+//     GEMM; here the unnormalised weights, divided by their fp32 sum at the end) into shared
+//     memory, and the running maximum, sum and correction of each head (fp32, the online softmax);
 //  3. warp w rescales its accumulators and adds O^T [128 dims, 16 heads] += V^T P^T for its dims
 //     128 w to 128 w + 127 over the round's 64 keys: V^T by ldmatrix .trans from the stage (the
 //     values are the first 512 dims of the same rows), P^T by ldmatrix from the weights.

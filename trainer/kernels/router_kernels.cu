@@ -147,7 +147,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     Best mine{-CUDART_INF_F, static_cast<int>(p.experts)};  // past every expert
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) mine = Better(mine, Best{choice[i], lane + 32 * i});
-    const Best best = WarpBest(mine);
+    Best best = WarpBest(mine);
+    // No finite choice left (NaN logits): an expert id in range all the same, of weight 0.
+    if (best.expert >= p.experts) best.expert = static_cast<int>(p.experts) - 1;
     const int owner = best.expert % 32;
     const int slot = best.expert / 32;
     float w = 0.0f;
@@ -175,9 +177,11 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 }  // namespace
 
 bool RouterTopKSupports(int64_t experts, int64_t k, int64_t groups, int64_t topk_group) {
+  // Groups of two experts at least: a group's score is its two best.
   return experts >= 1 && experts <= 32 * kMaxRouterLanes && k >= 1 && k <= kMaxRouterK &&
          k <= experts && groups >= 1 && groups <= kMaxRouterGroups && experts % groups == 0 &&
-         topk_group >= 1 && topk_group <= groups && topk_group * (experts / groups) >= k;
+         (groups == 1 || experts / groups >= 2) && topk_group >= 1 && topk_group <= groups &&
+         topk_group * (experts / groups) >= k;
 }
 
 cudaError_t RouterTopK(const float* logits, const float* bias, int64_t* ids, float* weights,

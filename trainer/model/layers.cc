@@ -600,7 +600,8 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
     const at::Tensor cached = ctx.cache->latent_pe.narrow(0, 0, b).narrow(1, 0, t);
     const LatentHeads absorbed = AbsorbQueries(w, c, q_pass, q_rot);
     at::Tensor latents;  // [B, heads, kv_lora_rank]
-    if (ctx.position.defined() && kernels::MlaDecodeAttentionTakes(absorbed.query, cached)) {
+    if (ctx.position.defined() && c.kv_lora_rank == 512 && c.qk_rope_head_dim == 64 &&
+        kernels::MlaDecodeAttentionTakes(absorbed.query, cached)) {
       // Note [MLA decode attention kernel]: the selected keys by index.
       latents = kernels::MlaDecodeAttention(absorbed.query, cached, ctx.position,
                                             sparse ? topk.view({b, topk.size(-1)}) : at::Tensor(),
