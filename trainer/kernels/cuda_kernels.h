@@ -255,6 +255,17 @@ bool RouterTopKSupports(int64_t experts, int64_t k, int64_t groups, int64_t topk
 cudaError_t RouterTopK(const float* logits, const float* bias, int64_t* ids, float* weights,
                        const RouterShape& shape, cudaStream_t stream);
 
+// The MoE block's (token, slot) pairs sorted by expert (Note [Sort by expert kernel] in
+// router_kernels.cu), from ids [pairs] int64 in [0, experts): order [pairs] (the stable argsort),
+// sorted_ids [pairs] (ids in that order), ends [experts] int32 (each expert's end in the sorted
+// rows: the inclusive counts' sum) and inverse [pairs] (the sorted row of each pair), bit for bit
+// the ops'. One block: SortByExpertSupports, up to 8192 pairs and 4096 experts.
+constexpr int64_t kMaxSortPairs = 8192;
+constexpr int64_t kMaxSortExperts = 4096;
+bool SortByExpertSupports(int64_t pairs, int64_t experts);
+cudaError_t SortByExpert(const int64_t* ids, int64_t pairs, int64_t experts, int64_t* order,
+                         int64_t* sorted_ids, int32_t* ends, int64_t* inverse, cudaStream_t stream);
+
 // One token per row of logits [rows, vocab] (row stride `stride`; vocab and stride multiples of
 // 16 bytes' elements, the rows 16-byte aligned) from the whole vocabulary (Note [Sampling kernel]
 // in sample_kernels.cu): greedy, the first largest logit; else the first token in id order whose

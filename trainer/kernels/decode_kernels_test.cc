@@ -622,6 +622,31 @@ TEST_CASE("RouterTopK chooses the experts and weights of the router's ops") {
   }
 }
 
+// Note [Sort by expert kernel]: the MoE block's sorted pairs, ends and inverse, bit for bit the
+// ops', for a decode step's few pairs, several chunks of the block with long runs of one expert,
+// and the most pairs and a Kimi-sized expert count.
+TEST_CASE("SortByExpert is the MoE block's stable sort by expert, bit for bit") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(18);
+  for (const auto& [pairs, experts] :
+       {std::pair<int64_t, int64_t>{37 * 8, 128}, {300, 8}, {1000, 3}, {8192, 384}}) {
+    INFO(pairs << " pairs over " << experts << " experts");
+    const at::Tensor ids = at::randint(experts, {pairs}, On(at::kLong));
+    REQUIRE(SortByExpertTakes(ids, experts));
+    const ExpertOrder got = SortByExpert(ids, experts);
+    const at::Tensor order = at::argsort(ids, /*stable=*/true);
+    const at::Tensor sorted_ids = ids.index_select(0, order);
+    const at::Tensor ends = at::searchsorted(sorted_ids, at::arange(experts, ids.options()),
+                                             /*out_int32=*/true, /*right=*/true);
+    const at::Tensor inverse =
+        at::empty_like(order).scatter_(0, order, at::arange(pairs, order.options()));
+    CHECK(SameBits(got.order, order));
+    CHECK(SameBits(got.sorted_ids, sorted_ids));
+    CHECK(SameBits(got.ends, ends));
+    CHECK(SameBits(got.inverse, inverse));
+  }
+}
+
 // The sampling rule of SampleRows (cuda_kernels.h) on the CPU in fp64: per row the first token
 // whose cumulative softmax(logits / T) exceeds t = u x total, log_softmax there, and the
 // cumulative distribution and t, to judge a differing token.

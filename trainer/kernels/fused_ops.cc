@@ -682,6 +682,28 @@ RouterChoice RouterTopK(const at::Tensor& logits, const at::Tensor& bias, bool s
   return out;
 }
 
+bool SortByExpertTakes(const at::Tensor& ids, int64_t experts) {
+  return ids.defined() && ids.is_cuda() && ids.scalar_type() == at::kLong && ids.dim() == 1 &&
+         SortByExpertSupports(ids.size(0), experts);
+}
+
+ExpertOrder SortByExpert(const at::Tensor& ids, int64_t experts) {
+  RL_CHECK(SortByExpertTakes(ids, experts), Error,
+           "SortByExpert: ids {} [{}] on {} over {} experts", c10::toString(ids.scalar_type()),
+           fmt::join(ids.sizes(), ", "), ids.device().str(), experts);
+  const at::Tensor flat = ids.contiguous();
+  const int64_t pairs = flat.size(0);
+  ExpertOrder out{at::empty({pairs}, flat.options()), at::empty({pairs}, flat.options()),
+                  at::empty({experts}, flat.options().dtype(at::kInt)),
+                  at::empty({pairs}, flat.options())};
+  const c10::cuda::CUDAGuard guard(flat.device());
+  RL_CHECK_CUDA(
+      kernels::SortByExpert(flat.data_ptr<int64_t>(), pairs, experts, out.order.data_ptr<int64_t>(),
+                            out.sorted_ids.data_ptr<int64_t>(), out.ends.data_ptr<int32_t>(),
+                            out.inverse.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 bool SampleRowsTakes(const at::Tensor& logits) {
   if (!Supported(logits) || logits.dim() != 2 || logits.stride(1) != 1 || logits.size(0) == 0) {
     return false;

@@ -175,6 +175,17 @@ bool RouterTopKTakes(const at::Tensor& logits, int64_t k, int64_t groups, int64_
 RouterChoice RouterTopK(const at::Tensor& logits, const at::Tensor& bias, bool sigmoid, int64_t k,
                         int64_t groups, int64_t topk_group, bool normalize, double scale);
 
+// The MoE block's pairs sorted by expert in one kernel (Note [Sort by expert kernel] in
+// router_kernels.cu), bit for bit the ops: order = argsort(ids, stable), sorted_ids =
+// ids[order], ends = searchsorted(sorted_ids, arange(experts), right) as int32, inverse[order] =
+// arange. SortByExpertTakes: ids [pairs] int64 on CUDA, in [0, experts) (not checked: that would
+// wait for the device), within SortByExpertSupports.
+struct ExpertOrder {
+  at::Tensor order, sorted_ids, ends, inverse;
+};
+bool SortByExpertTakes(const at::Tensor& ids, int64_t experts);
+ExpertOrder SortByExpert(const at::Tensor& ids, int64_t experts);
+
 // SampleRows (cuda_kernels.h): a decode step's tokens [B] int64 and their log-probs [B] fp32 from
 // logits [B, V] drawn from the whole vocabulary, in one kernel. SampleRowsTakes: Supported
 // logits of two dims with unit stride along V, V and the row stride multiples of a 16-byte

@@ -1,5 +1,5 @@
 // RouterTopK (cuda_kernels.h): a MoE router's choice of experts and their weights per token, from
-// its fp32 logits, in one kernel.
+// its fp32 logits, in one kernel; and SortByExpert, the (token, slot) pairs sorted by expert.
 //
 // Note [Router kernel]
 // The LibTorch ops of a router (Route in trainer/model/layers.cc) take about ten kernels per MoE
@@ -174,7 +174,81 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   }
 }
 
+// Note [Sort by expert kernel]
+// The MoE block sorts its (token, slot) pairs by expert (Note [MoE block] in
+// trainer/model/layers.h): a stable argsort, the sorted ids, each expert's end by searchsorted and
+// the inverse permutation by a scatter, some eight kernels. One block does it here, for the few
+// hundred pairs of a decode step: counts per expert (shared-memory atomics: the counts do not
+// depend on their order), their inclusive scan (the ends), then the pairs in chunks of the
+// block's size in pair order, each placed at its expert's start plus the pairs of that expert
+// before it (those of earlier chunks, counted as the chunks pass, and those earlier in its own
+// chunk, counted by comparing ids). That is the stable order, so every output equals the ops'
+// bit for bit.
+constexpr int kSortThreads = 256;
+
+__global__ void __launch_bounds__(kSortThreads)
+    SortByExpertKernel(const int64_t* __restrict__ ids, int64_t pairs, int64_t experts,
+                       int64_t* __restrict__ order, int64_t* __restrict__ sorted_ids,
+                       int32_t* __restrict__ ends, int64_t* __restrict__ inverse) {
+  extern __shared__ int shared[];
+  int* counts = shared;             // [experts], then each expert's start
+  int* seen = shared + experts;     // [experts]: pairs of each expert in earlier chunks
+  int* chunk_ids = seen + experts;  // [kSortThreads]
+  for (int64_t e = threadIdx.x; e < experts; e += kSortThreads) {
+    counts[e] = 0;
+    seen[e] = 0;
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < pairs; p += kSortThreads) {
+    const int64_t id = ids[p];
+    if (id >= 0 && id < experts) atomicAdd(&counts[id], 1);  // (the caller's ids are in range)
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive starts in counts, inclusive ends out
+    int total = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      const int count = counts[e];
+      counts[e] = total;
+      total += count;
+      ends[e] = total;
+    }
+  }
+  __syncthreads();
+  for (int64_t chunk = 0; chunk < pairs; chunk += kSortThreads) {
+    const int64_t p = chunk + threadIdx.x;
+    const int64_t read = p < pairs ? ids[p] : -1;
+    const int id = read >= 0 && read < experts ? static_cast<int>(read) : -1;
+    chunk_ids[threadIdx.x] = id;
+    __syncthreads();
+    if (id >= 0) {
+      int before = 0;  // pairs of this expert earlier in the chunk
+      for (int j = 0; j < static_cast<int>(threadIdx.x); ++j) before += chunk_ids[j] == id ? 1 : 0;
+      const int64_t row = static_cast<int64_t>(counts[id]) + seen[id] + before;
+      order[row] = p;
+      sorted_ids[row] = id;
+      inverse[p] = row;
+    }
+    __syncthreads();  // every thread has read seen[] for this chunk
+    if (id >= 0) atomicAdd(&seen[id], 1);
+    __syncthreads();
+  }
+}
+
 }  // namespace
+
+bool SortByExpertSupports(int64_t pairs, int64_t experts) {
+  return pairs >= 1 && pairs <= kMaxSortPairs && experts >= 1 && experts <= kMaxSortExperts;
+}
+
+cudaError_t SortByExpert(const int64_t* ids, int64_t pairs, int64_t experts, int64_t* order,
+                         int64_t* sorted_ids, int32_t* ends, int64_t* inverse,
+                         cudaStream_t stream) {
+  if (!SortByExpertSupports(pairs, experts)) return cudaErrorInvalidValue;
+  const size_t shared = (2 * static_cast<size_t>(experts) + kSortThreads) * sizeof(int);
+  SortByExpertKernel<<<1, kSortThreads, shared, stream>>>(ids, pairs, experts, order, sorted_ids,
+                                                          ends, inverse);
+  return cudaGetLastError();
+}
 
 bool RouterTopKSupports(int64_t experts, int64_t k, int64_t groups, int64_t topk_group) {
   // Groups of two experts at least: a group's score is its two best.

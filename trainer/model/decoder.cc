@@ -281,6 +281,11 @@ Decoder::Decoder(ModelConfig config, const TensorMap& params, Kernels kernels,
     } else {
       layer.moe = MoeWeightsOf(params, m);
       layer.moe.expert_group = expert_group;
+      if (fuse && layer.moe.has_shared) {  // the shared expert's gate/up as one GEMM
+        MlpWeights& shared = layer.moe.shared;
+        shared.gate_up_proj = BackToBack({shared.gate_proj, shared.up_proj});
+        fused_projections_ += shared.gate_up_proj.defined() ? 1 : 0;
+      }
     }
     layers_.push_back(std::move(layer));
   }

@@ -199,14 +199,18 @@ TEST_CASE("Fused projections on back-to-back weights give the plain decoder's lo
       place({p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias",
              p + "self_attn.v_proj.bias"});
       place({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
+      place({p + "mlp.shared_experts.gate_proj.weight", p + "mlp.shared_experts.up_proj.weight"});
     }
     const Decoder plain(m.config, m.params);
     const Decoder fused(m.config, params, Kernels::kFused);
-    // Every GQA layer's q/k/v and every dense MLP's gate/up is fused (biases ride along).
+    // Every GQA layer's q/k/v, every dense MLP's gate/up and every shared expert's gate/up is
+    // fused (biases ride along).
     int64_t expected = 0;
     for (int64_t l = 0; l < m.config.num_hidden_layers; ++l) {
+      const std::string shared =
+          fmt::format("model.layers.{}.mlp.shared_experts.gate_proj.weight", l);
       if (m.config.attention_kind() == AttentionKind::kGqa) ++expected;
-      if (m.config.mlp_layer_types[l] == MlpType::kDense) ++expected;
+      if (m.config.mlp_layer_types[l] == MlpType::kDense || m.params.count(shared) > 0) ++expected;
     }
     CHECK(fused.fused_projections() == expected);
     CHECK(groups >= expected);

@@ -964,12 +964,22 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
   // Note [MoE block]: (token, slot) pairs sorted by expert; row i of the sorted order is pair
   // order[i], and pair p goes back from row inverse[p].
   const at::Tensor flat = r.indices.reshape({-1});  // [T * k]
-  const at::Tensor order = at::argsort(flat, /*stable=*/true);
-  const at::Tensor sorted_ids = flat.index_select(0, order);
-  const at::Tensor ends = at::searchsorted(sorted_ids, at::arange(experts, flat.options()),
-                                           /*out_int32=*/true, /*right=*/true);
-  const at::Tensor inverse =
-      at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
+  at::Tensor order, sorted_ids, ends, inverse;
+  if (impl == Kernels::kFused && !replay.defined() && kernels::SortByExpertTakes(flat, experts)) {
+    // The router's ids (in range), sorted in one kernel, bit for bit the ops below (Note [Sort by
+    // expert kernel] in trainer/kernels/router_kernels.cu).
+    kernels::ExpertOrder sorted = kernels::SortByExpert(flat, experts);
+    order = std::move(sorted.order);
+    sorted_ids = std::move(sorted.sorted_ids);
+    ends = std::move(sorted.ends);
+    inverse = std::move(sorted.inverse);
+  } else {
+    order = at::argsort(flat, /*stable=*/true);
+    sorted_ids = flat.index_select(0, order);
+    ends = at::searchsorted(sorted_ids, at::arange(experts, flat.options()), /*out_int32=*/true,
+                            /*right=*/true);
+    inverse = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
+  }
   const at::Tensor xs = GatherTokens::apply(x2, order, inverse, k);  // [T * k, H]
   const at::Tensor ys = PermuteRows::apply(
       dispatch != nullptr ? RunExpertsFixed(w, xs, sorted_ids, ends, *dispatch)
@@ -978,7 +988,7 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
       inverse, order);
   at::Tensor out =
       (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
-  if (w.has_shared) out = out + DenseMlp(w.shared, x2);
+  if (w.has_shared) out = out + DenseMlp(w.shared, x2, impl);
   return out.view(x.sizes());
 }
 

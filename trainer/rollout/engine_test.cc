@@ -325,6 +325,22 @@ TEST_CASE("Weights live in one engine-layout storage that the Decoder reads") {
   // over the engine's weights (as the engine builds one on a GPU) computes each group as one GEMM.
   const model::Decoder fused(f.config, engine->weights(), model::Kernels::kFused);
   CHECK(fused.fused_projections() == 2 * f.config.num_hidden_layers);
+  // So are a shared expert's gate/up rows (DeepSeek-V3: MLA has no q/k/v group; a dense first
+  // layer, then MoE layers with a shared expert).
+  const Fixture d = LoadFixture("deepseek_v3");
+  auto moe_engine = MakeEngine(d, 2, 12);
+  int64_t gate_ups = 0;
+  for (int64_t l = 0; l < d.config.num_hidden_layers; ++l) {
+    const std::string shared =
+        fmt::format("model.layers.{}.mlp.shared_experts.gate_proj.weight", l);
+    if (d.config.mlp_layer_types[l] == model::MlpType::kDense || d.params.count(shared) > 0) {
+      ++gate_ups;
+    }
+  }
+  CHECK(gate_ups > 1);
+  CHECK(
+      model::Decoder(d.config, moe_engine->weights(), model::Kernels::kFused).fused_projections() ==
+      gate_ups);
 
   model::TensorMap incomplete = f.params;
   incomplete.erase("model.norm.weight");
