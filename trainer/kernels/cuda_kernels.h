@@ -235,7 +235,7 @@ cudaError_t MlaDecodeAttention(const void* q, const void* cache, const int64_t* 
                                float* partial_stats, const MlaDecodeShape& shape,
                                cudaStream_t stream);
 
-// A MoE router's choice per token (Note [Router kernel] in router_kernels.cu): from logits
+// A MoE router's choice per token (Note [Router kernel] in moe_kernels.cu): from logits
 // [tokens, experts] fp32 (contiguous), ids [tokens, k] int64 (in descending order of the choice)
 // and weights [tokens, k] fp32. Softmax: chosen by softmax(logits), weighted by it (divided by
 // the chosen weights' sum with `normalize`). Sigmoid (noaux_tc): s = sigmoid(logits), chosen by
@@ -256,7 +256,7 @@ cudaError_t RouterTopK(const float* logits, const float* bias, int64_t* ids, flo
                        const RouterShape& shape, cudaStream_t stream);
 
 // The MoE block's (token, slot) pairs sorted by expert (Note [Sort by expert kernel] in
-// router_kernels.cu), from ids [pairs] int64 in [0, experts): order [pairs] (the stable argsort),
+// moe_kernels.cu), from ids [pairs] int64 in [0, experts): order [pairs] (the stable argsort),
 // sorted_ids [pairs] (ids in that order), ends [experts] int32 (each expert's end in the sorted
 // rows: the inclusive counts' sum) and inverse [pairs] (the sorted row of each pair), bit for bit
 // the ops'. One block: SortByExpertSupports, up to 8192 pairs and 4096 experts.
@@ -265,6 +265,14 @@ constexpr int64_t kMaxSortExperts = 4096;
 bool SortByExpertSupports(int64_t pairs, int64_t experts);
 cudaError_t SortByExpert(const int64_t* ids, int64_t pairs, int64_t experts, int64_t* order,
                          int64_t* sorted_ids, int32_t* ends, int64_t* inverse, cudaStream_t stream);
+
+// The MoE block's output per token (Note [Combine kernel] in moe_kernels.cu): out[t] = cast(sum_j
+// rows[inverse[t k + j]] weights[t k + j]) (+ shared[t] when given), rows [pairs, hidden] in
+// the experts' sorted order, weights [tokens, k] fp32, shared and out [tokens, hidden], all
+// contiguous, of `dtype` but the weights. The ops' result up to the order of the slots' sum.
+cudaError_t CombineExperts(const void* rows, const int64_t* inverse, const float* weights,
+                           const void* shared, void* out, int64_t tokens, int64_t k, int64_t hidden,
+                           DtypeCode dtype, cudaStream_t stream);
 
 // One token per row of logits [rows, vocab] (row stride `stride`; vocab and stride multiples of
 // 16 bytes' elements, the rows 16-byte aligned) from the whole vocabulary (Note [Sampling kernel]

@@ -647,6 +647,39 @@ TEST_CASE("SortByExpert is the MoE block's stable sort by expert, bit for bit") 
   }
 }
 
+// Note [Combine kernel]: the MoE block's last steps (back to pair order, the weights, the sum over
+// the slots, the cast, the shared expert), with and without a shared expert, bf16 and fp32: the
+// ops' result up to the order of the slots' sum (one rounding of the output's dtype).
+TEST_CASE("CombineExperts is the MoE block's weighted sum of its experts' rows") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(19);
+  const int64_t tokens = 37, k = 8, hidden = 2048;
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const bool with_shared : {false, true}) {
+      INFO(c10::toString(dtype) << (with_shared ? ", with a shared expert" : ""));
+      const at::Tensor rows = at::randn({tokens * k, hidden}, On(dtype));
+      const at::Tensor inverse = at::randperm(tokens * k, On(at::kLong));
+      const at::Tensor weights = at::rand({tokens, k}, On(at::kFloat));
+      const at::Tensor shared = with_shared ? at::randn({tokens, hidden}, On(dtype)) : at::Tensor();
+      REQUIRE(CombineExpertsTakes(rows, weights, shared));
+      const at::Tensor got = CombineExperts(rows, inverse, weights, shared);
+      const at::Tensor routed =
+          (rows.index_select(0, inverse).view({tokens, k, hidden}) * weights.unsqueeze(-1))
+              .sum(1)
+              .to(dtype);
+      const at::Tensor want = with_shared ? routed + shared : routed;
+      // One rounding of the routed sum (a bf16 step is at most 2^-7 of the value; fp32 sums in
+      // another order differ by a few 2^-24), carried through the shared expert's add, and that
+      // add's own rounding: relative to the magnitudes added, not to their (cancelling) sum.
+      const double step = dtype == at::kBFloat16 ? 1.0 / 64 : 1e-6;
+      at::Tensor scale = routed.to(at::kDouble).abs();
+      if (with_shared) scale = scale + shared.to(at::kDouble).abs();
+      const at::Tensor excess = (got.to(at::kDouble) - want.to(at::kDouble)).abs() - scale * step;
+      CHECK(excess.max().item<double>() <= 1e-6);
+    }
+  }
+}
+
 // The sampling rule of SampleRows (cuda_kernels.h) on the CPU in fp64: per row the first token
 // whose cumulative softmax(logits / T) exceeds t = u x total, log_softmax there, and the
 // cumulative distribution and t, to judge a differing token.

@@ -704,6 +704,39 @@ ExpertOrder SortByExpert(const at::Tensor& ids, int64_t experts) {
   return out;
 }
 
+bool CombineExpertsTakes(const at::Tensor& rows, const at::Tensor& weights,
+                         const at::Tensor& shared) {
+  return Supported(rows) && !rows.requires_grad() && rows.dim() == 2 && weights.defined() &&
+         weights.dim() == 2 && weights.scalar_type() == at::kFloat &&
+         weights.device() == rows.device() && !weights.requires_grad() &&
+         rows.size(0) == weights.numel() &&
+         (!shared.defined() ||
+          (shared.scalar_type() == rows.scalar_type() && shared.device() == rows.device() &&
+           !shared.requires_grad() && shared.dim() == 2 && shared.size(0) == weights.size(0) &&
+           shared.size(1) == rows.size(1)));
+}
+
+at::Tensor CombineExperts(const at::Tensor& rows, const at::Tensor& inverse,
+                          const at::Tensor& weights, const at::Tensor& shared) {
+  RL_CHECK(CombineExpertsTakes(rows, weights, shared) && inverse.scalar_type() == at::kLong &&
+               inverse.numel() == rows.size(0) && inverse.device() == rows.device(),
+           Error, "CombineExperts: rows [{}], inverse [{}], weights [{}]",
+           fmt::join(rows.sizes(), ", "), fmt::join(inverse.sizes(), ", "),
+           fmt::join(weights.sizes(), ", "));
+  const at::Tensor r = rows.contiguous();
+  const at::Tensor i = inverse.contiguous();
+  const at::Tensor w = weights.contiguous();
+  const at::Tensor s = shared.defined() ? shared.contiguous() : at::Tensor();
+  const int64_t tokens = w.size(0);
+  at::Tensor out = at::empty({tokens, r.size(1)}, r.options());
+  const c10::cuda::CUDAGuard guard(r.device());
+  RL_CHECK_CUDA(kernels::CombineExperts(r.data_ptr(), i.data_ptr<int64_t>(), w.data_ptr<float>(),
+                                        s.defined() ? s.data_ptr() : nullptr, out.data_ptr(),
+                                        tokens, w.size(1), r.size(1), CodeOf(r),
+                                        c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 bool SampleRowsTakes(const at::Tensor& logits) {
   if (!Supported(logits) || logits.dim() != 2 || logits.stride(1) != 1 || logits.size(0) == 0) {
     return false;

@@ -163,7 +163,7 @@ at::Tensor MlaDecodeAttention(const at::Tensor& query, const at::Tensor& cached,
                               const at::Tensor& position, const at::Tensor& indices, double scale);
 
 // A MoE router's experts and weights per token in one kernel (Note [Router kernel] in
-// router_kernels.cu), from its fp32 logits [T, E] on CUDA: ids [T, k] int64, weights [T, k]
+// moe_kernels.cu), from its fp32 logits [T, E] on CUDA: ids [T, k] int64, weights [T, k]
 // fp32, the rule of Route's ops (trainer/model/layers.h) with `sigmoid` false (softmax) or true
 // (noaux_tc with `bias` [E] fp32 or undefined, `groups` / `topk_group`, times `scale`).
 // RouterTopKTakes: such logits and a layout RouterTopKSupports.
@@ -176,7 +176,7 @@ RouterChoice RouterTopK(const at::Tensor& logits, const at::Tensor& bias, bool s
                         int64_t groups, int64_t topk_group, bool normalize, double scale);
 
 // The MoE block's pairs sorted by expert in one kernel (Note [Sort by expert kernel] in
-// router_kernels.cu), bit for bit the ops: order = argsort(ids, stable), sorted_ids =
+// moe_kernels.cu), bit for bit the ops: order = argsort(ids, stable), sorted_ids =
 // ids[order], ends = searchsorted(sorted_ids, arange(experts), right) as int32, inverse[order] =
 // arange. SortByExpertTakes: ids [pairs] int64 on CUDA, in [0, experts) (not checked: that would
 // wait for the device), within SortByExpertSupports.
@@ -185,6 +185,15 @@ struct ExpertOrder {
 };
 bool SortByExpertTakes(const at::Tensor& ids, int64_t experts);
 ExpertOrder SortByExpert(const at::Tensor& ids, int64_t experts);
+
+// The MoE block's output from its experts' rows in one kernel (Note [Combine kernel] in
+// moe_kernels.cu): rows [T * k, H] (the experts' order), inverse [T * k] (each pair's row),
+// weights [T, k] fp32, shared [T, H] or undefined -> [T, H] of the rows' dtype, the ops' result up
+// to the order of the slots' sum. CombineExpertsTakes: Supported rows, no autograd.
+bool CombineExpertsTakes(const at::Tensor& rows, const at::Tensor& weights,
+                         const at::Tensor& shared);
+at::Tensor CombineExperts(const at::Tensor& rows, const at::Tensor& inverse,
+                          const at::Tensor& weights, const at::Tensor& shared);
 
 // SampleRows (cuda_kernels.h): a decode step's tokens [B] int64 and their log-probs [B] fp32 from
 // logits [B, V] drawn from the whole vocabulary, in one kernel. SampleRowsTakes: Supported

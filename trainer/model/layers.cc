@@ -971,7 +971,7 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
   at::Tensor order, sorted_ids, ends, inverse;
   if (impl == Kernels::kFused && !replay.defined() && kernels::SortByExpertTakes(flat, experts)) {
     // The router's ids (in range), sorted in one kernel, bit for bit the ops below (Note [Sort by
-    // expert kernel] in trainer/kernels/router_kernels.cu).
+    // expert kernel] in trainer/kernels/moe_kernels.cu).
     kernels::ExpertOrder sorted = kernels::SortByExpert(flat, experts);
     order = std::move(sorted.order);
     sorted_ids = std::move(sorted.sorted_ids);
@@ -985,14 +985,19 @@ at::Tensor MoeBlock(const MoeWeights& w, const ModelConfig& c, const at::Tensor&
     inverse = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
   }
   const at::Tensor xs = GatherTokens::apply(x2, order, inverse, k);  // [T * k, H]
-  const at::Tensor ys = PermuteRows::apply(
-      dispatch != nullptr ? RunExpertsFixed(w, xs, sorted_ids, ends, *dispatch)
-      : parallel          ? RunExpertsParallel(w, xs, ends)
-                          : RunExperts(w, xs, ends),
-      inverse, order);
+  const at::Tensor by_expert = dispatch != nullptr
+                                   ? RunExpertsFixed(w, xs, sorted_ids, ends, *dispatch)
+                               : parallel ? RunExpertsParallel(w, xs, ends)
+                                          : RunExperts(w, xs, ends);  // [T * k, H], sorted
+  const at::Tensor shared = w.has_shared ? DenseMlp(w.shared, x2, impl) : at::Tensor();
+  if (impl == Kernels::kFused && kernels::CombineExpertsTakes(by_expert, r.weights, shared)) {
+    // Note [Combine kernel] in trainer/kernels/moe_kernels.cu.
+    return kernels::CombineExperts(by_expert, inverse, r.weights, shared).view(x.sizes());
+  }
+  const at::Tensor ys = PermuteRows::apply(by_expert, inverse, order);
   at::Tensor out =
       (ys.view({tokens, k, hidden}) * r.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
-  if (w.has_shared) out = out + DenseMlp(w.shared, x2, impl);
+  if (shared.defined()) out = out + shared;
   return out.view(x.sizes());
 }
 

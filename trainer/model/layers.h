@@ -200,7 +200,7 @@ struct Routing {
 // With Kernels::kFused (an inference decoder) on CUDA in bf16, the logits come from one bf16 GEMM
 // with fp32 output (no fp32 copies of x and the router; the same products, summed in another
 // order) and, without replay, the choice from one kernel (Note [Router kernel] in
-// trainer/kernels/router_kernels.cu): the same experts up to exact ties, ids in descending order.
+// trainer/kernels/moe_kernels.cu): the same experts up to exact ties, ids in descending order.
 Routing Route(const MoeWeights& w, const ModelConfig& config, const at::Tensor& x /*[T, H]*/,
               const at::Tensor& replay = {}, Kernels impl = Kernels::kLibTorch);
 

@@ -1,5 +1,6 @@
-// RouterTopK (cuda_kernels.h): a MoE router's choice of experts and their weights per token, from
-// its fp32 logits, in one kernel; and SortByExpert, the (token, slot) pairs sorted by expert.
+// The MoE block's decode-step kernels (cuda_kernels.h): RouterTopK, a router's choice of experts
+// and their weights per token from its fp32 logits; SortByExpert, the (token, slot) pairs sorted
+// by expert; CombineExperts, the experts' rows weighted and summed per token.
 //
 // Note [Router kernel]
 // The LibTorch ops of a router (Route in trainer/model/layers.cc) take about ten kernels per MoE
@@ -19,6 +20,7 @@
 // The same choices as the ops but for exact ties, which the ops break in no stated order; the
 // weights equal the ops' up to the order of the softmax's sum (their order of ids is the ops'
 // topk's, here descending). Per token, so graphs and eager steps agree.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
@@ -234,7 +236,52 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
+// Note [Combine kernel]
+// The MoE block's last steps (Note [MoE block] in trainer/model/layers.h) take the experts' rows
+// back to pair order (an index_select by the inverse permutation), multiply them by the routing
+// weights (fp32), sum each token's k slots, cast to the model's dtype and add the shared expert:
+// five kernels and a [T, k, H] fp32 temporary. Here a block per token reads each of its k rows
+// where the experts left it (sorted row inverse[t k + j]) and sums the fp32 products in slot
+// order, each product and sum rounded as its own op (__fmul_rn, __fadd_rn: no contraction), then
+// rounds to T and adds the shared expert's row as at::add does. The ops' sum over the slots may
+// add them in another order, so the result equals theirs up to that rounding.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    CombineExpertsKernel(const T* __restrict__ rows, const int64_t* __restrict__ inverse,
+                         const float* __restrict__ weights, const T* __restrict__ shared,
+                         T* __restrict__ out, int64_t k, int64_t hidden) {
+  const int64_t token = blockIdx.x;
+  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t pair = token * k + j;
+      sum = __fadd_rn(sum, __fmul_rn(ToFloat(rows[inverse[pair] * hidden + h]), weights[pair]));
+    }
+    T value = FromFloat<T>(sum);
+    if (shared != nullptr)
+      value = AddRounded<T>(ToFloat(value), ToFloat(shared[token * hidden + h]));
+    out[token * hidden + h] = value;
+  }
+}
+
 }  // namespace
+
+cudaError_t CombineExperts(const void* rows, const int64_t* inverse, const float* weights,
+                           const void* shared, void* out, int64_t tokens, int64_t k, int64_t hidden,
+                           DtypeCode dtype, cudaStream_t stream) {
+  if (tokens < 0 || k < 1 || hidden < 1 || tokens > 2147483647) return cudaErrorInvalidValue;
+  if (tokens == 0) return cudaSuccess;
+  if (dtype == kBFloat16) {
+    CombineExpertsKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(rows), inverse, weights,
+        static_cast<const __nv_bfloat16*>(shared), static_cast<__nv_bfloat16*>(out), k, hidden);
+  } else {
+    CombineExpertsKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
+        static_cast<const float*>(rows), inverse, weights, static_cast<const float*>(shared),
+        static_cast<float*>(out), k, hidden);
+  }
+  return cudaGetLastError();
+}
 
 bool SortByExpertSupports(int64_t pairs, int64_t experts) {
   return pairs >= 1 && pairs <= kMaxSortPairs && experts >= 1 && experts <= kMaxSortExperts;
