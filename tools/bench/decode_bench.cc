@@ -1,5 +1,6 @@
 // decode_bench --checkpoint DIR | --model-config FILE [--layers N] [--batch 64] [--prompt-len 128]
-// [--new-tokens 128] [--temperature 0] [--compare-eager] [--no-cuda-graphs] [--profile FILE]
+// [--new-tokens 128] [--temperature 0] [--compare-eager] [--compare-programmatic-launch]
+// [--no-cuda-graphs] [--profile FILE]
 // [--step-time]: generation by our rollout engine, greedy (or sampled at --temperature > 0, top-p
 // 1, seed 11) (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs
 // there): tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the
@@ -9,10 +10,13 @@
 // stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager decode
 // steps in the same process and checks that graphs and eager steps generate bit-identical tokens
 // and log-probs (the timed ones, and sampled at temperature 1); the exit status is 1 when they
-// differ. --stop-fraction F > 0 makes the first F of the vocabulary's ids stop tokens, so that rows
-// end at different steps as in a real rollout (each sampled token ends its row with probability
-// about F at temperature 1 on a random checkpoint): tokens/s then counts the tokens generated, and
-// no roofline is reported (its bytes assume every row runs every step).
+// differ. --compare-programmatic-launch also times the same Generates with the decode kernels
+// launched one after another instead of by programmatic dependent launch (Note [Programmatic
+// dependent launch] in trainer/kernels/kernel_util.cuh) and checks that both generate the same
+// bits (exit status 1 when not). --stop-fraction F > 0 makes the first F of the vocabulary's ids
+// stop tokens, so that rows end at different steps as in a real rollout (each sampled token ends
+// its row with probability about F at temperature 1 on a random checkpoint): tokens/s then counts
+// the tokens generated, and no roofline is reported (its bytes assume every row runs every step).
 // --length-groups G > 1 gives the prompts G lengths (row b's is --prompt-len less
 // (b mod G) x --prompt-len / (2 G)), as a real rollout's prompts differ (Note [Rollout batching]);
 // no roofline then either.
@@ -208,9 +212,12 @@ int Run(int argc, char** argv) {
                  "prompt lengths: row b's is --prompt-len - (b % G) * --prompt-len / (2 G)")
       ->check(CLI::PositiveNumber);
   app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
-  bool compare_eager = false, cuda_graphs = true;
+  bool compare_eager = false, compare_launch = false, cuda_graphs = true;
   app.add_flag("--compare-eager", compare_eager,
                "also time eager decode steps and check that they give bit-identical generations");
+  app.add_flag("--compare-programmatic-launch", compare_launch,
+               "also time decode kernels launched one after another and check that they give "
+               "bit-identical generations");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs, "decode by CUDA graphs (default)");
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
@@ -305,6 +312,34 @@ int Run(int argc, char** argv) {
     }
   }
   const bool graphs = engine.uses_cuda_graphs();
+  const auto same = [](const std::vector<rl::rollout::Generation>& a,
+                       const std::vector<rl::rollout::Generation>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].response != b[i].response || a[i].log_probs.size() != b[i].log_probs.size() ||
+          std::memcmp(a[i].log_probs.data(), b[i].log_probs.data(),
+                      a[i].log_probs.size() * sizeof(float)) != 0) {
+        return false;
+      }
+    }
+    return a.size() == b.size();
+  };
+
+  // --compare-programmatic-launch: the same generations with the kernels launched one after
+  // another, timed the same way; the bits must match.
+  double sequential_seconds = 0;
+  bool same_launch = true;
+  if (compare_launch) {
+    engine.set_programmatic_launch(false);
+    std::vector<rl::rollout::Generation> sequential;
+    sequential_seconds = time_generate(timed, sequential);
+    same_launch = same(generated, sequential);
+    engine.set_programmatic_launch(true);
+    std::printf(
+        "programmatic launch: %.1f ms per Generate, launched one after another %.1f ms "
+        "(%.2fx); generations %s\n",
+        1e3 * best, 1e3 * sequential_seconds, sequential_seconds / best,
+        same_launch ? "bit-identical" : "DIFFER");
+  }
 
   // --compare-eager: the same generations with eager decode steps, timed the same way; the
   // tokens and the bits of every log-prob must match (Note [Decode graphs]), for the timed
@@ -331,17 +366,6 @@ int Run(int argc, char** argv) {
     if (graphs) graph_pool_bytes = with_graphs - reserved();
     eager_seconds = time_generate(timed, eager_timed);
     time_generate(sampled, eager_sampled);
-    const auto same = [](const std::vector<rl::rollout::Generation>& a,
-                         const std::vector<rl::rollout::Generation>& b) {
-      for (size_t i = 0; i < a.size(); ++i) {
-        if (a[i].response != b[i].response || a[i].log_probs.size() != b[i].log_probs.size() ||
-            std::memcmp(a[i].log_probs.data(), b[i].log_probs.data(),
-                        a[i].log_probs.size() * sizeof(float)) != 0) {
-          return false;
-        }
-      }
-      return a.size() == b.size();
-    };
     identical = same(generated, eager_timed) && same(graph_sampled, eager_sampled);
     std::printf(
         "graphs %s, eager %.1f ms, graphs %.1f ms per Generate (%.2fx); timed and "
@@ -415,8 +439,12 @@ int Run(int argc, char** argv) {
     line.Set("eager_identical", rl::json::Value::Bool(identical));
     line.Set("graph_pool_bytes", rl::json::Value::Int(graph_pool_bytes));
   }
+  if (compare_launch) {
+    line.Set("sequential_launch_seconds", rl::json::Value::Double(sequential_seconds));
+    line.Set("programmatic_launch_identical", rl::json::Value::Bool(same_launch));
+  }
   std::printf("%s\n", rl::json::Dump(line).c_str());
-  return identical ? 0 : 1;
+  return identical && same_launch ? 0 : 1;
 }
 
 int main(int argc, char** argv) {

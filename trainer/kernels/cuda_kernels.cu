@@ -79,6 +79,7 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add
                               T* __restrict__ sum, float* __restrict__ inv_rms, int64_t cols,
                               float eps) {
   __shared__ float scratch[kWarps];
+  PrecedingKernelsDone();
   const int64_t offset = blockIdx.x * cols;
   T* out_row = out + offset;
   if constexpr (kPerThread > 0) {
@@ -177,6 +178,7 @@ template <typename T>
 __global__ void RopeKernel(const T* __restrict__ x, const T* __restrict__ cos,
                            const T* __restrict__ sin, T* __restrict__ out, int64_t total,
                            RopeShape p) {
+  PrecedingKernelsDone();
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (index >= total) return;
   const int64_t j = index % p.dim;
@@ -259,13 +261,26 @@ cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, vo
                       : cols <= 8 * kThreads  ? RmsNormKernel<T, 8>
                       : cols <= 32 * kThreads ? RmsNormKernel<T, 32>
                                               : RmsNormKernel<T, 0>;
-  kernel<<<rows, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(add),
-                                        static_cast<const T*>(weight), static_cast<T*>(out),
-                                        static_cast<T*>(sum), inv_rms, cols, eps);
-  return cudaGetLastError();
+  return Launch(kernel, rows, kThreads, 0, stream, static_cast<const T*>(x),
+                static_cast<const T*>(add), static_cast<const T*>(weight), static_cast<T*>(out),
+                static_cast<T*>(sum), inv_rms, cols, eps);
 }
 
+thread_local bool programmatic_launch = false;
+
 }  // namespace
+
+ProgrammaticLaunch::ProgrammaticLaunch(bool on) : previous_(programmatic_launch) {
+  int device = 0, major = 0;
+  programmatic_launch =
+      on && cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      major >= 9;
+}
+
+ProgrammaticLaunch::~ProgrammaticLaunch() { programmatic_launch = previous_; }
+
+bool ProgrammaticLaunch::On() { return programmatic_launch; }
 
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {
@@ -320,15 +335,14 @@ cudaError_t Rope(const void* x, int64_t stride_b, int64_t stride_s, int64_t stri
                         heads,    dim,      half,     interleaved, cos_stride_b};
   const int64_t blocks = (total + kThreads - 1) / kThreads;
   if (dtype == kBFloat16) {
-    RopeKernel<<<blocks, kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(cos),
-        static_cast<const __nv_bfloat16*>(sin), static_cast<__nv_bfloat16*>(out), total, shape);
-  } else {
-    RopeKernel<<<blocks, kThreads, 0, stream>>>(
-        static_cast<const float*>(x), static_cast<const float*>(cos),
-        static_cast<const float*>(sin), static_cast<float*>(out), total, shape);
+    using T = __nv_bfloat16;
+    return Launch(RopeKernel<T>, blocks, kThreads, 0, stream, static_cast<const T*>(x),
+                  static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(out),
+                  total, shape);
   }
-  return cudaGetLastError();
+  return Launch(RopeKernel<float>, blocks, kThreads, 0, stream, static_cast<const float*>(x),
+                static_cast<const float*>(cos), static_cast<const float*>(sin),
+                static_cast<float*>(out), total, shape);
 }
 
 cudaError_t TokenLogProbsForward(const void* logits, const int64_t* targets, int64_t rows,

@@ -15,6 +15,25 @@ namespace rl::kernels {
 
 enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1 };
 
+// While one lives on a thread (and `on`, on a GPU of compute capability 9.0 or later), the decode
+// kernels that thread launches ask for programmatic dependent launch: each may start while the
+// kernel ahead of it finishes (Note [Programmatic dependent launch] in kernel_util.cuh). Only for
+// work in which no kernel writes weights that a later kernel of it reads: a decode step. Scopes
+// nest; each restores the setting it found.
+class ProgrammaticLaunch {
+ public:
+  explicit ProgrammaticLaunch(bool on);
+  ~ProgrammaticLaunch();
+  ProgrammaticLaunch(const ProgrammaticLaunch&) = delete;
+  ProgrammaticLaunch& operator=(const ProgrammaticLaunch&) = delete;
+
+  // Whether the calling thread's launches ask for it now.
+  static bool On();
+
+ private:
+  bool previous_;
+};
+
 // transformers' RMSNorm of each row of x [rows, cols] (contiguous), with the rounding it has:
 // r = rsqrt(mean(x^2) + eps), h = x * r in fp32, h rounded to the dtype, out = weight * h rounded
 // to the dtype. x, weight and out share `dtype`; inv_rms [rows] receives r unless null.

@@ -26,6 +26,7 @@ constexpr int kBlocksPerSm = 1;
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                               int64_t inner) {
+  PrecedingKernelsDone();
   const int64_t total = rows * inner;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -112,6 +113,7 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
                                     T* __restrict__ k_cache, T* __restrict__ v_cache,
                                     int64_t batch, QkvPrepShape p) {
   __shared__ float normed[kDecodeWarps][kMaxHeadDim];
+  PrecedingKernelsDone();
   const int warp = threadIdx.x / 32;
   const int64_t heads = p.q_heads + 2 * p.kv_heads;
   const int64_t index = blockIdx.x * static_cast<int64_t>(kDecodeWarps) + warp;
@@ -313,6 +315,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   __shared__ float warp_out[kDecodeWarps][kGroup][kDim];
   __shared__ float warp_max[kDecodeWarps][kGroup];
   __shared__ float warp_sum[kDecodeWarps][kGroup];
+  PrecedingKernelsDone();
   const int split = blockIdx.x;
   const int64_t first_head = blockIdx.y * static_cast<int64_t>(kGroup);  // query heads
   const int64_t kv_head = first_head / (p.q_heads / p.kv_heads);
@@ -468,6 +471,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   __shared__ float warp_max[kMmaWarps][kGroup];
   __shared__ float warp_sum[kMmaWarps][kGroup];
   extern __shared__ __align__(16) unsigned char ring_bytes[];
+  PrecedingKernelsDone();
   const int split = blockIdx.x;
   const int64_t first_head = blockIdx.y * static_cast<int64_t>(kGroup);
   const int64_t kv_head = first_head / (p.q_heads / p.kv_heads);
@@ -699,7 +703,8 @@ __global__ void __launch_bounds__(kThreads)
       if (active && kk < k_in) weights[u] = LoadPack<T, kVec>(w_row + kk);
     }
   };
-  load(0);
+  load(0);  // the weights: before the kernel ahead has finished, under programmatic launch
+  PrecedingKernelsDone();
   const T* input = x;
   if constexpr (kMode != SmallInput::kPlain) {
     T* staged = reinterpret_cast<T*>(staged_bytes);
@@ -759,12 +764,10 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallLinearMaxStagedBytes);
   if (opt_in != cudaSuccess) return opt_in;
   const int64_t blocks = (a.n_out + kWarps - 1) / kWarps;
-  kernel<<<blocks, kThreads, staged, stream>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.add),
-      static_cast<const T*>(a.norm_weight), a.eps, static_cast<T*>(a.sum),
-      static_cast<const T*>(a.w), static_cast<const T*>(a.bias), static_cast<T*>(a.y), a.rows,
-      a.n_out, a.k_in);
-  return cudaGetLastError();
+  return Launch(kernel, blocks, kThreads, staged, stream, static_cast<const T*>(a.x),
+                static_cast<const T*>(a.add), static_cast<const T*>(a.norm_weight), a.eps,
+                static_cast<T*>(a.sum), static_cast<const T*>(a.w), static_cast<const T*>(a.bias),
+                static_cast<T*>(a.y), a.rows, a.n_out, a.k_in);
 }
 
 // Vectors per lane: 4 where they hold the whole row (k_in up to 1024 in bf16: the q/k/v and
@@ -848,16 +851,13 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
   T* v = static_cast<T*>(a.v);
   if constexpr (kBf16) {
     if (mma) {
-      mma_kernel<<<grid, kMmaWarps * 32, mma_ring, stream>>>(
-          static_cast<const T*>(a.q), prep, k, v, a.position, static_cast<T*>(a.out),
-          a.partial_out, a.partial_stats, p);
-      return cudaGetLastError();
+      return Launch(mma_kernel, grid, kMmaWarps * 32, mma_ring, stream, static_cast<const T*>(a.q),
+                    prep, k, v, a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats,
+                    p);
     }
   }
-  kernel<<<grid, kDecodeWarps * 32, ring, stream>>>(static_cast<const T*>(a.q), prep, k, v,
-                                                     a.position, static_cast<T*>(a.out),
-                                                     a.partial_out, a.partial_stats, p);
-  return cudaGetLastError();
+  return Launch(kernel, grid, kDecodeWarps * 32, ring, stream, static_cast<const T*>(a.q), prep, k,
+                v, a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats, p);
 }
 
 template <typename T, int kVec, int kGroup>
@@ -934,13 +934,12 @@ cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner,
   if (total == 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, 65535);
   if (dtype == kBFloat16) {
-    SiluMulKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(gate_up),
-                                                   static_cast<__nv_bfloat16*>(out), rows, inner);
-  } else {
-    SiluMulKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(gate_up),
-                                                   static_cast<float*>(out), rows, inner);
+    using T = __nv_bfloat16;
+    return Launch(SiluMulKernel<T>, blocks, kThreads, 0, stream, static_cast<const T*>(gate_up),
+                  static_cast<T*>(out), rows, inner);
   }
-  return cudaGetLastError();
+  return Launch(SiluMulKernel<float>, blocks, kThreads, 0, stream,
+                static_cast<const float*>(gate_up), static_cast<float*>(out), rows, inner);
 }
 
 cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_norm,
@@ -953,18 +952,17 @@ cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_nor
   const int64_t blocks = (warps + kDecodeWarps - 1) / kDecodeWarps;
   if (dtype == kBFloat16) {
     using T = __nv_bfloat16;
-    DecodeQkvPrepKernel<<<blocks, kDecodeWarps * 32, 0, stream>>>(
-        static_cast<const T*>(qkv), static_cast<const T*>(q_norm), static_cast<const T*>(k_norm),
-        static_cast<const T*>(cos), static_cast<const T*>(sin), position, static_cast<T*>(q_out),
-        static_cast<T*>(k_cache), static_cast<T*>(v_cache), batch, shape);
-  } else {
-    DecodeQkvPrepKernel<<<blocks, kDecodeWarps * 32, 0, stream>>>(
-        static_cast<const float*>(qkv), static_cast<const float*>(q_norm),
-        static_cast<const float*>(k_norm), static_cast<const float*>(cos),
-        static_cast<const float*>(sin), position, static_cast<float*>(q_out),
-        static_cast<float*>(k_cache), static_cast<float*>(v_cache), batch, shape);
+    return Launch(DecodeQkvPrepKernel<T>, blocks, kDecodeWarps * 32, 0, stream,
+                  static_cast<const T*>(qkv), static_cast<const T*>(q_norm),
+                  static_cast<const T*>(k_norm), static_cast<const T*>(cos),
+                  static_cast<const T*>(sin), position, static_cast<T*>(q_out),
+                  static_cast<T*>(k_cache), static_cast<T*>(v_cache), batch, shape);
   }
-  return cudaGetLastError();
+  return Launch(DecodeQkvPrepKernel<float>, blocks, kDecodeWarps * 32, 0, stream,
+                static_cast<const float*>(qkv), static_cast<const float*>(q_norm),
+                static_cast<const float*>(k_norm), static_cast<const float*>(cos),
+                static_cast<const float*>(sin), position, static_cast<float*>(q_out),
+                static_cast<float*>(k_cache), static_cast<float*>(v_cache), batch, shape);
 }
 
 DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,

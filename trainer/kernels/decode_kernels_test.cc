@@ -15,6 +15,7 @@
 #include <tuple>
 #include <utility>
 
+#include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/fused_ops.h"
 #include "trainer/model/layers.h"
 
@@ -190,6 +191,58 @@ TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   // Inputs larger than the staging memory are not taken.
   const at::Tensor wide = at::randn({2, 1, 65536}, On(at::kFloat));
   CHECK_FALSE(SmallLinearStagedTakes(wide, 65536, at::randn({8, 65536}, On(at::kFloat)), {}));
+}
+
+// Note [Programmatic dependent launch]: a chain of decode kernels, each reading what the one
+// before wrote, launched so that each may start before the one ahead has finished, gives the bits
+// of the same chain launched one after another, eagerly (on the default stream) and replayed
+// from a graph. A kernel that read its input before its wait would read a buffer of an earlier
+// link or one about to be written (the caching allocator hands the links' buffers round).
+TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the same bits") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(21);
+  const at::TensorOptions options = On(at::kBFloat16);
+  const at::Tensor x = at::randn({1, 1, 1024}, options);
+  const at::Tensor norm = at::randn({1024}, options);
+  const at::Tensor w_in = at::randn({1024, 1024}, options) / 32;
+  const at::Tensor w_gate_up = at::randn({3072, 1024}, options) / 32;
+  const at::Tensor w_down = at::randn({1024, 1536}, options) / 40;
+  const at::Tensor head = at::randn({4096, 1024}, options) / 32;
+  // Layers of SmallLinearAddRmsNorm, SmallLinear, SiluMul (folded or not), AddRmsNorm, and a
+  // last norm and projection.
+  const auto chain = [&] {
+    at::Tensor h = x, residual = x;
+    for (int layer = 0; layer < 12; ++layer) {
+      const SummedLinear in = SmallLinearAddRmsNorm(h, residual, norm, 1e-6, w_in, {});
+      const at::Tensor gate_up = SmallLinear(in.out, w_gate_up, {});
+      const at::Tensor down = layer % 2 == 0 ? SmallLinearSiluMul(gate_up, w_down, {})
+                                             : SmallLinear(SiluMul(gate_up), w_down, {});
+      const AddNormed next = AddRmsNorm(down, in.sum, norm, 1e-6);
+      h = next.normed;
+      residual = next.sum;
+    }
+    return SmallLinear(FusedRmsNorm(residual, norm, 1e-6), head, {});
+  };
+  const at::Tensor sequential = chain();
+  {
+    const ProgrammaticLaunch programmatic(true);
+    REQUIRE(ProgrammaticLaunch::On());  // compute capability 9.0 and later
+    for (int run = 0; run < 3; ++run) CHECK(SameBits(chain(), sequential));
+    at::cuda::CUDAGraph graph;
+    at::Tensor replayed;
+    {
+      const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
+      graph.capture_begin();
+      replayed = chain();
+      graph.capture_end();
+    }
+    for (int replay = 0; replay < 3; ++replay) {
+      graph.replay();
+      c10::cuda::device_synchronize();
+      CHECK(SameBits(replayed, sequential));
+    }
+  }
+  CHECK_FALSE(ProgrammaticLaunch::On());  // the scope restored the setting it found
 }
 
 struct PrepCase {

@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kIndexWarps * 32)
   static_assert(kDim % 32 == 0 && kHeads % 8 == 0, "dims in pieces of 32, heads in groups of 8");
   constexpr int kPieces = kDim / 32;  // 16-byte pieces a lane loads per key row (mma pairs)
   constexpr int kGroups = kHeads / 8;
+  PrecedingKernelsDone();
   const int64_t b = blockIdx.y;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -116,18 +117,18 @@ __global__ void __launch_bounds__(kIndexWarps * 32)
 }
 
 template <int kDim, int kHeads>
-void LaunchDsaIndexScores(const void* q, const float* weights, const void* keys,
-                          const int64_t* position, float* out, const DsaIndexShape& p,
-                          cudaStream_t stream) {
+cudaError_t LaunchDsaIndexScores(const void* q, const float* weights, const void* keys,
+                                 const int64_t* position, float* out, const DsaIndexShape& p,
+                                 cudaStream_t stream) {
   const int64_t tiles = (p.key_length + kIndexTileKeys - 1) / kIndexTileKeys;
   const int64_t per_row =
       (kIndexBlocksPerSm * static_cast<int64_t>(MultiprocessorCount()) + p.batch - 1) / p.batch;
   const int64_t wanted = (tiles + kIndexWarps - 1) / kIndexWarps;
   const dim3 grid(static_cast<unsigned>(wanted < per_row ? wanted : per_row),
                   static_cast<unsigned>(p.batch));
-  DsaIndexScoresKernel<kDim, kHeads><<<grid, kIndexWarps * 32, 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(q), weights, static_cast<const __nv_bfloat16*>(keys),
-      position, out, p);
+  return Launch(DsaIndexScoresKernel<kDim, kHeads>, grid, kIndexWarps * 32, 0, stream,
+                static_cast<const __nv_bfloat16*>(q), weights,
+                static_cast<const __nv_bfloat16*>(keys), position, out, p);
 }
 
 }  // namespace
@@ -144,8 +145,7 @@ cudaError_t DsaIndexScores(const void* q, const float* weights, const void* keys
     return cudaErrorInvalidValue;
   }
   const auto launch = [&](auto kernel) {
-    kernel(q, weights, keys, position, out, shape, stream);
-    return cudaGetLastError();
+    return kernel(q, weights, keys, position, out, shape, stream);
   };
   if (shape.dim == 128) {
     if (shape.heads == 32) return launch(LaunchDsaIndexScores<128, 32>);

@@ -1,6 +1,6 @@
 // Device helpers the kernels of trainer/kernels share: dtype conversions, warp and block sums,
 // the elementwise steps whose rounding several kernels must reproduce, cp.async copies, ldmatrix,
-// the bf16 tensor-core mma and the SM count.
+// the bf16 tensor-core mma, the SM count, and programmatic dependent launch.
 #ifndef RL_TRAINER_KERNELS_KERNEL_UTIL_CUH_
 #define RL_TRAINER_KERNELS_KERNEL_UTIL_CUH_
 
@@ -8,6 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "trainer/kernels/cuda_kernels.h"
 
 namespace rl::kernels {
 namespace {
@@ -140,6 +143,55 @@ inline int MultiprocessorCount() {
     return sms;
   }();
   return count;
+}
+
+// Note [Programmatic dependent launch]
+// A decode step is a chain of small kernels, each reading what the one before wrote; between two
+// of them the GPU drains the first, then launches the second, whose blocks then wait for their
+// first loads: a few microseconds per kernel, a large part of a step of a few rows (Qwen3-0.6B's
+// widths at batch 1: 147 kernels in a step of 1.4 ms). Hopper's programmatic dependent
+// launch takes most of that away: a kernel launched by Launch() below while a ProgrammaticLaunch
+// scope is on (cuda_kernels.h; the engine's decode steps) may start before the kernel ahead of it
+// in the stream has finished, and its blocks then run up to PrecedingKernelsDone():
+//  - griddepcontrol.wait there returns once every kernel ahead in the stream has finished and its
+//    writes are visible. Before it a kernel reads only what no kernel of a decode step writes,
+//    its weights (SmallLinear issues the loads of its weight rows there, so they stream in while
+//    the kernel ahead finishes), and writes nothing;
+//  - griddepcontrol.launch_dependents right after lets the kernel behind start once every block
+//    of this one has got that far; its blocks take the SMs this one leaves idle.
+// Every block of every kernel so launched passes PrecedingKernelsDone(), so a kernel's end implies
+// the end of every kernel ahead of it; kernels launched the ordinary way (LibTorch's, cuBLAS's,
+// NCCL's) start after the whole of the kernel ahead, as always. Without the launch attribute
+// (training, or any launch outside the scope) both instructions do nothing, and the kernels
+// compute the same bits either way: the attribute changes when a kernel starts, never what it
+// reads after the wait.
+__device__ __forceinline__ void PrecedingKernelsDone() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...), asking for programmatic dependent launch
+// while a ProgrammaticLaunch scope is on (Note [Programmatic dependent launch]); `kernel` must then
+// call PrecedingKernelsDone() in every block before it reads anything but its weights. Returns
+// the launch's error (and clears it, as cudaGetLastError after <<<>>> does).
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute programmatic = {};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = &programmatic;
+  config.numAttrs = ProgrammaticLaunch::On() ? 1 : 0;
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t last = cudaGetLastError();
+  return launched != cudaSuccess ? launched : last;
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kMlaThreads, 1)
   float* run_max = scores + kMlaRoundKeys * kMlaScoreRow;
   float* run_sum = run_max + kMlaHeads;
   float* correction = run_sum + kMlaHeads;
+  PrecedingKernelsDone();
 
   const int64_t first_head = static_cast<int64_t>(blockIdx.x) * kMlaHeads;
   const int64_t split = blockIdx.y;
@@ -289,6 +290,7 @@ __global__ void __launch_bounds__(kMlaThreads)
     MlaMergeSplitsKernel(const float* __restrict__ partial_out,
                          const float* __restrict__ partial_stats, Bf16* __restrict__ out,
                          int64_t splits) {
+  PrecedingKernelsDone();
   const int64_t row_head = blockIdx.x;
   const float* stats = partial_stats + row_head * splits * 2;
   float largest = -FLT_MAX;
@@ -338,15 +340,14 @@ cudaError_t MlaDecodeAttention(const void* q, const void* cache, const int64_t* 
   if (opt_in != cudaSuccess) return opt_in;
   const dim3 grid(static_cast<unsigned>((shape.heads + kMlaHeads - 1) / kMlaHeads),
                   static_cast<unsigned>(shape.splits), static_cast<unsigned>(shape.batch));
-  MlaDecodeKernel<<<grid, kMlaThreads, kMlaSmemBytes, stream>>>(
-      static_cast<const Bf16*>(q), static_cast<const Bf16*>(cache), position, indices,
-      static_cast<Bf16*>(out), partial_out, partial_stats, shape);
-  if (shape.splits > 1) {
-    MlaMergeSplitsKernel<<<static_cast<unsigned>(shape.batch * shape.heads), kMlaThreads, 0,
-                           stream>>>(partial_out, partial_stats, static_cast<Bf16*>(out),
-                                     shape.splits);
-  }
-  return cudaGetLastError();
+  const cudaError_t attended =
+      Launch(MlaDecodeKernel, grid, kMlaThreads, kMlaSmemBytes, stream, static_cast<const Bf16*>(q),
+             static_cast<const Bf16*>(cache), position, indices, static_cast<Bf16*>(out),
+             partial_out, partial_stats, shape);
+  if (attended != cudaSuccess || shape.splits == 1) return attended;
+  return Launch(MlaMergeSplitsKernel, static_cast<unsigned>(shape.batch * shape.heads), kMlaThreads,
+                0, stream, static_cast<const float*>(partial_out),
+                static_cast<const float*>(partial_stats), static_cast<Bf16*>(out), shape.splits);
 }
 
 }  // namespace rl::kernels

@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
                      int64_t* __restrict__ ids, float* __restrict__ weights, RouterShape p) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  PrecedingKernelsDone();
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kRouterWarps + warp;
   if (token >= p.tokens) return;  // the whole warp
   const float* row = logits + token * p.experts;
@@ -196,6 +197,7 @@ __global__ void __launch_bounds__(kSortThreads)
   int* counts = shared;             // [experts], then each expert's start
   int* seen = shared + experts;     // [experts]: pairs of each expert in earlier chunks
   int* chunk_ids = seen + experts;  // [kSortThreads]
+  PrecedingKernelsDone();
   for (int64_t e = threadIdx.x; e < experts; e += kSortThreads) {
     counts[e] = 0;
     seen[e] = 0;
@@ -250,6 +252,7 @@ __global__ void __launch_bounds__(kThreads)
     CombineExpertsKernel(const T* __restrict__ rows, const int64_t* __restrict__ inverse,
                          const float* __restrict__ weights, const T* __restrict__ shared,
                          T* __restrict__ out, int64_t k, int64_t hidden) {
+  PrecedingKernelsDone();
   const int64_t token = blockIdx.x;
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
     float sum = 0.0f;
@@ -271,16 +274,15 @@ cudaError_t CombineExperts(const void* rows, const int64_t* inverse, const float
                            DtypeCode dtype, cudaStream_t stream) {
   if (tokens < 0 || k < 1 || hidden < 1 || tokens > 2147483647) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(tokens);
   if (dtype == kBFloat16) {
-    CombineExpertsKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(rows), inverse, weights,
-        static_cast<const __nv_bfloat16*>(shared), static_cast<__nv_bfloat16*>(out), k, hidden);
-  } else {
-    CombineExpertsKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-        static_cast<const float*>(rows), inverse, weights, static_cast<const float*>(shared),
-        static_cast<float*>(out), k, hidden);
+    using T = __nv_bfloat16;
+    return Launch(CombineExpertsKernel<T>, blocks, kThreads, 0, stream, static_cast<const T*>(rows),
+                  inverse, weights, static_cast<const T*>(shared), static_cast<T*>(out), k, hidden);
   }
-  return cudaGetLastError();
+  return Launch(CombineExpertsKernel<float>, blocks, kThreads, 0, stream,
+                static_cast<const float*>(rows), inverse, weights,
+                static_cast<const float*>(shared), static_cast<float*>(out), k, hidden);
 }
 
 bool SortByExpertSupports(int64_t pairs, int64_t experts) {
@@ -292,9 +294,8 @@ cudaError_t SortByExpert(const int64_t* ids, int64_t pairs, int64_t experts, int
                          cudaStream_t stream) {
   if (!SortByExpertSupports(pairs, experts)) return cudaErrorInvalidValue;
   const size_t shared = (2 * static_cast<size_t>(experts) + kSortThreads) * sizeof(int);
-  SortByExpertKernel<<<1, kSortThreads, shared, stream>>>(ids, pairs, experts, order, sorted_ids,
-                                                          ends, inverse);
-  return cudaGetLastError();
+  return Launch(SortByExpertKernel, 1, kSortThreads, shared, stream, ids, pairs, experts, order,
+                sorted_ids, ends, inverse);
 }
 
 bool RouterTopKSupports(int64_t experts, int64_t k, int64_t groups, int64_t topk_group) {
@@ -313,20 +314,11 @@ cudaError_t RouterTopK(const float* logits, const float* bias, int64_t* ids, flo
   if (shape.tokens == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((shape.tokens + kRouterWarps - 1) / kRouterWarps);
   const int per_lane = static_cast<int>((shape.experts + 31) / 32);
-  if (per_lane <= 2) {
-    RouterTopKKernel<2>
-        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
-  } else if (per_lane <= 4) {
-    RouterTopKKernel<4>
-        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
-  } else if (per_lane <= 8) {
-    RouterTopKKernel<8>
-        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
-  } else {
-    RouterTopKKernel<16>
-        <<<blocks, kRouterWarps * 32, 0, stream>>>(logits, bias, ids, weights, shape);
-  }
-  return cudaGetLastError();
+  const auto kernel = per_lane <= 2   ? RouterTopKKernel<2>
+                      : per_lane <= 4 ? RouterTopKKernel<4>
+                      : per_lane <= 8 ? RouterTopKKernel<8>
+                                      : RouterTopKKernel<16>;
+  return Launch(kernel, blocks, kRouterWarps * 32, 0, stream, logits, bias, ids, weights, shape);
 }
 
 }  // namespace rl::kernels

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "launch/check.h"
+#include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/fused_ops.h"
 #include "trainer/model/tensor_parallel.h"
 #include "trainer/model/vocab_parallel.h"
@@ -522,6 +523,9 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
            batch, device_.str(), key_length, position.numel(),
            c10::toString(position.scalar_type()), position.device().str(), rope.cos.size(0));
   const CudnnAttentionOff cudnn_off;  // Note [Decode steps without cuDNN attention]
+  // Note [Programmatic dependent launch] (trainer/kernels/kernel_util.cuh): no kernel of a decode
+  // step writes a weight.
+  const kernels::ProgrammaticLaunch programmatic(programmatic_launch_ && device_.is_cuda());
   const at::Tensor index = position.reshape({-1});  // [1] or [B]: Note [Ragged decode]
   const int64_t rows = index.size(0);
   const RopeTable step_rope{rope.cos.index_select(0, index).unsqueeze(1),  // [rows, 1, half]

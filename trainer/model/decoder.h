@@ -162,6 +162,12 @@ class Decoder {
   // training does: slower, with a smaller train/rollout log-prob mismatch.
   void set_latent_mla_decode(bool on) { latent_mla_decode_ = on; }
 
+  // On a GPU, DecodeStep launches our kernels with programmatic dependent launch (the default):
+  // each may start while the kernel ahead of it finishes, the same bits sooner (Note
+  // [Programmatic dependent launch] in trainer/kernels/kernel_util.cuh). Off: launched one
+  // after another, as everywhere else.
+  void set_programmatic_launch(bool on) { programmatic_launch_ = on; }
+
   // Under expert parallelism: this rank's part of a forward in which it has no tokens, serving
   // the other ranks' rows to its experts in every MoE layer (ExpertGroupIdle), through
   // `dispatch` when the forward it joins uses one. No-op otherwise.
@@ -229,6 +235,7 @@ class Decoder {
   ModelConfig config_;
   Kernels kernels_;
   bool latent_mla_decode_ = true;
+  bool programmatic_launch_ = true;
   Communicator* tensor_group_ = nullptr;  // null without TP
   bool sequence_parallel_ = false;
   int64_t vocab_start_ = 0;  // the first vocabulary id of this rank's embedding and LM head rows

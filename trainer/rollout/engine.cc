@@ -221,6 +221,11 @@ void RolloutEngine::set_latent_mla_decode(bool on) {
   set_cuda_graphs(uses_cuda_graphs());
 }
 
+void RolloutEngine::set_programmatic_launch(bool on) {
+  decoder_->set_programmatic_launch(on);
+  set_cuda_graphs(uses_cuda_graphs());
+}
+
 void RolloutEngine::set_cuda_graphs(bool on) {
   graphs_.reset();
   if (!on || !device_.is_cuda() || !decoder_->decode_step_capturable()) return;

@@ -200,6 +200,9 @@ class RolloutEngine {
   // MLA models: decode steps in the latent space (on by default) or over expanded keys and values
   // (model::Decoder::set_latent_mla_decode); graphs captured so far are dropped.
   void set_latent_mla_decode(bool on);
+  // Decode steps with programmatic dependent launch (on by default; model::Decoder::
+  // set_programmatic_launch); graphs captured so far are dropped.
+  void set_programmatic_launch(bool on);
 
   // Cache positions a decode step at `position` attends over (Note [Rollout decode steps]).
   static constexpr int64_t kKeyBlock = 64;
