@@ -6,9 +6,10 @@
 # indexer's top-k replayed), and prints per run the mean over iterations of
 # train_rollout_logprob_abs_diff, the largest per-iteration maximum and the mean importance ratio.
 # --wide: the same 4-layer models at the widths of the real ones (Qwen3-0.6B for the dense model;
-# Qwen3-30B-A3B and GLM-4.7-Flash for the MoE ones; GLM-5's would not fit one GPU: hidden size, heads, experts, top-k),
-# with the CI vocabulary kept so that the toy task's tokenizer still fits, and 32 samples an
-# iteration. ONLY (a bash pattern, e.g. 'glm47*') runs only the runs whose names match it; the
+# Qwen3-30B-A3B and GLM-4.7-Flash for the MoE ones; for GLM-5 its attention and indexer widths,
+# which its decode kernels take, with the CI hidden size, experts and index_topk: the rest would
+# not fit one GPU), with the CI vocabulary kept so that the toy task's tokenizer still fits, and
+# 32 samples an iteration. ONLY (a bash pattern, e.g. 'glm47*') runs only the runs whose names match it; the
 # flags after it are passed to every run (e.g. --no-rollout-mla-latent-decode).
 set -uo pipefail
 out="$1"
@@ -26,6 +27,11 @@ full = {"dense": "configs/models/tiny_qwen3.json"}.get(name, path.replace("_4lay
 if name == "dense":  # Qwen3-0.6B's widths
     model.update(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128)
+elif name == "glm5":  # GLM-5's attention (MLA) and indexer widths
+    real = json.load(open(full))
+    model.update({k: real[k] for k in (
+        "num_attention_heads", "num_key_value_heads", "head_dim", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim")})
 else:
     real = json.load(open(full))
     keep = ("vocab_size", "num_hidden_layers", "first_k_dense_replace", "mlp_only_layers",
@@ -55,12 +61,10 @@ run qwen3_moe configs/qwen3_30b_a3b_4layer_ci.toml --no-use-rollout-routing-repl
 run qwen3_moe_r3 configs/qwen3_30b_a3b_4layer_ci.toml --use-rollout-routing-replay
 run glm47_flash configs/glm47_flash_4layer_ci.toml --no-use-rollout-routing-replay
 run glm47_flash_r3 configs/glm47_flash_4layer_ci.toml --use-rollout-routing-replay
-if [[ "$wide" != --wide ]]; then  # GLM-5's widths do not fit one GPU at 4 layers with training state
 run glm5 configs/glm5_744b_a40b_4layer_ci.toml --no-use-rollout-routing-replay
 run glm5_r3 configs/glm5_744b_a40b_4layer_ci.toml --use-rollout-routing-replay
 run glm5_r3_indexer configs/glm5_744b_a40b_4layer_ci.toml --use-rollout-routing-replay \
   --use-rollout-indexer-replay
-fi
 python3 - "$out" <<'PY'
 import glob, json, os, sys
 print(f"{'run':18} {'iters':>5} {'mean |diff|':>12} {'max |diff|':>11} {'ratio mean':>11}")

@@ -91,6 +91,7 @@ class EngineRollout final : public Rollout {
              "--use-rollout-indexer-replay needs a model with a DSA indexer (GLM-5, GLM-5.2)");
     engine_->set_cuda_graphs(c.rollout.rollout_cuda_graphs);
     engine_->set_latent_mla_decode(c.rollout.rollout_mla_latent_decode);
+    engine_->set_programmatic_launch(c.rollout.rollout_programmatic_launch);
     engine_->SetMemoryHooks(
         [this] {
           regions_.Pause(RegionTag::kKvCache);

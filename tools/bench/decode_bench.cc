@@ -1,6 +1,6 @@
 // decode_bench --checkpoint DIR | --model-config FILE [--layers N] [--batch 64] [--prompt-len 128]
 // [--new-tokens 128] [--temperature 0] [--compare-eager] [--compare-programmatic-launch]
-// [--no-cuda-graphs] [--profile FILE]
+// [--no-cuda-graphs] [--no-programmatic-launch] [--profile FILE]
 // [--step-time]: generation by our rollout engine, greedy (or sampled at --temperature > 0, top-p
 // 1, seed 11) (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs
 // there): tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the
@@ -212,13 +212,16 @@ int Run(int argc, char** argv) {
                  "prompt lengths: row b's is --prompt-len - (b % G) * --prompt-len / (2 G)")
       ->check(CLI::PositiveNumber);
   app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
-  bool compare_eager = false, compare_launch = false, cuda_graphs = true;
+  bool compare_eager = false, compare_launch = false, cuda_graphs = true,
+       programmatic_launch = true;
   app.add_flag("--compare-eager", compare_eager,
                "also time eager decode steps and check that they give bit-identical generations");
   app.add_flag("--compare-programmatic-launch", compare_launch,
                "also time decode kernels launched one after another and check that they give "
                "bit-identical generations");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs, "decode by CUDA graphs (default)");
+  app.add_flag("--programmatic-launch,!--no-programmatic-launch", programmatic_launch,
+               "decode kernels by programmatic dependent launch (default)");
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   bool step_time = false;
@@ -258,6 +261,7 @@ int Run(int argc, char** argv) {
                                     rl::rollout::PlainAllocator(device));
   engine.LoadWeights(host);
   engine.set_cuda_graphs(cuda_graphs);
+  engine.set_programmatic_launch(programmatic_launch);
   host.clear();
 
   const at::Tensor ids = at::randint(config.vocab_size, {batch, prompt_len},

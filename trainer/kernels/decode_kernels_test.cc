@@ -492,11 +492,37 @@ TEST_CASE("DecodeAttention reads its position on the device, so a graph replay f
   }
 }
 
+// The rows of DsaIndexScores' `scores` [B, T] against the fp64 sum of the same bf16 inputs up to
+// each row's position (within 1e-5 of the row's largest), -inf past it.
+void CheckDsaScores(const at::Tensor& scores, const at::Tensor& q, const at::Tensor& weights,
+                    const at::Tensor& keys, const std::vector<int64_t>& positions, double scale) {
+  const int64_t key_length = keys.size(1);
+  const at::Tensor products =
+      at::matmul(q.to(at::kDouble), keys.to(at::kDouble).transpose(1, 2));  // [B, H, T]
+  const at::Tensor expected =
+      (weights.to(at::kDouble).unsqueeze(-1) * at::relu(products * scale)).sum(1);  // [B, T]
+  for (int64_t b = 0; b < scores.size(0); ++b) {
+    INFO("row " << b);
+    const int64_t seen = positions[static_cast<size_t>(b)] + 1;
+    const at::Tensor got = scores[b].to(at::kDouble);
+    const double largest = expected[b].narrow(0, 0, seen).abs().max().item<double>();
+    const double error =
+        (got.narrow(0, 0, seen) - expected[b].narrow(0, 0, seen)).abs().max().item<double>();
+    CHECK(error <= 1e-5 * std::max(1.0, largest));
+    if (seen < key_length) {
+      CHECK(at::all(got.narrow(0, seen, key_length - seen) ==
+                    -std::numeric_limits<double>::infinity())
+                .item<bool>());
+    }
+  }
+}
+
 // Note [DSA index scores kernel]: the scores of every cached key, against the fp64 sum of the
 // same bf16 inputs; keys past a row's position score -inf (they hold NaN here, and the last
 // visible key's row is what the kernel loads in their place). Rows at their own positions (one
 // sees a single key; one sees every key) and a key length that ends within a tile of 16; then
-// one position for the whole batch. The same inputs give the same bits.
+// one position for the whole batch, and 64 rows, whose warps take several tiles each. The same
+// inputs give the same bits.
 TEST_CASE("DsaIndexScores is the indexer's weighted relu scores, -inf past each row's position") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(14);
@@ -522,24 +548,7 @@ TEST_CASE("DsaIndexScores is the indexer's weighted relu scores, -inf past each 
     const at::Tensor scores = DsaIndexScores(q, weights, keys, pos, key_length, scale);
     REQUIRE(scores.sizes() == at::IntArrayRef({batch, key_length}));
     CHECK(SameBits(scores, DsaIndexScores(q, weights, keys, pos, key_length, scale)));
-    const at::Tensor products = at::matmul(
-        q.to(at::kDouble), keys.narrow(0, 0, batch).to(at::kDouble).transpose(1, 2));  // [B, H, T]
-    const at::Tensor expected =
-        (weights.to(at::kDouble).unsqueeze(-1) * at::relu(products * scale)).sum(1);  // [B, T]
-    for (int64_t b = 0; b < batch; ++b) {
-      INFO("row " << b);
-      const int64_t seen = positions[static_cast<size_t>(b)] + 1;
-      const at::Tensor got = scores[b].to(at::kDouble);
-      const double largest = expected[b].narrow(0, 0, seen).abs().max().item<double>();
-      const double error =
-          (got.narrow(0, 0, seen) - expected[b].narrow(0, 0, seen)).abs().max().item<double>();
-      CHECK(error <= 1e-5 * std::max(1.0, largest));
-      if (seen < key_length) {
-        CHECK(at::all(got.narrow(0, seen, key_length - seen) ==
-                      -std::numeric_limits<double>::infinity())
-                  .item<bool>());
-      }
-    }
+    CheckDsaScores(scores, q, weights, keys.narrow(0, 0, batch), positions, scale);
     // One position for the whole batch: every row as row 2 (position 700) of the above.
     const at::Tensor row_2_cache =
         cache.narrow(0, 2, 1).expand({batch, cache_length, h.dim}).contiguous();
@@ -550,6 +559,17 @@ TEST_CASE("DsaIndexScores is the indexer's weighted relu scores, -inf past each 
                        at::full({1}, positions[2], On(at::kLong)), key_length, scale);
     for (int64_t b = 0; b < batch; ++b) CHECK(SameBits(shared[b], scores[2]));
   }
+  // 64 rows: fewer blocks per row than a row's tiles need warps, so each warp takes several tiles.
+  const int64_t rows = 64;
+  const at::Tensor q = at::randn({rows, 32, 128}, On(at::kBFloat16));
+  const at::Tensor weights = at::randn({rows, 32}, On(at::kFloat)) * 0.2;
+  const at::Tensor keys = at::randn({rows, key_length, 128}, On(at::kBFloat16));
+  std::vector<int64_t> many(rows);
+  for (int64_t b = 0; b < rows; ++b) many[static_cast<size_t>(b)] = (b * 331 + 17) % key_length;
+  const at::Tensor pos = at::tensor(many, at::kLong).to(On(at::kLong).device());
+  const double scale = 1.0 / std::sqrt(128.0);
+  CheckDsaScores(DsaIndexScores(q, weights, keys, pos, key_length, scale), q, weights, keys, many,
+                 scale);
 }
 
 // softmax(scale q . rows) . latents in fp64 over the keys `visible` [B, T] (bool) of each row:
@@ -568,15 +588,17 @@ at::Tensor ReferenceMla(const at::Tensor& q, const at::Tensor& rows, const at::T
 // Note [MLA decode attention kernel]: against fp64 over the keys up to each row's position (rows
 // past it hold NaN), with 20 heads (a partly empty tile of 16) and 64 (four tiles); at 3 rows the
 // keys are split over blocks and merged, at 70 rows not; then over selected keys by index, some of
-// them past the row's position. The same inputs give the same bits.
+// them past the row's position (GLM-5's 2048 of 10,000 keys too). The same inputs give the same
+// bits.
 TEST_CASE("MlaDecodeAttention attends over the cached latents, by position or by selected index") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(15);
   const double scale = 0.06;
   struct Case {
-    int64_t batch, heads, keys;
+    int64_t batch, heads, keys, selected;
   };
-  for (const Case& k : {Case{3, 20, 1200}, Case{3, 64, 1200}, Case{70, 16, 300}}) {
+  for (const Case& k : {Case{3, 20, 1200, 100}, Case{3, 64, 1200, 100}, Case{70, 16, 300, 100},
+                        Case{2, 64, 10000, 2048}}) {
     INFO(k.batch << " rows of " << k.heads << " heads over " << k.keys << " keys");
     const at::Tensor cache = at::randn({k.batch + 1, k.keys + 16, 576}, On(at::kBFloat16));
     const at::Tensor q = at::randn({k.batch, k.heads, 576}, On(at::kBFloat16));
@@ -599,9 +621,9 @@ TEST_CASE("MlaDecodeAttention attends over the cached latents, by position or by
     };
     CHECK(beyond(got, ReferenceMla(q, rows, visible, scale)) <= 5e-3);
 
-    // Selected keys (DSA): 100 distinct positions per row, position 0 among them (every row sees
-    // it), the others at random, some past the row's position.
-    const int64_t selected = 100;
+    // Selected keys (DSA): k.selected distinct positions per row, position 0 among them (every
+    // row sees it), the others at random, some past the row's position.
+    const int64_t selected = k.selected;
     const at::Tensor order = std::get<1>(at::rand({k.batch, k.keys - 1}, On(at::kFloat)).sort(-1));
     const at::Tensor others = 1 + order.narrow(1, 0, selected - 1);
     const at::Tensor indices =

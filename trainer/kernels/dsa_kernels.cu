@@ -24,7 +24,9 @@
 // Each lane then has the scores of keys g and g + 8 for heads 8 j + 2t and 8 j + 2t + 1: it
 // scales them, applies the relu, weights and adds them over its heads, and the 4 lanes of a key
 // add theirs by 2 shuffles: a fixed order, so graphs and eager steps agree. Keys past the row's
-// position score -inf, as the ops' mask gives them.
+// position score -inf, as the ops' mask gives them. A NaN product (a corrupt visible cache row)
+// counts as 0 here (fmaxf), where at::relu keeps it and topk ranks it first: the kernel hides a
+// NaN the ops would select.
 #include <cuda_bf16.h>
 #include <math_constants.h>
 

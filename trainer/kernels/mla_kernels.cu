@@ -30,6 +30,8 @@
 // indices[b, j] of the selected j, not the positions j; a selected key past the row's position
 // scores -FLT_MAX and its stage row is copied from position 0 (any finite row: its weight is 0,
 // and a cache row past the position may hold anything, NaN included).
+// A NaN score of a visible key (a corrupt cache row) gets weight 0 here, where the ops' softmax
+// would make the row's output NaN.
 #include <cuda_bf16.h>
 
 #include <cfloat>
