@@ -121,7 +121,9 @@ bool HaveGpuOrWarn() {
 
 // Bounds: the decode steps differ from the full forward by bf16 rounding only (a mean of about
 // 1% of the logits is expected; 3% is the bound), while the attention moves them by more than a
-// third (checked, so that the comparison can fail).
+// third (checked, so that the comparison can fail). This harness on the CPU in fp32 (the
+// decoder's ops, not the kernels): decode steps within 1.3e-6 of the full forward, attention's
+// part 1.4, and 0.14 with the latent scores' scale 20% off.
 constexpr double kDecodeBound = 3e-2;
 constexpr double kAttentionAtLeast = 0.3;
 
