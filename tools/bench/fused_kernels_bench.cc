@@ -13,7 +13,8 @@
 //     several blocks_per_sm (and the CUDA-core kernel at the default) against SDPA over the key
 //     block with a mask, as the LibTorch decode step ran it; DecodeQkvAttention against
 //     DecodeQkvPrep and DecodeAttention at the same shapes; SmallLinear against at::linear for
-//     1 and 2 rows (the rows it takes) at each projection's shape; DsaIndexScores against the
+//     1 and 2 rows (the rows it takes) at each projection's shape, and SkinnyLinear for 8 to 64
+//     (alone, and by programmatic dependent launch); DsaIndexScores against the
 //     DSA indexer's LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768 keys), and
 //     the top-2048 selection after it; MlaDecodeAttention against the engine's LibTorch ops
 //     for MLA in the latent space (20 and 64 heads, 4096 and 16384 keys), and over 2048 selected
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "launch/device.h"
+#include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/fused_ops.h"
 #include "trainer/model/layers.h"
 
@@ -275,6 +277,28 @@ void DecodeKernelSpeeds(const at::Device& device) {
                   static_cast<long long>(rows), static_cast<long long>(n),
                   static_cast<long long>(k), cublas, bytes / cublas * 1e-6, small,
                   bytes / small * 1e-6, cublas / small);
+    }
+  }
+  // SkinnyLinear against at::linear from 8 to 64 rows, launched one after another and by
+  // programmatic dependent launch (each call then starts while the one ahead finishes).
+  for (const int64_t rows : {8, 16, 32, 64}) {
+    for (const auto& [n, k] : shapes) {
+      const at::Tensor x = at::randn({rows, k}, on(at::kBFloat16));
+      const at::Tensor w = at::randn({n, k}, on(at::kBFloat16));
+      const double cublas = MicrosPerCall([&] { at::linear(x, w); });
+      const double skinny = MicrosPerCall([&] { rl::kernels::SkinnyLinear(x, w, {}); });
+      double overlapped = 0;
+      {
+        const rl::kernels::ProgrammaticLaunch programmatic(true);
+        overlapped = MicrosPerCall([&] { rl::kernels::SkinnyLinear(x, w, {}); });
+      }
+      const double bytes = static_cast<double>(n * k * 2);
+      std::printf(
+          "linear %lld x [%lld, %lld]: at::linear %.1f us (%.2f TB/s), SkinnyLinear %.1f "
+          "us (%.2f TB/s), %.2fx; programmatic launch %.1f us (%.2f TB/s), %.2fx\n",
+          static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(k),
+          cublas, bytes / cublas * 1e-6, skinny, bytes / skinny * 1e-6, cublas / skinny, overlapped,
+          bytes / overlapped * 1e-6, cublas / overlapped);
     }
   }
 }

@@ -153,6 +153,43 @@ TEST_CASE("SmallLinear is x w^T + b up to one rounding, for up to 2 rows") {
   CHECK_FALSE(SmallLinearTakes(at::randn({1, 1024}, On(at::kBFloat16)).requires_grad_(), w, {}));
 }
 
+// Note [Skinny linear kernel]: against fp64 from 3 to 64 rows (each count of row groups, rows that
+// end within a group), with K in one chunk of 4, 8 or 16 warps or in several, warps without a
+// piece (K = 96), features that end within a tile of 16, with and without a bias; the same bits
+// again; and the inputs it does not take.
+TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(22);
+  struct LinearCase {
+    bool with_bias;
+    int64_t n, k;
+  };
+  for (const int64_t rows : {3, 8, 9, 16, 31, 33, 64}) {
+    for (const LinearCase& c : {LinearCase{false, 4096, 1024}, LinearCase{true, 1000, 2048},
+                                LinearCase{false, 1024, 3072}, LinearCase{true, 24, 96},
+                                LinearCase{false, 1001, 6144}, LinearCase{true, 130, 512}}) {
+      INFO(rows << " rows, n " << c.n << ", k " << c.k << ", bias " << c.with_bias);
+      const at::Tensor x = at::randn({rows, 1, c.k}, On(at::kBFloat16));
+      const at::Tensor w = at::randn({c.n, c.k}, On(at::kBFloat16)) / std::sqrt(double(c.k));
+      const at::Tensor b = c.with_bias ? at::randn({c.n}, On(at::kBFloat16)) : at::Tensor();
+      REQUIRE(SkinnyLinearTakes(x, w, b));
+      const at::Tensor y = SkinnyLinear(x, w, b);
+      at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
+      if (c.with_bias) expected = expected + b.to(at::kDouble);
+      REQUIRE(y.sizes() == expected.sizes());
+      // |y| < 8: one bf16 rounding is below 3.2e-2.
+      CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
+      CHECK(SameBits(y, SkinnyLinear(x, w, b)));
+    }
+  }
+  const at::Tensor w = at::randn({64, 1024}, On(at::kBFloat16));
+  CHECK_FALSE(SkinnyLinearTakes(at::randn({2, 1024}, On(at::kBFloat16)), w, {}));   // SmallLinear's
+  CHECK_FALSE(SkinnyLinearTakes(at::randn({65, 1024}, On(at::kBFloat16)), w, {}));  // cuBLAS's
+  CHECK_FALSE(SkinnyLinearTakes(at::randn({8, 1024}, On(at::kFloat)), w.to(at::kFloat), {}));
+  CHECK_FALSE(SkinnyLinearTakes(at::randn({8, 1000}, On(at::kBFloat16)),
+                                at::randn({64, 1000}, On(at::kBFloat16)), {}));
+}
+
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(8);

@@ -211,11 +211,11 @@ bool Aligned(const at::Tensor& t, int64_t elements) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-// The kernel's conditions on its rows of x (Supported, outside autograd, at most
-// kSmallLinearMaxRows of them; x's last dim counts rows, and each row feeds k inputs) and on
-// w [n, k] (x's dtype, contiguous, k a multiple of 16 bytes' elements, aligned) and b ([n] or
-// undefined).
-bool SmallLinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const at::Tensor& b) {
+// A linear kernel's conditions on its rows of x (Supported, outside autograd, from min_rows to
+// max_rows of them; x's last dim counts rows, and each row feeds k inputs) and on w [n, k] (x's
+// dtype, contiguous, k a multiple of 16 bytes' elements, aligned) and b ([n] or undefined).
+bool LinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const at::Tensor& b,
+                int64_t min_rows, int64_t max_rows) {
   if (!Supported(x) || x.requires_grad() || x.dim() == 0 || x.size(-1) == 0 || !w.defined() ||
       w.dim() != 2 || w.size(1) != k || w.requires_grad() || w.scalar_type() != x.scalar_type() ||
       w.device() != x.device() || !w.is_contiguous() ||
@@ -225,7 +225,28 @@ bool SmallLinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const 
   }
   const int64_t rows = x.numel() / x.size(-1);
   const int64_t vec = 16 / x.element_size();
-  return rows >= 1 && rows <= kSmallLinearMaxRows && k % vec == 0 && Aligned(w, vec);
+  return rows >= min_rows && rows <= max_rows && k % vec == 0 && Aligned(w, vec);
+}
+
+bool SmallLinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const at::Tensor& b) {
+  return LinearFits(x, k, w, b, 1, kSmallLinearMaxRows);
+}
+
+// y = x w^T + b by `launch(x, w, bias, y, rows)` (raw pointers) for x contiguous and aligned to
+// 16 bytes (copied where it is not).
+template <typename Launch>
+at::Tensor RunLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                     const Launch& launch) {
+  at::Tensor in = x.contiguous();
+  if (!Aligned(in, 16 / in.element_size())) in = in.clone();
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  at::Tensor y = at::empty(shape, x.options());
+  const at::Tensor bias = b.defined() ? b.contiguous() : b;
+  const c10::cuda::CUDAGuard guard(x.device());
+  RL_CHECK_CUDA(launch(in.data_ptr(), w.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr,
+                       y.data_ptr(), in.numel() / w.size(1)));
+  return y;
 }
 
 // Whether a cache tensor [B, H, T, D] has unit stride along D and every row aligned to
@@ -267,18 +288,27 @@ bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   RL_CHECK(SmallLinearTakes(x, w, b), Error, "SmallLinear: x [{}] and w [{}] do not fit the kernel",
            fmt::join(x.sizes(), ", "), fmt::join(w.sizes(), ", "));
-  at::Tensor in = x.contiguous();
-  if (!Aligned(in, 16 / in.element_size())) in = in.clone();
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = w.size(0);
-  at::Tensor y = at::empty(shape, x.options());
-  const at::Tensor bias = b.defined() ? b.contiguous() : b;
-  const c10::cuda::CUDAGuard guard(x.device());
-  RL_CHECK_CUDA(kernels::SmallLinear(in.data_ptr(), w.data_ptr(),
-                                     bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(),
-                                     in.numel() / w.size(1), w.size(0), w.size(1), CodeOf(in),
-                                     c10::cuda::getCurrentCUDAStream()));
-  return y;
+  return RunLinear(
+      x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t rows) {
+        return kernels::SmallLinear(in, weight, bias, y, rows, w.size(0), w.size(1), CodeOf(x),
+                                    c10::cuda::getCurrentCUDAStream());
+      });
+}
+
+bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return x.defined() && x.dim() > 0 && x.scalar_type() == at::kBFloat16 && x.size(-1) % 32 == 0 &&
+         LinearFits(x, x.size(-1), w, b, kSmallLinearMaxRows + 1, kSkinnyLinearMaxRows);
+}
+
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  RL_CHECK(SkinnyLinearTakes(x, w, b), Error,
+           "SkinnyLinear: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
+           fmt::join(w.sizes(), ", "));
+  return RunLinear(
+      x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t rows) {
+        return kernels::SkinnyLinear(in, weight, bias, y, rows, w.size(0), w.size(1),
+                                     c10::cuda::getCurrentCUDAStream());
+      });
 }
 
 bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,

@@ -79,6 +79,11 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
 bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
+// The same for 3 to kSkinnyLinearMaxRows (64) rows of bf16 x on tensor cores, k a multiple of 32
+// (Note [Skinny linear kernel] in linear_kernels.cu).
+bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+
 // The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
 // one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
 // apply to an input x whose staged rows have k elements (x [..., k] for the norm, gate_up

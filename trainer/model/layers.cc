@@ -50,8 +50,9 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 }
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Kernels impl) {
-  if (impl == Kernels::kFused && kernels::SmallLinearTakes(x, w, b)) {
-    return kernels::SmallLinear(x, w, b);
+  if (impl == Kernels::kFused) {
+    if (kernels::SmallLinearTakes(x, w, b)) return kernels::SmallLinear(x, w, b);
+    if (kernels::SkinnyLinearTakes(x, w, b)) return kernels::SkinnyLinear(x, w, b);
   }
   return Linear(x, w, b);
 }
@@ -404,8 +405,11 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // DecodeQkvPrep and DecodeAttention run as two kernels. For one or two rows the GEMMs (and the
 // LM head) are SmallLinear, a warp per output feature, and a dense layer
 // (Decoder::SmallDecodeLayer) folds each AddRmsNorm into the projection after it and SiluMul into
-// the down projection (each block of those computes its input rows itself): 5 kernels. All but
-// the attention and SmallLinear compute bit for bit what the ops computed, and the fused kernels
+// the down projection (each block of those computes its input rows itself): 5 kernels. From 3 to
+// 64 bf16 rows the GEMMs and the LM head are SkinnyLinear (Note [Skinny linear kernel] in
+// trainer/kernels/linear_kernels.cu: 16 features a block, the weight read once on tensor cores);
+// larger batches keep cuBLAS. All but the attention, SmallLinear and SkinnyLinear
+// compute bit for bit what the ops computed, and the fused kernels
 // what the unfused ones compute (trainer/kernels/fused_ops.h); the attention reads only the
 // positions up to the step's (SDPA read the whole key block under a mask) and both sum in another
 // order than SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps

@@ -35,8 +35,9 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b 
 // kernels] in decoder.h): LibTorch ops, or our fused CUDA kernels where the tensors allow.
 enum class Kernels { kLibTorch, kFused };
 
-// Linear, and with kFused on a few rows of CUDA input outside autograd our small-batch kernel
-// (kernels::SmallLinear: a decode step's projections; Note [Decode kernels] in layers.cc).
+// Linear, and with kFused on a few rows of CUDA input outside autograd our small-batch kernels
+// (kernels::SmallLinear up to 2 rows, kernels::SkinnyLinear up to 64 in bf16: a decode step's
+// projections; Note [Decode kernels] in layers.cc).
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Kernels impl);
 
 // transformers' RMSNorm: normalise in fp32, cast back to x's dtype, then multiply by the weight.
