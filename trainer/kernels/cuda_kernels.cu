@@ -108,19 +108,12 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add
       out_row[i] = RmsNormed<T>(v[j], inv, w[j]);
     }
   } else {
-    const T* row = x + offset;
-    if (add != nullptr) {
-      for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-        sum[offset + i] = AddRounded<T>(ToFloat(row[i]), ToFloat(add[offset + i]));
-      }
-      row = sum + offset;  // each thread reads back only what it wrote
-    }
-    float squares = 0.0f;
-    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      const float v = ToFloat(row[i]);
-      squares += v * v;
-    }
-    const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
+    const float inv = RowInverseRms(x + offset, add != nullptr ? add + offset : nullptr, cols, eps,
+                                    scratch, [&](int64_t i, T v) {
+                                      if (add != nullptr) sum[offset + i] = v;
+                                    });
+    // each thread reads back only what it wrote
+    const T* row = add != nullptr ? sum + offset : x + offset;
     if (inv_rms != nullptr && threadIdx.x == 0) inv_rms[blockIdx.x] = inv;
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
       out_row[i] = RmsNormed<T>(ToFloat(row[i]), inv, ToFloat(weight[i]));

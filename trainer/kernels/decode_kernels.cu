@@ -656,16 +656,12 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
         row[i] = SiluTimes<T>(ToFloat(gate[i]), ToFloat(gate[k_in + i]));
       }
     } else {
-      float squares = 0.0f;
-      for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
-        const T v = add != nullptr
-                        ? AddRounded<T>(ToFloat(x[m * k_in + i]), ToFloat(add[m * k_in + i]))
-                        : x[m * k_in + i];
-        if (add != nullptr && blockIdx.x == 0) sum[m * k_in + i] = v;
-        row[i] = v;
-        squares += ToFloat(v) * ToFloat(v);
-      }
-      const float inv = rsqrtf(BlockSum(squares, scratch) / static_cast<float>(k_in) + eps);
+      const float inv = RowInverseRms(x + m * k_in, add != nullptr ? add + m * k_in : nullptr, k_in,
+                                      eps, scratch, [&](int64_t i, T v) {
+                                        if (add != nullptr && blockIdx.x == 0)
+                                          sum[m * k_in + i] = v;
+                                        row[i] = v;
+                                      });
       for (int64_t i = threadIdx.x; i < k_in; i += blockDim.x) {
         row[i] = RmsNormed<T>(ToFloat(row[i]), inv, ToFloat(norm_weight[i]));
       }

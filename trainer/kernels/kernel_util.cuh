@@ -75,6 +75,23 @@ __device__ __forceinline__ T SiluTimes(float g, float u) {
   return FromFloat<T>(__fmul_rn(ToFloat(FromFloat<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))))), u));
 }
 
+// The first pass of an RMSNorm of one row of `cols` by the whole block: each element v of the row
+// x + add (AddRounded; x itself where add is null) goes to store(i, v), and the row's inverse rms
+// rsqrt(mean(v^2) + eps) is returned to every thread. Thread i takes elements i, i + blockDim.x,
+// ...; `scratch` holds kWarps floats (BlockSum). Every kernel that normalises a row this way gives
+// the same bits.
+template <typename T, typename Store>
+__device__ float RowInverseRms(const T* __restrict__ x, const T* __restrict__ add, int64_t cols,
+                               float eps, float* scratch, const Store& store) {
+  float squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const T v = add != nullptr ? AddRounded<T>(ToFloat(x[i]), ToFloat(add[i])) : x[i];
+    store(i, v);
+    squares += ToFloat(v) * ToFloat(v);
+  }
+  return rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
+}
+
 // D += A B on the tensor cores, one m16n8k16 mma with bf16 inputs and fp32 sums. Per lane
 // (g = lane / 4, t = lane % 4), each register two bf16 of consecutive k, the lower k in the low
 // half: A (16 x 16, row-major) a[0] rows g, k 2t and 2t + 1; a[1] row g + 8, the same k; a[2] row
