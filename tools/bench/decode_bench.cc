@@ -237,6 +237,12 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "decode_bench: --layers needs --model-config\n");
     return 2;
   }
+  if (compare_launch && !programmatic_launch) {
+    std::fprintf(stderr,
+                 "decode_bench: --compare-programmatic-launch compares against "
+                 "--programmatic-launch (the default); drop --no-programmatic-launch\n");
+    return 2;
+  }
 
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
