@@ -1,9 +1,9 @@
-#include "trainer/kernels/cuda_kernels.h"
-
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cfloat>
 
+#include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/kernel_util.cuh"
 
 namespace rl::kernels {
@@ -260,20 +260,26 @@ cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, vo
 }
 
 thread_local bool programmatic_launch = false;
+std::atomic<bool> programmatic_refused{false};
 
 }  // namespace
 
 ProgrammaticLaunch::ProgrammaticLaunch(bool on) : previous_(programmatic_launch) {
   int device = 0, major = 0;
   programmatic_launch =
-      on && cudaGetDevice(&device) == cudaSuccess &&
+      on && !programmatic_refused.load() && cudaGetDevice(&device) == cudaSuccess &&
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
       major >= 9;
 }
 
 ProgrammaticLaunch::~ProgrammaticLaunch() { programmatic_launch = previous_; }
 
-bool ProgrammaticLaunch::On() { return programmatic_launch; }
+bool ProgrammaticLaunch::On() { return programmatic_launch && !programmatic_refused.load(); }
+
+void ProgrammaticLaunch::Refused() {
+  programmatic_refused.store(true);
+  programmatic_launch = false;
+}
 
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {

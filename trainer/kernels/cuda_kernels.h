@@ -27,8 +27,10 @@ class ProgrammaticLaunch {
   ProgrammaticLaunch(const ProgrammaticLaunch&) = delete;
   ProgrammaticLaunch& operator=(const ProgrammaticLaunch&) = delete;
 
-  // Whether the calling thread's launches ask for it now.
+  // Whether the calling thread's launches ask for it now: false from the first launch whose
+  // attribute a driver or stream refused (Refused()), which then ran the ordinary way.
   static bool On();
+  static void Refused();
 
  private:
   bool previous_;

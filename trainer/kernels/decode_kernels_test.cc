@@ -230,10 +230,11 @@ TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   CHECK_FALSE(SmallLinearStagedTakes(wide, 65536, at::randn({8, 65536}, On(at::kFloat)), {}));
 }
 
-// Note [Programmatic dependent launch]: a chain of decode kernels, each reading what the one
-// before wrote, launched so that each may start before the one ahead has finished, gives the bits
-// of the same chain launched one after another, eagerly (on the default stream) and replayed
-// from a graph. A kernel that read its input before its wait would read a buffer of an earlier
+// Note [Programmatic dependent launch]: a chain of decode kernels (SmallLinear in each form,
+// SkinnyLinear, DecodeQkvAttention, RoPE, the norms and SiluMul), each reading what the one before
+// wrote, launched so that each may start before the one ahead has finished, gives the bits of the
+// same chain launched one after another, eagerly (on the default stream) and replayed from a
+// graph. A kernel that read its input before its wait would read a buffer of an earlier
 // link or one about to be written (the caching allocator hands the links' buffers round).
 TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the same bits") {
   if (!HaveGpuOrWarn()) return;
@@ -245,8 +246,23 @@ TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the sam
   const at::Tensor w_gate_up = at::randn({3072, 1024}, options) / 32;
   const at::Tensor w_down = at::randn({1024, 1536}, options) / 40;
   const at::Tensor head = at::randn({4096, 1024}, options) / 32;
+  // 64 rows (and 5) through SkinnyLinear, DecodeQkvAttention over a cache of 256 positions at a
+  // position per row, RoPE and the norms.
+  const at::Tensor rows = at::randn({64, 1, 1024}, options);
+  const at::Tensor w_qkv = at::randn({4096, 1024}, options) / 32;
+  const at::Tensor w_o = at::randn({1024, 2048}, options) / 45;
+  const at::Tensor head_norm = at::randn({128}, options);
+  const at::Tensor angles = at::rand({1, 64}, On(at::kFloat)) * 6;
+  const at::Tensor cos = angles.cos().to(at::kBFloat16);
+  const at::Tensor sin = angles.sin().to(at::kBFloat16);
+  std::vector<DecodeCache> caches;
+  const at::Tensor positions = at::randint(256, {64}, On(at::kLong));
+  for (int layer = 0; layer < 4; ++layer) {
+    const at::Tensor key = at::randn({64, 8, 256, 128}, options);
+    caches.push_back(DecodeCache{key, at::randn_like(key), positions});
+  }
   // Layers of SmallLinearAddRmsNorm, SmallLinear, SiluMul (folded or not), AddRmsNorm, and a
-  // last norm and projection.
+  // last norm and projection, for one row; then the 64 rows' layers and 5 rows'.
   const auto chain = [&] {
     at::Tensor h = x, residual = x;
     for (int layer = 0; layer < 12; ++layer) {
@@ -258,13 +274,27 @@ TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the sam
       h = next.normed;
       residual = next.sum;
     }
-    return SmallLinear(FusedRmsNorm(residual, norm, 1e-6), head, {});
+    at::Tensor wide = rows;
+    for (const DecodeCache& cache : caches) {
+      const at::Tensor qkv = SkinnyLinear(wide, w_qkv, {});
+      const at::Tensor attended = DecodeQkvAttention(qkv, head_norm, head_norm, 1e-6, cos, sin,
+                                                     false, 16, 8, 128, cache, 256, 0.088);
+      const at::Tensor o = SkinnyLinear(attended.view({64, 1, 2048}), w_o, {});
+      const at::Tensor rotated = RopeInference(o.view({64, 1, 8, 128}), cos, sin, false);
+      wide = AddRmsNorm(rotated.view({64, 1, 1024}), wide, norm, 1e-6).normed;
+    }
+    at::Tensor few = rows.narrow(0, 0, 5);
+    for (int layer = 0; layer < 4; ++layer)
+      few = FusedRmsNorm(SkinnyLinear(few, w_in, {}), norm, 1e-6);
+    return at::cat({SmallLinear(FusedRmsNorm(residual, norm, 1e-6), head, {}).flatten(),
+                    wide.flatten(), few.flatten()});
   };
   const at::Tensor sequential = chain();
   {
     const ProgrammaticLaunch programmatic(true);
     REQUIRE(ProgrammaticLaunch::On());  // compute capability 9.0 and later
     for (int run = 0; run < 3; ++run) CHECK(SameBits(chain(), sequential));
+    REQUIRE(ProgrammaticLaunch::On());  // no launch was refused the attribute (default stream)
     at::cuda::CUDAGraph graph;
     at::Tensor replayed;
     {

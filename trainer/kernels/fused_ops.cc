@@ -220,7 +220,7 @@ bool LinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const at::T
       w.dim() != 2 || w.size(1) != k || w.requires_grad() || w.scalar_type() != x.scalar_type() ||
       w.device() != x.device() || !w.is_contiguous() ||
       (b.defined() && (b.requires_grad() || b.dim() != 1 || b.size(0) != w.size(0) ||
-                       b.scalar_type() != x.scalar_type()))) {
+                       b.scalar_type() != x.scalar_type() || b.device() != x.device()))) {
     return false;
   }
   const int64_t rows = x.numel() / x.size(-1);

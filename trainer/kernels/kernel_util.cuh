@@ -172,16 +172,19 @@ inline int MultiprocessorCount() {
 // in the stream has finished, and its blocks then run up to PrecedingKernelsDone():
 //  - griddepcontrol.wait there returns once every kernel ahead in the stream has finished and its
 //    writes are visible. Before it a kernel reads only what no kernel of a decode step writes,
-//    its weights (SmallLinear issues the loads of its weight rows there, so they stream in while
-//    the kernel ahead finishes), and writes nothing;
-//  - griddepcontrol.launch_dependents right after lets the kernel behind start once every block
-//    of this one has got that far; its blocks take the SMs this one leaves idle.
+//    its weights (SmallLinear and SkinnyLinear issue the loads of their weights there, so they
+//    stream in while the kernel ahead finishes), and writes nothing;
+//  - griddepcontrol.launch_dependents right after lets a kernel behind that was launched with
+//    the attribute start once every block of this one has got that far; its blocks take the SMs
+//    this one leaves idle.
 // Every block of every kernel so launched passes PrecedingKernelsDone(), so a kernel's end implies
 // the end of every kernel ahead of it; kernels launched the ordinary way (LibTorch's, cuBLAS's,
-// NCCL's) start after the whole of the kernel ahead, as always. Without the launch attribute
-// (training, or any launch outside the scope) both instructions do nothing, and the kernels
-// compute the same bits either way: the attribute changes when a kernel starts, never what it
-// reads after the wait.
+// NCCL's) start after the whole of the kernel ahead, as always. In a kernel launched without the
+// attribute (training, or any launch outside the scope) the wait returns at once. Our kernels
+// trigger wherever they run, so the one right before a kernel that loads weights before its wait
+// must not write those weights: a DecodeStep starts with LibTorch kernels (the embedding), which
+// trigger nothing, and no kernel of a step writes a weight. The kernels compute the same bits
+// either way: the attribute changes when a kernel starts, never what it reads after the wait.
 __device__ __forceinline__ void PrecedingKernelsDone() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -206,7 +209,15 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   config.stream = stream;
   config.attrs = &programmatic;
   config.numAttrs = ProgrammaticLaunch::On() ? 1 : 0;
-  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  cudaError_t launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (launched != cudaSuccess && config.numAttrs > 0) {
+    // Where the ordinary launch succeeds, a driver or stream refused the attribute: launch the
+    // ordinary way from now on (ProgrammaticLaunch::On() then says false).
+    (void)cudaGetLastError();
+    config.numAttrs = 0;
+    launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+    if (launched == cudaSuccess) ProgrammaticLaunch::Refused();
+  }
   const cudaError_t last = cudaGetLastError();
   return launched != cudaSuccess ? launched : last;
 }

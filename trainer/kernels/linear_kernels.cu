@@ -6,10 +6,10 @@
 // rows (SmallLinear's range) the engine took cuBLAS, whose tiles suit large GEMMs: with B = 64 its
 // four GEMMs of a Qwen3-0.6B layer read their 30 MB of weights at about 1.3 TB/s (the profile of
 // README "Decode kernels and the HBM roofline"), the weights being the whole cost (x is 128 KB).
-// This kernel gives each block 16 output features, one m16 tile, and its kWarps warps split K in
-// pieces of 32 dims: warp w takes pieces w, w + kWarps, w + 2 kWarps, ..., loading kSkinnyChunk
-// of them at once (16-byte vectors, straight from global memory into registers). Per piece and
-// group of 8 rows of x, two m16n8k16 mmas (bf16 inputs, fp32 sums) add
+// This kernel gives each block 16 output features, one m16 tile, and its kBlockWarps warps split K
+// in pieces of 32 dims: warp w takes pieces w, w + kBlockWarps, w + 2 kBlockWarps, ..., loading
+// kSkinnyChunk of them at once (16-byte vectors, straight from global memory into registers). Per
+// piece and group of 8 rows of x, two m16n8k16 mmas (bf16 inputs, fp32 sums) add
 //   Y^T [16 features, 8 rows] += W [16 features, 32 dims] X^T [32 dims, 8 rows],
 // with the dims assigned to the mma's k-slots as in Note [DSA index scores kernel]: the lane with
 // groupID g and threadID_in_group t loads dims 32 s + 8 t to + 8 of weight rows g and g + 8 (the
@@ -21,7 +21,8 @@
 // meet in shared memory and are added in warp order, then rounded once (with the bias): the same
 // inputs give the same bits (graph replays equal eager steps), which differ from cuBLAS's by the
 // order of the fp32 sums. Under programmatic launch (Note [Programmatic dependent launch]) the
-// first chunk, for K up to 128 kWarps every weight vector of the warp, is loaded before the wait.
+// first chunk, for K up to 128 kBlockWarps every weight vector of the warp, is loaded before the
+// wait.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -36,8 +37,8 @@ using Bf16 = __nv_bfloat16;
 
 constexpr int kSkinnyChunk = 4;  // pieces of 32 dims a warp has in flight
 
-template <int kGroups, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32)
+template <int kGroups, int kBlockWarps>
+__global__ void __launch_bounds__(kBlockWarps * 32)
     SkinnyLinearKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w,
                        const Bf16* __restrict__ bias, Bf16* __restrict__ y, int64_t rows,
                        int64_t n_out, int64_t k_in) {
@@ -56,12 +57,12 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t feature = first_feature + g + 8 * r;
     w_rows[r] = w + (feature < n_out ? feature : n_out - 1) * k_in + 8 * t;
   }
-  // Chunk c: the pieces warp + kWarps (kSkinnyChunk c + u), u < kSkinnyChunk, of this warp.
+  // Chunk c: the pieces warp + kBlockWarps (kSkinnyChunk c + u), u < kSkinnyChunk, of this warp.
   uint4 weights[kSkinnyChunk][2];
   const auto load = [&](int64_t chunk) {
 #pragma unroll
     for (int u = 0; u < kSkinnyChunk; ++u) {
-      const int64_t s = warp + kWarps * (kSkinnyChunk * chunk + u);
+      const int64_t s = warp + kBlockWarps * (kSkinnyChunk * chunk + u);
       if (s < pieces) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -85,11 +86,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
   }
-  for (int64_t chunk = 0; warp + kWarps * kSkinnyChunk * chunk < pieces; ++chunk) {
+  for (int64_t chunk = 0; warp + kBlockWarps * kSkinnyChunk * chunk < pieces; ++chunk) {
     if (chunk > 0) load(chunk);
 #pragma unroll
     for (int u = 0; u < kSkinnyChunk; ++u) {
-      const int64_t s = warp + kWarps * (kSkinnyChunk * chunk + u);
+      const int64_t s = warp + kBlockWarps * (kSkinnyChunk * chunk + u);
       if (s >= pieces) break;
       const uint32_t even[4] = {weights[u][0].x, weights[u][1].x, weights[u][0].y, weights[u][1].y};
       const uint32_t odd[4] = {weights[u][0].z, weights[u][1].z, weights[u][0].w, weights[u][1].w};
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   __syncthreads();
   // Element e = (j 4 + i) 32 + l: lane l's register i of group j.
-  for (int e = threadIdx.x; e < kGroups * 4 * 32; e += kWarps * 32) {
+  for (int e = threadIdx.x; e < kGroups * 4 * 32; e += kBlockWarps * 32) {
     const int j = e / 128;
     const int i = e / 32 % 4;
     const int l = e % 32;
@@ -117,24 +118,24 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (feature >= n_out || row >= rows) continue;
     float sum = 0.0f;
 #pragma unroll
-    for (int v = 0; v < kWarps; ++v) sum += partial[v * kGroups * 128 + e];
+    for (int v = 0; v < kBlockWarps; ++v) sum += partial[v * kGroups * 128 + e];
     if (bias != nullptr) sum += __bfloat162float(bias[feature]);
     y[row * n_out + feature] = __float2bfloat16_rn(sum);
   }
 }
 
-template <int kGroups, int kWarps>
+template <int kGroups, int kBlockWarps>
 cudaError_t LaunchSkinnyLinear(const void* x, const void* w, const void* bias, void* y,
                                int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
-  const auto kernel = SkinnyLinearKernel<kGroups, kWarps>;
-  constexpr int kShared = kWarps * kGroups * 4 * 32 * sizeof(float);
+  const auto kernel = SkinnyLinearKernel<kGroups, kBlockWarps>;
+  constexpr int kShared = kBlockWarps * kGroups * 4 * 32 * sizeof(float);
   // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
   // past the default 48 KiB.
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
   if (opt_in != cudaSuccess) return opt_in;
   const auto blocks = static_cast<unsigned>((n_out + 15) / 16);
-  return Launch(kernel, blocks, kWarps * 32, kShared, stream, static_cast<const Bf16*>(x),
+  return Launch(kernel, blocks, kBlockWarps * 32, kShared, stream, static_cast<const Bf16*>(x),
                 static_cast<const Bf16*>(w), static_cast<const Bf16*>(bias), static_cast<Bf16*>(y),
                 rows, n_out, k_in);
 }

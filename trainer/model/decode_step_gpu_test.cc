@@ -59,11 +59,14 @@ double RelativeMeanDiff(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // Rows 0..2 with prompts of 2, 3 and 4 tokens, then decode steps with a position per row on the
-// device (as the engine's) over a key block of 32, until row 2 reaches position 23. Returns the
-// decode steps' logits against the training decoder's full forward at the same positions.
+// device (as the engine's) over a key block of 32, until row 2 reaches position 23: the decode
+// steps' logits at positions [from, to) against the training decoder's full forward, and against
+// the same steps with the kernels launched one after another instead of by programmatic
+// dependent launch (Note [Programmatic dependent launch]), which must give the same bits.
 struct Compared {
   double decode_diff;     // RelativeMeanDiff(decode steps, full forward)
   double attention_part;  // RelativeMeanDiff(full forward without attention, full forward)
+  bool same_bits_launched_in_order;
 };
 
 Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to) {
@@ -80,23 +83,32 @@ Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to) {
   const at::Tensor without_attention = Decoder(m.config, silent).Logits(tokens);
 
   const Decoder rollout(m.config, m.params, Kernels::kFused);
+  Decoder in_order(m.config, m.params, Kernels::kFused);
+  in_order.set_programmatic_launch(false);
   KvCache cache = KvCache::Allocate(m.config, kRows, kKeyBlock, at::kBFloat16, at::kCUDA);
+  KvCache in_order_cache = KvCache::Allocate(m.config, kRows, kKeyBlock, at::kBFloat16, at::kCUDA);
   const RopeTable rope = MakeRopeTable(m.config, 0, kKeyBlock, at::kBFloat16, at::kCUDA);
   std::vector<int64_t> position(kRows);
   for (int64_t r = 0; r < kRows; ++r) {
     position[static_cast<size_t>(r)] = 2 + r;
+    const at::Tensor prompt = tokens.narrow(0, r, 1).narrow(1, 0, 2 + r);
     KvCache row = cache.Rows(r, 1);
-    rollout.ForwardStep(tokens.narrow(0, r, 1).narrow(1, 0, 2 + r), row, 0);
+    rollout.ForwardStep(prompt, row, 0);
+    KvCache in_order_row = in_order_cache.Rows(r, 1);
+    in_order.ForwardStep(prompt, in_order_row, 0);
   }
+  bool same_bits = true;
   std::vector<at::Tensor> got, want, silent_want;
   while (position.back() < kSeq) {
     std::vector<at::Tensor> step_tokens;
     for (int64_t r = 0; r < kRows; ++r) {
       step_tokens.push_back(tokens[r][position[static_cast<size_t>(r)]].view({1, 1}));
     }
-    const at::Tensor logits =
-        rollout.DecodeStep(at::cat(step_tokens), at::tensor(position, at::kLong).to(at::kCUDA),
-                           kKeyBlock, rope, cache);  // [rows, V]
+    const at::Tensor step = at::cat(step_tokens);
+    const at::Tensor on_device = at::tensor(position, at::kLong).to(at::kCUDA);
+    const at::Tensor logits = rollout.DecodeStep(step, on_device, kKeyBlock, rope, cache);
+    same_bits = same_bits && at::equal(logits, in_order.DecodeStep(step, on_device, kKeyBlock, rope,
+                                                                   in_order_cache));
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t p = position[static_cast<size_t>(r)];
       if (p >= from && p < to) {
@@ -109,7 +121,7 @@ Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to) {
   }
   REQUIRE(!got.empty());
   return {RelativeMeanDiff(at::stack(got), at::stack(want)),
-          RelativeMeanDiff(at::stack(silent_want), at::stack(want))};
+          RelativeMeanDiff(at::stack(silent_want), at::stack(want)), same_bits};
 }
 
 bool HaveGpuOrWarn() {
@@ -135,6 +147,7 @@ TEST_CASE("MLA decode steps by the kernels give the full forward's logits (GLM-4
              c.decode_diff, c.attention_part);
   CHECK(c.attention_part > kAttentionAtLeast);
   CHECK(c.decode_diff < kDecodeBound);
+  CHECK(c.same_bits_launched_in_order);
 }
 
 // DSA with index_topk 16: up to position 15 a row's selection holds every key it sees (the
@@ -154,6 +167,8 @@ TEST_CASE("DSA decode steps by the kernels give the full forward's logits (GLM-5
       every_key.decode_diff, selected.decode_diff, every_key.attention_part);
   CHECK(every_key.attention_part > kAttentionAtLeast);
   CHECK(every_key.decode_diff < kDecodeBound);
+  CHECK(every_key.same_bits_launched_in_order);
+  CHECK(selected.same_bits_launched_in_order);
 }
 
 }  // namespace
