@@ -1,9 +1,10 @@
+#include "trainer/kernels/cuda_kernels.h"
+
 #include <cuda_bf16.h>
 
 #include <atomic>
 #include <cfloat>
 
-#include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/kernel_util.cuh"
 
 namespace rl::kernels {
