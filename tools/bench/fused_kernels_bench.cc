@@ -14,11 +14,11 @@
 //     block with a mask, as the LibTorch decode step ran it; DecodeQkvAttention against
 //     DecodeQkvPrep and DecodeAttention at the same shapes; SmallLinear against at::linear for
 //     1 and 2 rows (the rows it takes) at each projection's shape, and SkinnyLinear for 8 to 64
-//     (alone, and by programmatic dependent launch); DsaIndexScores against the
-//     DSA indexer's LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768 keys), and
-//     the top-2048 selection after it; MlaDecodeAttention against the engine's LibTorch ops
-//     for MLA in the latent space (20 and 64 heads, 4096 and 16384 keys), and over 2048 selected
-//     keys against their gather and the ops.
+//     with one and two tiles a warp (alone, and by programmatic dependent launch); DsaIndexScores
+//     against the DSA indexer's LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768
+//     keys), and the top-2048 selection after it; MlaDecodeAttention against the engine's LibTorch
+//     ops for MLA in the latent space (20 and 64 heads, 4096 and 16384 keys), and over 2048
+//     selected keys against their gather and the ops.
 // Exit status 1 when an agreement check fails. Needs a GPU.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -286,19 +286,30 @@ void DecodeKernelSpeeds(const at::Device& device) {
       const at::Tensor x = at::randn({rows, k}, on(at::kBFloat16));
       const at::Tensor w = at::randn({n, k}, on(at::kBFloat16));
       const double cublas = MicrosPerCall([&] { at::linear(x, w); });
-      const double skinny = MicrosPerCall([&] { rl::kernels::SkinnyLinear(x, w, {}); });
-      double overlapped = 0;
-      {
-        const rl::kernels::ProgrammaticLaunch programmatic(true);
-        overlapped = MicrosPerCall([&] { rl::kernels::SkinnyLinear(x, w, {}); });
-      }
       const double bytes = static_cast<double>(n * k * 2);
-      std::printf(
-          "linear %lld x [%lld, %lld]: at::linear %.1f us (%.2f TB/s), SkinnyLinear %.1f "
-          "us (%.2f TB/s), %.2fx; programmatic launch %.1f us (%.2f TB/s), %.2fx\n",
-          static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(k),
-          cublas, bytes / cublas * 1e-6, skinny, bytes / skinny * 1e-6, cublas / skinny, overlapped,
-          bytes / overlapped * 1e-6, cublas / overlapped);
+      std::printf("linear %lld x [%lld, %lld]: at::linear %.1f us (%.2f TB/s)",
+                  static_cast<long long>(rows), static_cast<long long>(n),
+                  static_cast<long long>(k), cublas, bytes / cublas * 1e-6);
+      // The raw kernel: also where SkinnyLinearTakes leaves the shape to cuBLAS (an LM head past
+      // 16 rows), to check that choice.
+      at::Tensor y = at::empty({rows, n}, x.options());
+      const auto skinny = [&](int tiles) {
+        rl::kernels::SkinnyLinear(x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr(), rows, n, k,
+                                  c10::cuda::getCurrentCUDAStream(), tiles);
+      };
+      for (const int tiles : {1, 2}) {
+        const double alone = MicrosPerCall([&] { skinny(tiles); });
+        double overlapped = 0;
+        {
+          const rl::kernels::ProgrammaticLaunch programmatic(true);
+          overlapped = MicrosPerCall([&] { skinny(tiles); });
+        }
+        std::printf(
+            "; SkinnyLinear, %d tile(s) a warp, %.1f us (%.2f TB/s, %.2fx), by "
+            "programmatic launch %.1f us (%.2fx)",
+            tiles, alone, bytes / alone * 1e-6, cublas / alone, overlapped, cublas / overlapped);
+      }
+      std::printf("%s\n", rl::kernels::SkinnyLinearTakes(x, w, {}) ? "" : " (cuBLAS's shape)");
     }
   }
 }

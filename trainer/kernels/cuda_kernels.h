@@ -100,9 +100,10 @@ cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y,
 // y [rows, n_out] = x [rows, k_in] w^T + bias for rows <= kSkinnyLinearMaxRows on tensor cores,
 // bf16 (linear_kernels.cu, Note [Skinny linear kernel]): x, w [n_out, k_in] and y contiguous and
 // 16-byte aligned, k_in a multiple of 32, bias [n_out] or null; fp32 sums, rounded once.
+// `tiles`: 16-feature tiles a warp computes, 1 or 2 (for benchmarks; 0: the kernel's choice).
 constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
-                         int64_t n_out, int64_t k_in, cudaStream_t stream);
+                         int64_t n_out, int64_t k_in, cudaStream_t stream, int tiles = 0);
 
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;

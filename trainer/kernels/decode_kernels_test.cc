@@ -155,8 +155,9 @@ TEST_CASE("SmallLinear is x w^T + b up to one rounding, for up to 2 rows") {
 
 // Note [Skinny linear kernel]: against fp64 from 3 to 64 rows (each count of row groups, rows that
 // end within a group), with K in one chunk of 4, 8 or 16 warps or in several, warps without a
-// piece (K = 96), features that end within a tile of 16, with and without a bias; the same bits
-// again; and the inputs it does not take.
+// piece (K = 96), features that end within a tile of 16, with and without a bias, one tile a warp
+// and two (the kernel's choice and both forced); the same bits again; and the inputs it does not
+// take.
 TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(22);
@@ -173,13 +174,16 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
       const at::Tensor w = at::randn({c.n, c.k}, On(at::kBFloat16)) / std::sqrt(double(c.k));
       const at::Tensor b = c.with_bias ? at::randn({c.n}, On(at::kBFloat16)) : at::Tensor();
       REQUIRE(SkinnyLinearTakes(x, w, b));
-      const at::Tensor y = SkinnyLinear(x, w, b);
       at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
       if (c.with_bias) expected = expected + b.to(at::kDouble);
-      REQUIRE(y.sizes() == expected.sizes());
-      // |y| < 8: one bf16 rounding is below 3.2e-2.
-      CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
-      CHECK(SameBits(y, SkinnyLinear(x, w, b)));
+      for (const int tiles : {0, 1, 2}) {
+        INFO(tiles << " tiles a warp (0: the kernel's choice)");
+        const at::Tensor y = SkinnyLinear(x, w, b, tiles);
+        REQUIRE(y.sizes() == expected.sizes());
+        // |y| < 8: one bf16 rounding is below 3.2e-2.
+        CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
+        CHECK(SameBits(y, SkinnyLinear(x, w, b, tiles)));
+      }
     }
   }
   const at::Tensor w = at::randn({64, 1024}, On(at::kBFloat16));
@@ -188,6 +192,10 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
   CHECK_FALSE(SkinnyLinearTakes(at::randn({8, 1024}, On(at::kFloat)), w.to(at::kFloat), {}));
   CHECK_FALSE(SkinnyLinearTakes(at::randn({8, 1000}, On(at::kBFloat16)),
                                 at::randn({64, 1000}, On(at::kBFloat16)), {}));
+  // An LM head: up to 16 rows, not past.
+  const at::Tensor head = at::randn({kSkinnyLinearWideMaxFeatures + 16, 64}, On(at::kBFloat16));
+  CHECK(SkinnyLinearTakes(at::randn({16, 64}, On(at::kBFloat16)), head, {}));
+  CHECK_FALSE(SkinnyLinearTakes(at::randn({17, 64}, On(at::kBFloat16)), head, {}));
 }
 
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {

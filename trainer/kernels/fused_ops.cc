@@ -296,18 +296,23 @@ at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 }
 
 bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return x.defined() && x.dim() > 0 && x.scalar_type() == at::kBFloat16 && x.size(-1) % 32 == 0 &&
-         LinearFits(x, x.size(-1), w, b, kSmallLinearMaxRows + 1, kSkinnyLinearMaxRows);
+  if (!x.defined() || x.dim() == 0 || x.scalar_type() != at::kBFloat16 || x.size(-1) % 32 != 0 ||
+      !LinearFits(x, x.size(-1), w, b, kSmallLinearMaxRows + 1, kSkinnyLinearMaxRows)) {
+    return false;
+  }
+  // Every block reads all of x: past 16 rows that is more bytes than its weights, so an LM head
+  // (a vocabulary of features) keeps cuBLAS there, whose wide tiles read x fewer times.
+  return x.numel() / x.size(-1) <= 16 || w.size(0) <= kSkinnyLinearWideMaxFeatures;
 }
 
-at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int tiles) {
   RL_CHECK(SkinnyLinearTakes(x, w, b), Error,
            "SkinnyLinear: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
            fmt::join(w.sizes(), ", "));
   return RunLinear(
       x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t rows) {
         return kernels::SkinnyLinear(in, weight, bias, y, rows, w.size(0), w.size(1),
-                                     c10::cuda::getCurrentCUDAStream());
+                                     c10::cuda::getCurrentCUDAStream(), tiles);
       });
 }
 

@@ -80,9 +80,12 @@ bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
 // The same for 3 to kSkinnyLinearMaxRows (64) rows of bf16 x on tensor cores, k a multiple of 32
-// (Note [Skinny linear kernel] in linear_kernels.cu).
+// (Note [Skinny linear kernel] in linear_kernels.cu), past 16 rows for w of at most
+// kSkinnyLinearWideMaxFeatures rows (not an LM head). `tiles`: cuda_kernels.h SkinnyLinear's.
+constexpr int64_t kSkinnyLinearWideMaxFeatures = 32768;
 bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                        int tiles = 0);
 
 // The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
 // one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
