@@ -290,8 +290,8 @@ void DecodeKernelSpeeds(const at::Device& device) {
       std::printf("linear %lld x [%lld, %lld]: at::linear %.1f us (%.2f TB/s)",
                   static_cast<long long>(rows), static_cast<long long>(n),
                   static_cast<long long>(k), cublas, bytes / cublas * 1e-6);
-      // The raw kernel: also where SkinnyLinearTakes leaves the shape to cuBLAS (an LM head past
-      // 16 rows), to check that choice.
+      // The raw kernel: also where SkinnyLinearPays leaves the shape to cuBLAS, to check that
+      // choice.
       at::Tensor y = at::empty({rows, n}, x.options());
       const auto skinny = [&](int tiles) {
         rl::kernels::SkinnyLinear(x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr(), rows, n, k,
@@ -309,7 +309,7 @@ void DecodeKernelSpeeds(const at::Device& device) {
             "programmatic launch %.1f us (%.2fx)",
             tiles, alone, bytes / alone * 1e-6, cublas / alone, overlapped, cublas / overlapped);
       }
-      std::printf("%s\n", rl::kernels::SkinnyLinearTakes(x, w, {}) ? "" : " (cuBLAS's shape)");
+      std::printf("%s\n", rl::kernels::SkinnyLinearPays(x, w, {}) ? "" : " (cuBLAS's shape)");
     }
   }
 }

@@ -192,10 +192,12 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
   CHECK_FALSE(SkinnyLinearTakes(at::randn({8, 1024}, On(at::kFloat)), w.to(at::kFloat), {}));
   CHECK_FALSE(SkinnyLinearTakes(at::randn({8, 1000}, On(at::kBFloat16)),
                                 at::randn({64, 1000}, On(at::kBFloat16)), {}));
-  // An LM head: up to 16 rows, not past.
-  const at::Tensor head = at::randn({kSkinnyLinearWideMaxFeatures + 16, 64}, On(at::kBFloat16));
-  CHECK(SkinnyLinearTakes(at::randn({16, 64}, On(at::kBFloat16)), head, {}));
-  CHECK_FALSE(SkinnyLinearTakes(at::randn({17, 64}, On(at::kBFloat16)), head, {}));
+  // Where it pays: up to 32 rows of up to 2048 features.
+  const at::Tensor o = at::randn({2048, 1024}, On(at::kBFloat16));
+  CHECK(SkinnyLinearPays(at::randn({32, 1024}, On(at::kBFloat16)), o, {}));
+  CHECK_FALSE(SkinnyLinearPays(at::randn({33, 1024}, On(at::kBFloat16)), o, {}));
+  CHECK_FALSE(SkinnyLinearPays(at::randn({8, 1024}, On(at::kBFloat16)),
+                               at::randn({2049, 1024}, On(at::kBFloat16)), {}));
 }
 
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {

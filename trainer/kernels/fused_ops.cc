@@ -300,9 +300,12 @@ bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tenso
       !LinearFits(x, x.size(-1), w, b, kSmallLinearMaxRows + 1, kSkinnyLinearMaxRows)) {
     return false;
   }
-  // Every block reads all of x: past 16 rows that is more bytes than its weights, so an LM head
-  // (a vocabulary of features) keeps cuBLAS there, whose wide tiles read x fewer times.
-  return x.numel() / x.size(-1) <= 16 || w.size(0) <= kSkinnyLinearWideMaxFeatures;
+  return true;
+}
+
+bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return SkinnyLinearTakes(x, w, b) && x.numel() / x.size(-1) <= kSkinnyLinearPaysMaxRows &&
+         w.size(0) <= kSkinnyLinearPaysMaxFeatures;
 }
 
 at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int tiles) {

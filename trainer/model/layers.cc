@@ -52,7 +52,7 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Kernels impl) {
   if (impl == Kernels::kFused) {
     if (kernels::SmallLinearTakes(x, w, b)) return kernels::SmallLinear(x, w, b);
-    if (kernels::SkinnyLinearTakes(x, w, b)) return kernels::SkinnyLinear(x, w, b);
+    if (kernels::SkinnyLinearPays(x, w, b)) return kernels::SkinnyLinear(x, w, b);
   }
   return Linear(x, w, b);
 }
@@ -406,9 +406,9 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // LM head) are SmallLinear, a warp per output feature, and a dense layer
 // (Decoder::SmallDecodeLayer) folds each AddRmsNorm into the projection after it and SiluMul into
 // the down projection (each block of those computes its input rows itself): 5 kernels. From 3 to
-// 64 bf16 rows the GEMMs and the LM head are SkinnyLinear (Note [Skinny linear kernel] in
-// trainer/kernels/linear_kernels.cu: 16 features a block, the weight read once on tensor cores);
-// larger batches keep cuBLAS. All but the attention, SmallLinear and SkinnyLinear
+// 32 bf16 rows the projections of up to 2048 features are SkinnyLinear (Note [Skinny linear
+// kernel] in trainer/kernels/linear_kernels.cu: 16 features a block on tensor cores, where it
+// beat cuBLAS); the rest keep cuBLAS. All but the attention, SmallLinear and SkinnyLinear
 // compute bit for bit what the ops computed, and the fused kernels
 // what the unfused ones compute (trainer/kernels/fused_ops.h); the attention reads only the
 // positions up to the step's (SDPA read the whole key block under a mask) and both sum in another

@@ -36,7 +36,7 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b 
 enum class Kernels { kLibTorch, kFused };
 
 // Linear, and with kFused on a few rows of CUDA input outside autograd our small-batch kernels
-// (kernels::SmallLinear up to 2 rows, kernels::SkinnyLinear up to 64 in bf16: a decode step's
+// (kernels::SmallLinear up to 2 rows, kernels::SkinnyLinear where it pays in bf16: a decode step's
 // projections; Note [Decode kernels] in layers.cc).
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, Kernels impl);
 
