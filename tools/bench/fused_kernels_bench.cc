@@ -14,11 +14,9 @@
 //     block with a mask, as the LibTorch decode step ran it; DecodeQkvAttention against
 //     DecodeQkvPrep and DecodeAttention at the same shapes; SmallLinear against at::linear for
 //     1 and 2 rows (the rows it takes) at each projection's shape, and SkinnyLinear for 8 to 64
-//     with one and two tiles a warp (alone, and by programmatic dependent launch); DsaIndexScores
+//     (alone, and by programmatic dependent launch); DsaIndexScores
 //     against the DSA indexer's LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768
-//     keys), and the top-2048 selection after it; MlaDecodeAttention against the engine's LibTorch
-//     ops for MLA in the latent space (20 and 64 heads, 4096 and 16384 keys), and over 2048
-//     selected keys against their gather and the ops.
+//     keys), and the top-2048 selection after it.
 // Exit status 1 when an agreement check fails. Needs a GPU.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -213,56 +211,6 @@ void DecodeKernelSpeeds(const at::Device& device) {
           diff <= 1e-5 ? "" : " (MORE THAN 1e-5)");
     }
   }
-  // MLA decode attention in the latent space (576-dim rows, 512-dim latents), every key up to
-  // the last visible, GLM-4.7-Flash's 20 heads and GLM-5's 64: the LibTorch ops of the engine's
-  // step (the scores by cuBLAS in fp32, the mask, the softmax, the bf16 cast, the weighted
-  // latents) against MlaDecodeAttention; and GLM-5's DSA step over 2048 selected keys: the gather
-  // and the ops over the gathered rows against the kernel reading them by index.
-  for (const int64_t batch : {1, 64}) {
-    for (const int64_t mla_heads : {20, 64}) {
-      for (const int64_t length : {4096, 16384}) {
-        const at::Tensor cached = at::randn({batch, length, 576}, on(at::kBFloat16));
-        const at::Tensor query = at::randn({batch, mla_heads, 576}, on(at::kBFloat16));
-        const at::Tensor position = at::full({1}, length - 1, on(at::kLong));
-        const at::Tensor mask =
-            (at::arange(length, on(at::kLong)) <= length - 1).view({1, 1, length});
-        const double scale = 0.06;
-        const auto ops = [&](const at::Tensor& rows, const at::Tensor& seen) {
-          at::Tensor out = at::empty({batch, mla_heads, rows.size(1)}, on(at::kFloat));
-          at::baddbmm_out(out, out, query, rows.transpose(1, 2), at::kFloat, 0, scale);
-          out.masked_fill_(seen.logical_not(), -std::numeric_limits<double>::infinity());
-          return at::bmm(at::softmax(out, -1).to(at::kBFloat16), rows.narrow(-1, 0, 512));
-        };
-        const at::Tensor want = ops(cached, mask);
-        const double diff =
-            MaxAbs(rl::kernels::MlaDecodeAttention(query, cached, position, {}, scale), want);
-        const double by_ops = MicrosPerCall([&] { ops(cached, mask); });
-        const double by_kernel = MicrosPerCall(
-            [&] { rl::kernels::MlaDecodeAttention(query, cached, position, {}, scale); });
-        const double bytes = static_cast<double>(batch * length * 576 * 2);
-        std::printf(
-            "MLA decode attention batch %lld, %lld heads, %lld keys: LibTorch ops %.1f us, "
-            "MlaDecodeAttention %.1f us (%.2f TB/s of rows), %.2fx; max diff %.2g\n",
-            static_cast<long long>(batch), static_cast<long long>(mla_heads),
-            static_cast<long long>(length), by_ops, by_kernel, bytes / by_kernel * 1e-6,
-            by_ops / by_kernel, diff);
-        if (mla_heads != 64) continue;
-        const int64_t selected = 2048;
-        const at::Tensor indices =
-            std::get<1>(at::rand({batch, length}, on(at::kFloat)).topk(selected, -1));  // [B, K]
-        const at::Tensor all_seen = at::ones({1, 1, selected}, on(at::kBool));
-        const double gathered = MicrosPerCall([&] {
-          ops(cached.gather(1, indices.unsqueeze(-1).expand({batch, selected, 576})), all_seen);
-        });
-        const double by_index = MicrosPerCall(
-            [&] { rl::kernels::MlaDecodeAttention(query, cached, position, indices, scale); });
-        std::printf(
-            "  DSA over %lld selected keys: gather + LibTorch ops %.1f us, "
-            "MlaDecodeAttention by index %.1f us, %.2fx\n",
-            static_cast<long long>(selected), gathered, by_index, gathered / by_index);
-      }
-    }
-  }
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};
   for (const int64_t rows : {1, 2}) {
@@ -293,22 +241,19 @@ void DecodeKernelSpeeds(const at::Device& device) {
       // The raw kernel: also where SkinnyLinearPays leaves the shape to cuBLAS, to check that
       // choice.
       at::Tensor y = at::empty({rows, n}, x.options());
-      const auto skinny = [&](int tiles) {
+      const auto skinny = [&] {
         rl::kernels::SkinnyLinear(x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr(), rows, n, k,
-                                  c10::cuda::getCurrentCUDAStream(), tiles);
+                                  c10::cuda::getCurrentCUDAStream());
       };
-      for (const int tiles : {1, 2}) {
-        const double alone = MicrosPerCall([&] { skinny(tiles); });
-        double overlapped = 0;
-        {
-          const rl::kernels::ProgrammaticLaunch programmatic(true);
-          overlapped = MicrosPerCall([&] { skinny(tiles); });
-        }
-        std::printf(
-            "; SkinnyLinear, %d tile(s) a warp, %.1f us (%.2f TB/s, %.2fx), by "
-            "programmatic launch %.1f us (%.2fx)",
-            tiles, alone, bytes / alone * 1e-6, cublas / alone, overlapped, cublas / overlapped);
+      const double alone = MicrosPerCall(skinny);
+      double overlapped = 0;
+      {
+        const rl::kernels::ProgrammaticLaunch programmatic(true);
+        overlapped = MicrosPerCall(skinny);
       }
+      std::printf(
+          "; SkinnyLinear %.1f us (%.2f TB/s, %.2fx), by programmatic launch %.1f us (%.2fx)",
+          alone, bytes / alone * 1e-6, cublas / alone, overlapped, cublas / overlapped);
       std::printf("%s\n", rl::kernels::SkinnyLinearPays(x, w, {}) ? "" : " (cuBLAS's shape)");
     }
   }

@@ -70,8 +70,8 @@ const char* const kSigmoidConfig = R"({
 // GLM-5's layout (MLA, the DSA indexer in every layer, sigmoid router with a shared expert),
 // index_topk 4 so that the decode step over 16 cache positions selects keys (Note [DSA decode
 // over the selected keys] in trainer/model/layers.cc), 8 index heads of 64 and GLM-5's latent
-// widths (kv_lora_rank 512, rope 64) so that the decode step's indexer and attention run by their
-// kernels (Notes [DSA index scores kernel], [MLA decode attention kernel] in trainer/kernels).
+// widths (kv_lora_rank 512, rope 64) so that the decode step's indexer runs by its kernel (Note
+// [DSA index scores kernel] in trainer/kernels) and the attention in the latent space.
 const char* const kDsaConfig = R"({
   "model_type": "glm_moe_dsa", "vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2,
   "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,

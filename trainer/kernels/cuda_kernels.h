@@ -100,10 +100,9 @@ cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y,
 // y [rows, n_out] = x [rows, k_in] w^T + bias for rows <= kSkinnyLinearMaxRows on tensor cores,
 // bf16 (linear_kernels.cu, Note [Skinny linear kernel]): x, w [n_out, k_in] and y contiguous and
 // 16-byte aligned, k_in a multiple of 32, bias [n_out] or null; fp32 sums, rounded once.
-// `tiles`: 16-feature tiles a warp computes, 1 or 2 (for benchmarks; 0: the kernel's choice).
 constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
-                         int64_t n_out, int64_t k_in, cudaStream_t stream, int tiles = 0);
+                         int64_t n_out, int64_t k_in, cudaStream_t stream);
 
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;
@@ -241,28 +240,6 @@ bool DsaIndexScoresSupports(int64_t heads, int64_t dim);
 cudaError_t DsaIndexScores(const void* q, const float* weights, const void* keys,
                            const int64_t* position, float* out, const DsaIndexShape& shape,
                            cudaStream_t stream);
-
-// An MLA decode step's attention in the latent space (Note [MLA decode attention kernel] in
-// mla_kernels.cu), kv_lora_rank 512 and qk_rope_head_dim 64: for q [batch, heads, 576] bf16
-// contiguous (the absorbed queries, unscaled) and the cached rows of row b at
-// cache + b * cache_stride_b + key * cache_stride_t (576 bf16 each: the latent, then k_pe; both
-// strides multiples of 8, 16-byte aligned start), out [batch, heads, 512] bf16 = softmax(scale
-// q . rows) . latents over the keys row b sees: positions 0 to position[b * position_stride]
-// (below `keys`), or with `indices` ([batch, keys] int64 at row stride index_stride) the rows
-// indices[b, j] that are at most the position. PlanMlaDecode gives the key splits; with more than
-// one, partial_out [batch, heads, splits, 512] and partial_stats [batch, heads, splits, 2] fp32
-// are the scratch of their merge. The same inputs give the same bits.
-struct MlaDecodeShape {
-  int64_t batch = 0, heads = 0, keys = 0;  // keys: the key length, or the selected keys per row
-  int64_t chunk = 0, splits = 1;           // keys per split (a multiple of 64), splits
-  int64_t cache_stride_b = 0, cache_stride_t = 0, position_stride = 0, index_stride = 0;
-  float scale = 1.0f;
-};
-MlaDecodeShape PlanMlaDecode(int64_t batch, int64_t heads, int64_t keys);
-cudaError_t MlaDecodeAttention(const void* q, const void* cache, const int64_t* position,
-                               const int64_t* indices, void* out, float* partial_out,
-                               float* partial_stats, const MlaDecodeShape& shape,
-                               cudaStream_t stream);
 
 // A MoE router's choice per token (Note [Router kernel] in moe_kernels.cu): from logits
 // [tokens, experts] fp32 (contiguous), ids [tokens, k] int64 (in descending order of the choice)

@@ -155,9 +155,8 @@ TEST_CASE("SmallLinear is x w^T + b up to one rounding, for up to 2 rows") {
 
 // Note [Skinny linear kernel]: against fp64 from 3 to 64 rows (each count of row groups, rows that
 // end within a group), with K in one chunk of 4, 8 or 16 warps or in several, warps without a
-// piece (K = 96), features that end within a tile of 16, with and without a bias, one tile a warp
-// and two (the kernel's choice and both forced); the same bits again; and the inputs it does not
-// take.
+// piece (K = 96), features that end within a tile of 16, with and without a bias; the same bits
+// again; and the inputs it does not take.
 TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(22);
@@ -176,14 +175,11 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
       REQUIRE(SkinnyLinearTakes(x, w, b));
       at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
       if (c.with_bias) expected = expected + b.to(at::kDouble);
-      for (const int tiles : {0, 1, 2}) {
-        INFO(tiles << " tiles a warp (0: the kernel's choice)");
-        const at::Tensor y = SkinnyLinear(x, w, b, tiles);
-        REQUIRE(y.sizes() == expected.sizes());
-        // |y| < 8: one bf16 rounding is below 3.2e-2.
-        CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
-        CHECK(SameBits(y, SkinnyLinear(x, w, b, tiles)));
-      }
+      const at::Tensor y = SkinnyLinear(x, w, b);
+      REQUIRE(y.sizes() == expected.sizes());
+      // |y| < 8: one bf16 rounding is below 3.2e-2.
+      CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
+      CHECK(SameBits(y, SkinnyLinear(x, w, b)));
     }
   }
   const at::Tensor w = at::randn({64, 1024}, On(at::kBFloat16));
@@ -652,68 +648,6 @@ TEST_CASE("DsaIndexScores is the indexer's weighted relu scores, -inf past each 
 // softmax(scale q . rows) . latents in fp64 over the keys `visible` [B, T] (bool) of each row:
 // q [B, H, 576], rows [B, T, 576] -> [B, H, 512]. Rows a query does not see count as zeros (they
 // may hold NaN).
-at::Tensor ReferenceMla(const at::Tensor& q, const at::Tensor& rows, const at::Tensor& visible,
-                        double scale) {
-  const at::Tensor seen = visible.unsqueeze(-1);
-  const at::Tensor r =
-      at::where(seen, rows.to(at::kDouble), at::zeros({}, rows.options().dtype(at::kDouble)));
-  at::Tensor scores = at::matmul(q.to(at::kDouble), r.transpose(1, 2)) * scale;  // [B, H, T]
-  scores.masked_fill_(visible.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
-  return at::matmul(at::softmax(scores, -1), r.narrow(-1, 0, 512));
-}
-
-// Note [MLA decode attention kernel]: against fp64 over the keys up to each row's position (rows
-// past it hold NaN), with 20 heads (a partly empty tile of 16) and 64 (four tiles); at 3 rows the
-// keys are split over blocks and merged, at 70 rows not; then over selected keys by index, some of
-// them past the row's position (GLM-5's 2048 of 10,000 keys too). The same inputs give the same
-// bits.
-TEST_CASE("MlaDecodeAttention attends over the cached latents, by position or by selected index") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(15);
-  const double scale = 0.06;
-  struct Case {
-    int64_t batch, heads, keys, selected;
-  };
-  for (const Case& k : {Case{3, 20, 1200, 100}, Case{3, 64, 1200, 100}, Case{70, 16, 300, 100},
-                        Case{2, 64, 10000, 2048}}) {
-    INFO(k.batch << " rows of " << k.heads << " heads over " << k.keys << " keys");
-    const at::Tensor cache = at::randn({k.batch + 1, k.keys + 16, 576}, On(at::kBFloat16));
-    const at::Tensor q = at::randn({k.batch, k.heads, 576}, On(at::kBFloat16));
-    at::Tensor positions = at::randint(k.keys, {k.batch}, On(at::kLong));
-    positions[0].fill_(0);
-    positions[1].fill_(k.keys - 1);
-    for (int64_t b = 0; b < k.batch; ++b) {
-      const int64_t p = positions[b].item<int64_t>();
-      cache[b].narrow(0, p + 1, k.keys + 16 - p - 1).fill_(NAN);
-    }
-    const at::Tensor rows = cache.narrow(0, 0, k.batch).narrow(1, 0, k.keys);
-    REQUIRE(MlaDecodeAttentionTakes(q, cache.narrow(1, 0, k.keys)));
-    const at::Tensor got = MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, {}, scale);
-    CHECK(SameBits(got, MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, {}, scale)));
-    const at::Tensor visible =
-        at::arange(k.keys, On(at::kLong)).unsqueeze(0) <= positions.unsqueeze(1);  // [B, T]
-    // Within bf16 rounding of the output and of the weights: 2^-8 of the value and 5e-3.
-    const auto beyond = [](const at::Tensor& out, const at::Tensor& want) {
-      return ((out.to(at::kDouble) - want).abs() - want.abs() * 0.0039).max().item<double>();
-    };
-    CHECK(beyond(got, ReferenceMla(q, rows, visible, scale)) <= 5e-3);
-
-    // Selected keys (DSA): k.selected distinct positions per row, position 0 among them (every
-    // row sees it), the others at random, some past the row's position.
-    const int64_t selected = k.selected;
-    const at::Tensor order = std::get<1>(at::rand({k.batch, k.keys - 1}, On(at::kFloat)).sort(-1));
-    const at::Tensor others = 1 + order.narrow(1, 0, selected - 1);
-    const at::Tensor indices =
-        at::cat({at::zeros({k.batch, 1}, others.options()), others}, 1).contiguous();
-    const at::Tensor by_index =
-        MlaDecodeAttention(q, cache.narrow(1, 0, k.keys), positions, indices, scale);
-    const at::Tensor picked =
-        rows.gather(1, indices.unsqueeze(-1).expand({k.batch, selected, 576}));
-    CHECK(beyond(by_index, ReferenceMla(q, picked, indices <= positions.unsqueeze(1), scale)) <=
-          5e-3);
-  }
-}
-
 // Note [Router kernel]: against the rule of Route's ops (trainer/model/layers.cc) for Qwen3-MoE's
 // softmax router (with and without norm_topk_prob), DeepSeek-V3's grouped sigmoid router with a
 // bias, and Kimi's 384 experts in one group: the same experts (compared as sets: the ops' order

@@ -308,14 +308,14 @@ bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor
          w.size(0) <= kSkinnyLinearPaysMaxFeatures;
 }
 
-at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int tiles) {
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   RL_CHECK(SkinnyLinearTakes(x, w, b), Error,
            "SkinnyLinear: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
            fmt::join(w.sizes(), ", "));
   return RunLinear(
       x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t rows) {
         return kernels::SkinnyLinear(in, weight, bias, y, rows, w.size(0), w.size(1),
-                                     c10::cuda::getCurrentCUDAStream(), tiles);
+                                     c10::cuda::getCurrentCUDAStream());
       });
 }
 
@@ -628,60 +628,6 @@ at::Tensor DsaIndexScores(const at::Tensor& q, const at::Tensor& weights, const 
   RL_CHECK_CUDA(kernels::DsaIndexScores(query.data_ptr(), w.data_ptr<float>(), keys.data_ptr(),
                                         position.data_ptr<int64_t>(), out.data_ptr<float>(), shape,
                                         c10::cuda::getCurrentCUDAStream()));
-  return out;
-}
-
-bool MlaDecodeAttentionTakes(const at::Tensor& query, const at::Tensor& cached) {
-  constexpr int64_t kWidth = 576;  // kv_lora_rank 512 + qk_rope_head_dim 64
-  if (!Supported(query) || query.scalar_type() != at::kBFloat16 || query.dim() != 3 ||
-      query.size(0) < 1 || query.size(0) > 65535 || query.size(1) < 1 || query.size(2) != kWidth ||
-      !cached.defined() || cached.dim() != 3 || cached.scalar_type() != at::kBFloat16 ||
-      cached.device() != query.device() || cached.size(2) != kWidth ||
-      cached.size(0) < query.size(0) || cached.size(1) < 1) {
-    return false;
-  }
-  // 16-byte pieces of the query rows (contiguous() keeps a view's start) and of the cached rows.
-  return Aligned(query, 8) && cached.stride(2) == 1 && Aligned(cached, 8) &&
-         cached.stride(0) % 8 == 0 && cached.stride(1) % 8 == 0;
-}
-
-at::Tensor MlaDecodeAttention(const at::Tensor& query, const at::Tensor& cached,
-                              const at::Tensor& position, const at::Tensor& indices, double scale) {
-  CheckNoGrad({&query, &cached}, "MlaDecodeAttention");
-  const int64_t batch = query.size(0);
-  const int64_t heads = query.size(1);
-  RL_CHECK(MlaDecodeAttentionTakes(query, cached) && position.scalar_type() == at::kLong &&
-               position.device() == query.device() && RowStride(position, batch, 1) >= 0 &&
-               (!indices.defined() ||
-                (indices.dim() == 2 && indices.size(0) == batch && indices.size(1) >= 1 &&
-                 indices.scalar_type() == at::kLong && indices.device() == query.device())),
-           Error, "MlaDecodeAttention: query {} [{}] against cached rows {} [{}], position [{}]",
-           c10::toString(query.scalar_type()), fmt::join(query.sizes(), ", "),
-           c10::toString(cached.scalar_type()), fmt::join(cached.sizes(), ", "),
-           fmt::join(position.sizes(), ", "));
-  const at::Tensor q = query.contiguous();
-  const at::Tensor picked = indices.defined() ? indices.contiguous() : at::Tensor();
-  MlaDecodeShape shape =
-      PlanMlaDecode(batch, heads, picked.defined() ? picked.size(1) : cached.size(1));
-  shape.cache_stride_b = cached.stride(0);
-  shape.cache_stride_t = cached.stride(1);
-  shape.position_stride = RowStride(position, batch, 1);
-  shape.index_stride = picked.defined() ? picked.stride(0) : 0;
-  shape.scale = static_cast<float>(scale);
-  at::Tensor out = at::empty({batch, heads, 512}, q.options());
-  at::Tensor partial_out, partial_stats;
-  if (shape.splits > 1) {
-    const at::TensorOptions fp32 = q.options().dtype(at::kFloat);
-    partial_out = at::empty({batch, heads, shape.splits, 512}, fp32);
-    partial_stats = at::empty({batch, heads, shape.splits, 2}, fp32);
-  }
-  const c10::cuda::CUDAGuard guard(q.device());
-  RL_CHECK_CUDA(kernels::MlaDecodeAttention(
-      q.data_ptr(), cached.data_ptr(), position.data_ptr<int64_t>(),
-      picked.defined() ? picked.data_ptr<int64_t>() : nullptr, out.data_ptr(),
-      partial_out.defined() ? partial_out.data_ptr<float>() : nullptr,
-      partial_stats.defined() ? partial_stats.data_ptr<float>() : nullptr, shape,
-      c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 

@@ -80,16 +80,15 @@ bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
 // The same for 3 to kSkinnyLinearMaxRows (64) rows of bf16 x on tensor cores, k a multiple of 32
-// (Note [Skinny linear kernel] in linear_kernels.cu). `tiles`: cuda_kernels.h SkinnyLinear's.
-// SkinnyLinearPays: where it beat cuBLAS on the H200 (fused_kernels_bench, session 15): up to 32
+// (Note [Skinny linear kernel] in linear_kernels.cu).
+// SkinnyLinearPays: where it beat cuBLAS on the H200 (fused_kernels_bench): up to 32
 // rows of projections of up to 2048 features (Qwen3-0.6B's o and down: 1.1x to 1.6x alone, 1.3x
 // to 1.9x by programmatic launch); wider ones past 8 rows, and 64 rows, are cuBLAS's.
 constexpr int64_t kSkinnyLinearPaysMaxRows = 32;
 constexpr int64_t kSkinnyLinearPaysMaxFeatures = 2048;
 bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                        int tiles = 0);
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
 // The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
 // one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
@@ -163,16 +162,6 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
 bool DsaIndexScoresTakes(const at::Tensor& q, const at::Tensor& keys);
 at::Tensor DsaIndexScores(const at::Tensor& q, const at::Tensor& weights, const at::Tensor& keys,
                           const at::Tensor& position, int64_t key_length, double scale);
-
-// An MLA decode step's attention in the latent space in one kernel (Note [MLA decode attention
-// kernel] in mla_kernels.cu): for the absorbed queries `query` [B, H, 576] (bf16), the cached
-// rows `cached` [>= B, T, 576] (bf16, [latent 512 | k_pe 64], unit stride along the row), the
-// positions ([1] or [B] int64) and, for DSA, the selected keys `indices` [B, K] int64 (undefined:
-// every key up to the position): [B, H, 512] bf16, softmax(scale query . rows) . latents, fp32
-// sums. MlaDecodeAttentionTakes: CUDA bf16 tensors of those widths, rows 16-byte aligned.
-bool MlaDecodeAttentionTakes(const at::Tensor& query, const at::Tensor& cached);
-at::Tensor MlaDecodeAttention(const at::Tensor& query, const at::Tensor& cached,
-                              const at::Tensor& position, const at::Tensor& indices, double scale);
 
 // A MoE router's experts and weights per token in one kernel (Note [Router kernel] in
 // moe_kernels.cu), from its fp32 logits [T, E] on CUDA: ids [T, k] int64, weights [T, k]

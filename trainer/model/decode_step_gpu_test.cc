@@ -1,10 +1,11 @@
-// The rollout decoder's MLA and DSA decode steps on a GPU, where they run by our kernels (Notes
-// [MLA decode attention kernel], [DSA index scores kernel] and the RoPE, router, sort and combine
-// kernels), against a training decoder's full forward of the same tokens: models at the real
-// attention widths of GLM-4.7-Flash and GLM-5 (which the kernels take) with small hidden sizes,
-// random weights, bf16. decode_kernels_test checks each kernel against the ops; this checks that
-// the decoder calls them with the right shapes, scales, positions and selections.
-// Skipped loudly without a CUDA device (CI has none; the GPU machine runs it).
+// The rollout decoder's MLA and DSA decode steps on a GPU, where they run by our kernels (Note
+// [DSA index scores kernel] and the RoPE, router, sort and combine kernels) and the latent-space
+// ops (Note [MLA decode in the latent space] in trainer/model/layers.cc), against a training
+// decoder's full forward of the same tokens: models at the real attention widths of GLM-4.7-Flash
+// and GLM-5 (which the kernels take) with small hidden sizes, random weights, bf16.
+// decode_kernels_test checks each kernel against the ops; this checks that the decoder calls them
+// with the right shapes, scales, positions and selections. Skipped loudly without a CUDA device (CI
+// has none; the GPU machine runs it).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
@@ -139,7 +140,7 @@ bool HaveGpuOrWarn() {
 constexpr double kDecodeBound = 3e-2;
 constexpr double kAttentionAtLeast = 0.3;
 
-TEST_CASE("MLA decode steps by the kernels give the full forward's logits (GLM-4.7-Flash widths)") {
+TEST_CASE("MLA decode steps on the GPU give the full forward's logits (GLM-4.7-Flash widths)") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(31);
   const Compared c = DecodeAgainstFull(MakeModel("glm47_flash.json", 0), 0, 24);

@@ -175,12 +175,14 @@ at::Tensor ScaledScores(const at::Tensor& a, const at::Tensor& b, double scale) 
 // the cache as it is stored ([latent | k_pe] per position, LayerKv::latent_pe): scores are one
 // GEMM per sequence of the absorbed queries of every head against the cached rows (fp32 out,
 // ScaledScores), the softmax in fp32, the weighted sum of latents one GEMM, and W_uv one batched
-// GEMM over the heads. On the GPU, with kv_lora_rank 512 and rope 64 (every MLA checkpoint this
-// trainer reads), a decode step at device-side positions takes the scores, the softmax and the
-// weighted latents in one kernel instead (Note [MLA decode attention kernel] in
-// trainer/kernels/mla_kernels.cu). Equal to the expanded attention up to rounding (another order
-// of products; //trainer/model:decoder_test checks fp32 within 1e-5). Training and the CPU engine
-// (kLibTorch) keep the expanded form, which the batch-invariant CPU attention needs.
+// GEMM over the heads. Equal to the expanded attention up to rounding (another order of products;
+// //trainer/model:decoder_test checks fp32 within 1e-5). Training and the CPU engine (kLibTorch)
+// keep the expanded form, which the batch-invariant CPU attention needs.
+// These ops stay the GPU path: a kernel fusing the scores, the softmax and the weighted latents
+// (a block per 16 heads of a row, measured and removed) ran at 0.26x to 0.53x of them on the H200
+// (GLM-4.7-Flash's 20 heads and GLM-5's 64, 4,096 and 16,384 keys, batch 1 and 64), since each
+// block re-read the cached rows its row's other heads read; the ops' GEMMs read a row once for
+// every head (about 1.7 TB/s at batch 64). A kernel that wins must hold all heads of a row.
 
 // A step's absorbed queries and the up-projection its weighted latents go through.
 struct LatentHeads {
@@ -253,9 +255,7 @@ at::Tensor WeightedLatents(const LatentHeads& h, const ModelConfig& c, const at:
 // fp32, within 1e-5). A selected key the row cannot see (a row shorter than K among longer ones:
 // its masked keys tie at -inf in the indexer and may be picked) stays masked: its visibility is
 // gathered with it. The selection holds the visible keys with the largest index scores before any
-// masked one, so a row that sees any key attends to at least one. Where the MLA decode kernel
-// applies (Note [MLA decode attention kernel]) it reads the selected rows by their indices
-// itself, once each, at any T: neither the gather nor the mask.
+// masked one, so a row that sees any key attends to at least one.
 
 // The selected keys are gathered from T >= kGatherSelectedFrom x K cached keys on.
 constexpr int64_t kGatherSelectedFrom = 2;
@@ -604,13 +604,7 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
     const at::Tensor cached = ctx.cache->latent_pe.narrow(0, 0, b).narrow(1, 0, t);
     const LatentHeads absorbed = AbsorbQueries(w, c, q_pass, q_rot);
     at::Tensor latents;  // [B, heads, kv_lora_rank]
-    if (ctx.position.defined() && c.kv_lora_rank == 512 && c.qk_rope_head_dim == 64 &&
-        kernels::MlaDecodeAttentionTakes(absorbed.query, cached)) {
-      // Note [MLA decode attention kernel]: the selected keys by index.
-      latents = kernels::MlaDecodeAttention(absorbed.query, cached, ctx.position,
-                                            sparse ? topk.view({b, topk.size(-1)}) : at::Tensor(),
-                                            c.attention_scale());
-    } else if (sparse && t >= kGatherSelectedFrom * topk.size(-1)) {
+    if (sparse && t >= kGatherSelectedFrom * topk.size(-1)) {
       latents = SelectedWeightedLatents(absorbed, c, cached, visible, topk);
     } else {
       latents = WeightedLatents(absorbed, c, cached, visible, selection());
