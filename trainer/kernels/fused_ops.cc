@@ -296,11 +296,8 @@ at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 }
 
 bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (!x.defined() || x.dim() == 0 || x.scalar_type() != at::kBFloat16 || x.size(-1) % 32 != 0 ||
-      !LinearFits(x, x.size(-1), w, b, kSmallLinearMaxRows + 1, kSkinnyLinearMaxRows)) {
-    return false;
-  }
-  return true;
+  return x.defined() && x.dim() > 0 && x.scalar_type() == at::kBFloat16 && x.size(-1) % 32 == 0 &&
+         LinearFits(x, x.size(-1), w, b, kSmallLinearMaxRows + 1, kSkinnyLinearMaxRows);
 }
 
 bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {

@@ -81,9 +81,9 @@ at::Tensor SmallLinear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
 // The same for 3 to kSkinnyLinearMaxRows (64) rows of bf16 x on tensor cores, k a multiple of 32
 // (Note [Skinny linear kernel] in linear_kernels.cu).
-// SkinnyLinearPays: where it beat cuBLAS on the H200 (fused_kernels_bench): up to 32
-// rows of projections of up to 2048 features (Qwen3-0.6B's o and down: 1.1x to 1.6x alone, 1.3x
-// to 1.9x by programmatic launch); wider ones past 8 rows, and 64 rows, are cuBLAS's.
+// SkinnyLinearPays: where it beat cuBLAS on the H200 (fused_kernels_bench): up to 32 rows of
+// projections of up to 2048 features (Qwen3-0.6B's o and down: 1.1x to 1.6x alone, 1.3x to 1.9x
+// by programmatic launch); wider ones past 8 rows, and 64 rows, are cuBLAS's.
 constexpr int64_t kSkinnyLinearPaysMaxRows = 32;
 constexpr int64_t kSkinnyLinearPaysMaxFeatures = 2048;
 bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);

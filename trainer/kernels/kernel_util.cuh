@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <utility>
 
 #include "trainer/kernels/cuda_kernels.h"
 
@@ -198,7 +197,7 @@ __device__ __forceinline__ void PrecedingKernelsDone() {
 // the launch's error (and clears it, as cudaGetLastError after <<<>>> does).
 template <typename... Params, typename... Args>
 cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
-                   cudaStream_t stream, Args&&... args) {
+                   cudaStream_t stream, const Args&... args) {
   cudaLaunchAttribute programmatic = {};
   programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   programmatic.val.programmaticStreamSerializationAllowed = 1;
@@ -209,13 +208,13 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   config.stream = stream;
   config.attrs = &programmatic;
   config.numAttrs = ProgrammaticLaunch::On() ? 1 : 0;
-  cudaError_t launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
   if (launched != cudaSuccess && config.numAttrs > 0) {
     // Where the ordinary launch succeeds, a driver or stream refused the attribute: launch the
     // ordinary way from now on (ProgrammaticLaunch::On() then says false).
     (void)cudaGetLastError();
     config.numAttrs = 0;
-    launched = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+    launched = cudaLaunchKernelEx(&config, kernel, args...);
     if (launched == cudaSuccess) ProgrammaticLaunch::Refused();
   }
   const cudaError_t last = cudaGetLastError();

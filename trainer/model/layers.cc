@@ -409,10 +409,10 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // 32 bf16 rows the projections of up to 2048 features are SkinnyLinear (Note [Skinny linear
 // kernel] in trainer/kernels/linear_kernels.cu: 16 features a block on tensor cores, where it
 // beat cuBLAS); the rest keep cuBLAS. All but the attention, SmallLinear and SkinnyLinear
-// compute bit for bit what the ops computed, and the fused kernels
-// what the unfused ones compute (trainer/kernels/fused_ops.h); the attention reads only the
-// positions up to the step's (SDPA read the whole key block under a mask) and both sum in another
-// order than SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps
+// compute bit for bit what the ops computed, and the fused kernels what the unfused ones compute
+// (trainer/kernels/fused_ops.h); the attention reads only the positions up to the step's (SDPA
+// read the whole key block under a mask), and those three sum in another order than SDPA and
+// cuBLAS, so they differ from them by rounding. Graph replays and eager steps
 // run the same kernels, so they stay bit-identical. trainer/kernels/decode_kernels_test.cc checks
 // each kernel on the GPU.
 bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x) {
@@ -592,7 +592,7 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   const bool sparse = indexer_type != IndexerType::kNone && topk.defined();
   const bool latent_decode =
       ctx.cache != nullptr && s == 1 && ctx.kernels == Kernels::kFused && ctx.latent_mla_decode;
-  // Note [DSA decode over the selected keys]: read by index, gathered, or masked to.
+  // Note [DSA decode over the selected keys]: gathered, or masked to.
   const auto selection = [&] {  // [B, S, T] bool, where the attention masks to the DSA keys
     return sparse ? at::zeros({b, s, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
                         .scatter_(-1, topk, true)
@@ -603,7 +603,7 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   if (latent_decode) {
     const at::Tensor cached = ctx.cache->latent_pe.narrow(0, 0, b).narrow(1, 0, t);
     const LatentHeads absorbed = AbsorbQueries(w, c, q_pass, q_rot);
-    at::Tensor latents;  // [B, heads, kv_lora_rank]
+    at::Tensor latents;  // [B, heads * S, kv_lora_rank]
     if (sparse && t >= kGatherSelectedFrom * topk.size(-1)) {
       latents = SelectedWeightedLatents(absorbed, c, cached, visible, topk);
     } else {
@@ -654,11 +654,12 @@ Routing Route(const MoeWeights& w, const ModelConfig& c, const at::Tensor& x,
     logits = Linear(xf, w.router.to(xf.scalar_type()));
   }
   const bool sigmoid = c.router != RouterKind::kSoftmax;
-  if (inference && !replay.defined() &&
-      kernels::RouterTopKTakes(logits, k, sigmoid ? c.n_group : 1, sigmoid ? c.topk_group : 1)) {
-    const kernels::RouterChoice r = kernels::RouterTopK(
-        logits, sigmoid ? w.router_bias : at::Tensor(), sigmoid, k, sigmoid ? c.n_group : 1,
-        sigmoid ? c.topk_group : 1, c.norm_topk_prob, sigmoid ? c.routed_scaling_factor : 1.0);
+  const int64_t groups = sigmoid ? c.n_group : 1;  // a softmax router: one group, kept
+  const int64_t kept_groups = sigmoid ? c.topk_group : 1;
+  if (inference && !replay.defined() && kernels::RouterTopKTakes(logits, k, groups, kept_groups)) {
+    const kernels::RouterChoice r =
+        kernels::RouterTopK(logits, sigmoid ? w.router_bias : at::Tensor(), sigmoid, k, groups,
+                            kept_groups, c.norm_topk_prob, sigmoid ? c.routed_scaling_factor : 1.0);
     return {r.ids, r.weights};
   }
   if (c.router == RouterKind::kSoftmax) {
