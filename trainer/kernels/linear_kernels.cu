@@ -5,7 +5,7 @@
 // A decode step of B rows multiplies each projection's weight [N, K] by B rows x [B, K]. Past 2
 // rows (SmallLinear's range) the engine took cuBLAS, whose tiles suit large GEMMs: with B = 64 its
 // four GEMMs of a Qwen3-0.6B layer read their 30 MB of weights at about 1.3 TB/s (the profile of
-// README "Decode kernels and the HBM roofline"), the weights being the whole cost (x is 128 KB).
+// docs/decode-performance.md), the weights being the whole cost (x is 128 KB).
 // This kernel gives each block 16 output features, one m16 tile, and its kBlockWarps warps split K
 // in pieces of 32 dims: warp w takes pieces w, w + kBlockWarps, w + 2 kBlockWarps, ..., loading
 // kSkinnyChunk of them at once (16-byte vectors, straight from global memory into registers). Per
