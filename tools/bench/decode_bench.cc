@@ -20,6 +20,9 @@
 // --length-groups G > 1 gives the prompts G lengths (row b's is --prompt-len less
 // (b mod G) x --prompt-len / (2 G)), as a real rollout's prompts differ (Note [Rollout batching]);
 // no roofline then either.
+// `generation_sha256` is the SHA-256 of the last timed Generate's rows (each row's token count,
+// tokens and log-probs' bits), so that two builds whose kernels should give the same bits can be
+// compared across processes.
 // On a GPU it also counts the kernels (and copies and sets) of one eager decode step of the
 // batch, in all and per layer (`kernels_per_step`, `kernels_per_layer`), by the Kineto profiler;
 // --profile writes a Chrome trace of one more Generate (tools/bench/profile_summary.py FILE).
@@ -64,10 +67,12 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "launch/device.h"
 #include "launch/json.h"
+#include "launch/sha256.h"
 #include "tools/bench/profiling.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/hf_config.h"
@@ -321,6 +326,16 @@ int Run(int argc, char** argv) {
       return 1;
     }
   }
+  const std::string generation_sha256 = [&] {
+    rl::Sha256 sha;
+    for (const auto& g : generated) {
+      const auto count = static_cast<int64_t>(g.response.size());
+      sha.Update(&count, sizeof(count));
+      sha.Update(g.response.data(), g.response.size() * sizeof(int64_t));
+      sha.Update(g.log_probs.data(), g.log_probs.size() * sizeof(float));
+    }
+    return sha.HexDigest();
+  }();
   const bool graphs = engine.uses_cuda_graphs();
   const auto same = [](const std::vector<rl::rollout::Generation>& a,
                        const std::vector<rl::rollout::Generation>& b) {
@@ -426,6 +441,7 @@ int Run(int argc, char** argv) {
   line.Set("seconds", rl::json::Value::Double(best));
   if (step_seconds > 0) line.Set("decode_step_ms", rl::json::Value::Double(1e3 * step_seconds));
   line.Set("tokens_per_s", rl::json::Value::Double(tokens_per_s));
+  line.Set("generation_sha256", rl::json::Value::String(generation_sha256));
   line.Set("weight_bytes", rl::json::Value::Double(weight_bytes));
   if (moe && uniform) {
     line.Set("experts_used_per_step", rl::json::Value::Double(experts_per_step));
