@@ -6,7 +6,9 @@
 # prompt 128, 128 new tokens, DECODE_BENCH --compare-eager (graph replays must equal eager steps)
 # and, when given, BEFORE_DECODE_BENCH (another build, for a before/after ratio in the same
 # call). Writes OUT_DIR/decode.jsonl (each line with "model", "build") and prints a table:
-# tokens/s, the roofline fraction, kernels per layer of one decode step, and after / before.
+# tokens/s, the roofline fraction, kernels per layer of one decode step, after / before, and
+# whether both builds generated the same bits (their generation_sha256; "-" where the before
+# build does not report it).
 set -euo pipefail
 out="$1" after="$2" before="${3:-}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -39,13 +41,17 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 def find(model, batch, build):
     return next((r for r in rows if r["model"] == model and r["batch"] == batch
                  and r["build"] == build), None)
-print("model | batch | tokens/s | roofline | kernels/layer | graphs = eager | after / before")
+print("model | batch | tokens/s | roofline | kernels/layer | graphs = eager | after / before | "
+      "same bits as before")
 for r in rows:
     if r["build"] != "after":
         continue
     b = find(r["model"], r["batch"], "before")
     ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f} ({b['tokens_per_s']:.0f} tokens/s)" if b else "-"
+    same = "-"
+    if b and "generation_sha256" in r and "generation_sha256" in b:
+        same = str(r["generation_sha256"] == b["generation_sha256"])
     print(f"{r['model']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
           f"{100 * r['roofline_fraction']:.1f}% | {r.get('kernels_per_layer', 0):.2f} | "
-          f"{r.get('eager_identical')} | {ratio}")
+          f"{r.get('eager_identical')} | {ratio} | {same}")
 PY
