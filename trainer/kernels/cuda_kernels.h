@@ -1,6 +1,7 @@
 // CUDA kernels of our own, for the places where a profile showed eager LibTorch ops doing extra
-// memory passes or launching many small kernels (README "Speed on the H200"). Raw pointers and a
-// stream in, nothing of LibTorch: trainer/kernels/fused_ops.h wraps them for tensors.
+// memory passes or launching many small kernels (README "Speed on the H200",
+// docs/decode-performance.md). Raw pointers and a stream in, nothing of LibTorch:
+// trainer/kernels/fused_ops.h wraps them for tensors.
 //
 // Dtype codes: 0 = float32, 1 = bfloat16. Every launcher enqueues its work on `stream` and returns
 // the cudaError_t of the launch (0 = success); it does not synchronise.
