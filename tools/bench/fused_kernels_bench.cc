@@ -1,9 +1,8 @@
 // fused_kernels_bench [--rows 4096] [--vocab 151936] [--rounds 5]: our CUDA kernels
 // (trainer/kernels) against the LibTorch ops they replace, on the GPU, in one process:
 //  1. agreement: RMSNorm with its gradients (fp32 and bf16), RoPE (must be bit-identical) and the
-//  token log-prob /
-//     entropy with their gradients (fp32 and bf16), fused vs LibTorch, with the largest
-//     differences and a verdict per case;
+//     token log-prob / entropy with their gradients (fp32 and bf16), fused vs LibTorch, with the
+//     largest differences and a verdict per case;
 //  2. speed: the loss head of a train step, log-prob of the targets forward + backward over
 //     [rows, vocab] bf16 logits, fused vs log_softmax(logits.float()).gather, best of --rounds,
 //     and the ratio;
@@ -14,9 +13,9 @@
 //     block with a mask, as the LibTorch decode step ran it; DecodeQkvAttention against
 //     DecodeQkvPrep and DecodeAttention at the same shapes; SmallLinear against at::linear for
 //     1 and 2 rows (the rows it takes) at each projection's shape, and SkinnyLinear for 8 to 64
-//     (alone, and by programmatic dependent launch); DsaIndexScores
-//     against the DSA indexer's LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768
-//     keys), and the top-2048 selection after it.
+//     (alone, and by programmatic dependent launch); DsaIndexScores against the DSA indexer's
+//     LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768 keys), and the top-2048
+//     selection after it.
 // Exit status 1 when an agreement check fails. Needs a GPU.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>

@@ -106,12 +106,17 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// A shared-memory address as the 32-bit operand of cp.async and ldmatrix.
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // kBytes (4, 8, 16 or a multiple of 16, aligned to the lesser of itself and 16) from global to
 // shared memory without passing through registers (cp.async); they may be read once this thread's
 // cp.async.wait_group has counted them.
 template <int kBytes>
 __device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
-  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  const uint32_t to = SharedAddress(shared);
   if constexpr (kBytes <= 16) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(to), "l"(global), "n"(kBytes));
   } else {
@@ -127,10 +132,6 @@ __device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
 // groups).
 __device__ __forceinline__ void CommitCopies() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // ldmatrix .x4: lanes 8m to 8m + 7 give the addresses of rows 0 to 7 (16 bytes each, in shared
