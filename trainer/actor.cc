@@ -117,6 +117,39 @@ at::Tensor PackField(const rl_algo::RolloutBatch& batch, const std::vector<int64
   return out;
 }
 
+// What the loss of one micro-batch takes from the rollout, response-aligned [mb, max_response]
+// and on the device.
+struct MicroBatchInputs {
+  at::Tensor loss_mask;
+  at::Tensor rewards;  // [mb], post-processed
+  at::Tensor rollout;  // the engine's log-probs; undefined when a sample has none
+};
+
+MicroBatchInputs PackInputs(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
+                            const at::Tensor& rewards, c10::Device device) {
+  int64_t width = 0;
+  for (int64_t i : indices) width = std::max(width, batch.samples.at(i).response_length);
+  MicroBatchInputs in;
+  in.loss_mask =
+      PackField<int>(
+          batch, indices, width,
+          [](const rl_algo::Sample& s) -> const auto& { return s.loss_mask; }, at::kFloat)
+          .to(device);
+  std::vector<int64_t> local(indices.begin(), indices.end());
+  in.rewards = rewards.index({at::tensor(local, at::kLong)}).to(device);
+  const bool have_rollout = std::all_of(indices.begin(), indices.end(), [&](int64_t i) {
+    return batch.samples[i].rollout_log_probs.has_value();
+  });
+  if (have_rollout) {
+    in.rollout = PackField<float>(
+                     batch, indices, width,
+                     [](const rl_algo::Sample& s) -> const auto& { return *s.rollout_log_probs; },
+                     at::kFloat)
+                     .to(device);
+  }
+  return in;
+}
+
 }  // namespace
 
 ParamSplit SplitParams(const std::vector<ParamSpec>& specs, const std::string& freeze_regex,
@@ -325,16 +358,47 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
       rl_algo::RewardOptionsFrom(c));
   const rl_algo::AdvantageOptions advantage_options = rl_algo::AdvantageOptionsFrom(c);
   const rl_algo::AllReduceSum all_reduce = [this](const at::Tensor& t) {
-    at::Tensor sum = t.clone();
+    // Collectives run on the communicator's device (NCCL needs CUDA tensors).
+    at::Tensor sum = t.to(t.options().device(device_), /*non_blocking=*/false, /*copy=*/true);
     comm_.AllReduce(sum, ReduceOp::kSum);
     return sum;
   };
+  const bool old_from_rollout = old_log_probs.empty();
+
+  // Every micro-batch's inputs and advantages before the first step: --normalize-advantages
+  // whitens over the whole rollout (every micro-batch of every step, on every DP rank), with one
+  // all-reduce that every rank makes once, as the reference whitens its rollout data before
+  // training. The old and reference log-probs (for the KL) are already there for the whole plan.
+  std::vector<MicroBatchInputs> inputs_per_mb;
+  std::vector<rl_algo::AdvantageInputs> advantage_inputs;
+  for (const auto& step : plan.steps) {
+    for (const std::vector<int64_t>& indices : step) {
+      const size_t mb_index = inputs_per_mb.size();
+      MicroBatchInputs in = PackInputs(batch, indices, rewards, device_);
+      RL_CHECK(!old_from_rollout || in.rollout.defined(), Error,
+               "--use-rollout-logprobs: the rollout has samples without engine log-probs (replayed "
+               "data recorded without them)");
+      at::Tensor kl;
+      if (advantage_options.kl_coef != 0 && !ref_log_probs.empty()) {
+        kl = rl_algo::ApproxKl(
+            old_from_rollout ? in.rollout : old_log_probs.at(mb_index).to(device_),
+            ref_log_probs.at(mb_index).to(device_), loss_options_.kl_loss_type);
+      }
+      advantage_inputs.push_back({in.rewards, in.loss_mask, kl});
+      inputs_per_mb.push_back(std::move(in));
+    }
+  }
+  PerMicroBatch advantages;  // the loss's dtype; the returns are not used (no critic)
+  for (const rl_algo::AdvantagesAndReturns& adv :
+       rl_algo::ComputeAdvantagesAndReturns(advantage_inputs, advantage_options, all_reduce)) {
+    advantages.push_back(adv.advantages.to(at::kFloat));
+  }
+  advantage_inputs.clear();
 
   TrainResult result;
   // Note [Log-prob mismatch]: rollout vs the recomputed old log-probs over every micro-batch, or,
   // when the old-logprob pass was skipped (--use-rollout-logprobs), vs the first step's training
   // forward (the only one on the rollout's weights).
-  const bool old_from_rollout = old_log_probs.empty();
   at::Tensor mismatch;
   at::Tensor routing_counts;  // {replayed, differing} (token, layer) pairs, this rank's
   size_t mb_index = 0;
@@ -358,39 +422,13 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
     at::Tensor metric_sums;
     for (const std::vector<int64_t>& indices : step) {
       const MicroBatch mb = Pack(batch, indices, device_, seq_multiple_);
-      const int64_t width = mb.max_response;
-      const at::Tensor loss_mask =
-          PackField<int>(batch, indices, width, [](const rl_algo::Sample& s) -> const auto& {
-            return s.loss_mask;
-          }, at::kFloat).to(device_);
-      std::vector<int64_t> local(indices.begin(), indices.end());
-      const at::Tensor mb_rewards = rewards.index({at::tensor(local, at::kLong)}).to(device_);
-      const bool have_rollout = std::all_of(indices.begin(), indices.end(), [&](int64_t i) {
-        return batch.samples[i].rollout_log_probs.has_value();
-      });
-      at::Tensor rollout;
-      if (have_rollout) {
-        rollout = PackField<float>(
-                      batch, indices, width,
-                      [](const rl_algo::Sample& s) -> const auto& { return *s.rollout_log_probs; },
-                      at::kFloat)
-                      .to(device_);
-      }
-      RL_CHECK(!old_from_rollout || rollout.defined(), Error,
-               "--use-rollout-logprobs: the rollout has samples without engine log-probs (replayed "
-               "data recorded without them)");
+      const MicroBatchInputs& in = inputs_per_mb.at(mb_index);
+      const at::Tensor& loss_mask = in.loss_mask;
+      const at::Tensor& rollout = in.rollout;
       const at::Tensor old =
           old_from_rollout ? at::Tensor() : old_log_probs.at(mb_index).to(device_);
       const at::Tensor ref =
           ref_log_probs.empty() ? at::Tensor() : ref_log_probs.at(mb_index).to(device_);
-      at::Tensor kl;
-      if (advantage_options.kl_coef != 0 && ref.defined()) {
-        kl = rl_algo::ApproxKl(old_from_rollout ? rollout : old, ref, loss_options_.kl_loss_type);
-      }
-      // Advantages per micro-batch: exact for GRPO-family estimators (a broadcast of the
-      // normalised reward); whitening, when on, is global through the all-reduce.
-      const rl_algo::AdvantagesAndReturns adv = rl_algo::ComputeAdvantagesAndReturns(
-          mb_rewards, loss_mask, kl, advantage_options, all_reduce);
 
       const int64_t len = mb.tokens.size(1);
       model::TokenStats stats;
@@ -422,7 +460,7 @@ TrainResult Actor::Train(const rl_algo::RolloutBatch& batch, const TrainingPlan&
             mismatch,
             rl_algo::MismatchSums(old_from_rollout ? inputs.log_probs : old, rollout, loss_mask));
       }
-      inputs.advantages = adv.advantages.to(at::kFloat);
+      inputs.advantages = advantages.at(mb_index);
       inputs.loss_mask = loss_mask;
       if (loss_options_.entropy_coef != 0) {
         inputs.entropy = ResponseAligned(stats.entropy, mb).to(at::kFloat);

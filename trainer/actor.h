@@ -14,7 +14,8 @@
 // [Training plan] in trainer/training_plan.h).
 //
 // Every public method that computes is collective over the DP communicator (Train's steps, the
-// metric and token-count all-reduces) and must be called on every rank in the same order.
+// metric and token-count all-reduces, and with --normalize-advantages one all-reduce of the
+// whitening statistics per Train call) and must be called on every rank in the same order.
 #ifndef RL_TRAINER_ACTOR_H_
 #define RL_TRAINER_ACTOR_H_
 
@@ -146,7 +147,9 @@ class Actor {
   std::vector<TrainingPlan> PlansForAllRanks(const rl_algo::RolloutBatch& batch) const;
 
   // Trains on one rollout. `old_log_probs` and `ref_log_probs` come from ComputeLogProbs with the
-  // same plan (ref may be empty when there is no reference model).
+  // same plan (ref may be empty when there is no reference model). The advantages of every
+  // micro-batch are computed before the first step, so that --normalize-advantages whitens over
+  // the whole rollout (all DP ranks' trainable tokens), not over one micro-batch.
   // `replay`, when given, is the routing the training forwards replay (Note [Routing replay
   // modes]).
   TrainResult Train(const rl_algo::RolloutBatch& batch, const TrainingPlan& plan,

@@ -166,7 +166,7 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(bool, use_rollout_indexer_replay, false, "DSA (GLM-5): the rollout engine records each indexer's key selection; reference, old-logprob and training forwards replay it.") \
   X(double, tis_clip, 2.0, "TIS upper clip.")                                                      \
   X(double, tis_clip_low, 0.0, "TIS lower clip.")                                                  \
-  X(bool, normalize_advantages, false, "Whiten advantages over the DP group.")                    \
+  X(bool, normalize_advantages, false, "Whiten the advantages with the mean and std of the whole rollout's trainable tokens (every micro-batch of every DP rank).") \
   X(bool, compute_advantages_and_returns, true, "Compute advantages in the trainer (the rebuild runs in that block).") \
   X(int64_t, num_critic_only_steps, 0, "PPO: steps that train only the critic.")
 

@@ -96,14 +96,27 @@ at::Tensor PostProcessRewards(const at::Tensor& raw_rewards,
 
 at::Tensor IdentityAllReduce(const at::Tensor& t) { return t; }
 
-at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
-                        const AllReduceSum& all_reduce_sum) {
+at::Tensor MaskedMoments(const at::Tensor& values, const at::Tensor& mask) {
   RL_CHECK(values.sizes() == mask.sizes(), Error,
-           "MaskedWhiten: values {} and mask {} differ in shape", Shape(values), Shape(mask));
+           "MaskedMoments: values {} and mask {} differ in shape", Shape(values), Shape(mask));
   const at::Tensor active = mask.to(at::kBool);
   const at::Tensor v = at::where(active, values.to(at::kDouble), 0.0);
-  at::Tensor stats = at::stack({v.sum(), (v * v).sum(), active.sum().to(at::kDouble)});
-  stats = all_reduce_sum(stats).to(at::kCPU, at::kDouble);
+  return at::stack({v.sum(), (v * v).sum(), active.sum().to(at::kDouble)});
+}
+
+std::vector<at::Tensor> MaskedWhiten(const std::vector<at::Tensor>& values,
+                                     const std::vector<at::Tensor>& masks,
+                                     const AllReduceSum& all_reduce_sum) {
+  RL_CHECK(values.size() == masks.size(), Error, "MaskedWhiten: {} parts of values but {} masks",
+           values.size(), masks.size());
+  at::Tensor moments;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const at::Tensor part = MaskedMoments(values[i], masks[i]);
+    moments = moments.defined() ? moments + part : part;
+  }
+  // A rank without parts still takes part in the all-reduce.
+  if (!moments.defined()) moments = at::zeros({3}, at::kDouble);
+  const at::Tensor stats = all_reduce_sum(moments).to(at::kCPU, at::kDouble);
   const double sum = stats[0].item<double>();
   const double sum_sq = stats[1].item<double>();
   const double count = stats[2].item<double>();
@@ -115,13 +128,16 @@ at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
   if (count >= 2) var *= count / (count - 1);  // Bessel's correction
   // Rounding can push a zero variance slightly negative; the reference would return NaN there.
   var = std::max(var, 0.0);
-  return (values - mean) * (1.0 / std::sqrt(var + kWhitenEpsilon));
+  const double scale = 1.0 / std::sqrt(var + kWhitenEpsilon);
+  std::vector<at::Tensor> out;
+  out.reserve(values.size());
+  for (const at::Tensor& v : values) out.push_back((v - mean) * scale);
+  return out;
 }
 
-AdvantagesAndReturns ComputeAdvantagesAndReturns(const at::Tensor& rewards,
-                                                 const at::Tensor& loss_mask, const at::Tensor& kl,
-                                                 const AdvantageOptions& options,
-                                                 const AllReduceSum& all_reduce_sum) {
+AdvantagesAndReturns RawAdvantagesAndReturns(const at::Tensor& rewards, const at::Tensor& loss_mask,
+                                             const at::Tensor& kl,
+                                             const AdvantageOptions& options) {
   const at::NoGradGuard no_grad;
   RL_CHECK(rewards.dim() == 1 && loss_mask.dim() == 2 && rewards.size(0) == loss_mask.size(0),
            Error,
@@ -180,8 +196,26 @@ AdvantagesAndReturns ComputeAdvantagesAndReturns(const at::Tensor& rewards,
     case AdvantageEstimator::kPpo:
       throw Error("advantages: ppo needs a critic; validation should have refused it");
   }
+  return out;
+}
+
+std::vector<AdvantagesAndReturns> ComputeAdvantagesAndReturns(
+    const std::vector<AdvantageInputs>& micro_batches, const AdvantageOptions& options,
+    const AllReduceSum& all_reduce_sum) {
+  const at::NoGradGuard no_grad;
+  std::vector<AdvantagesAndReturns> out;
+  out.reserve(micro_batches.size());
+  for (const AdvantageInputs& mb : micro_batches) {
+    out.push_back(RawAdvantagesAndReturns(mb.rewards, mb.loss_mask, mb.kl, options));
+  }
   if (options.normalize_advantages) {
-    out.advantages = MaskedWhiten(out.advantages, loss_mask, all_reduce_sum);
+    std::vector<at::Tensor> advantages, masks;
+    for (size_t i = 0; i < out.size(); ++i) {
+      advantages.push_back(out[i].advantages);
+      masks.push_back(micro_batches[i].loss_mask);
+    }
+    const std::vector<at::Tensor> whitened = MaskedWhiten(advantages, masks, all_reduce_sum);
+    for (size_t i = 0; i < out.size(); ++i) out[i].advantages = whitened[i];
   }
   return out;
 }

@@ -10,8 +10,10 @@
 // Dtypes: results are in the promoted dtype of the inputs, at least fp32. The reference computes
 // reward normalisation in fp32 (pass fp32 rewards to match it bit for bit; tests use fp64).
 //
-// Distributed: only MaskedWhiten (--normalize-advantages) needs the other DP ranks; it takes the
-// all-reduce as a function, so one rank and tests pass IdentityAllReduce.
+// Distributed: only whitening (--normalize-advantages) needs the other DP ranks; it takes the
+// all-reduce as a function, so one rank and tests pass IdentityAllReduce. Whitening needs the
+// statistics of the whole rollout, so ComputeAdvantagesAndReturns takes all of a rank's
+// micro-batches at once and all-reduces once per call, however many micro-batches the rank has.
 //
 // Failures: inconsistent shapes or group sizes, and kPpo (refused by validation), throw rl::Error.
 //
@@ -45,7 +47,7 @@ struct AdvantageOptions {
   AdvantageEstimator estimator = AdvantageEstimator::kGrpo;
   double kl_coef = 0.0;               // KL penalty folded into REINFORCE++ token rewards
   double gamma = 1.0;                 // REINFORCE++ discount (the reference's default)
-  bool normalize_advantages = false;  // whiten over all DP ranks' trainable tokens
+  bool normalize_advantages = false;  // whiten over the rollout's trainable tokens, all DP ranks'
 };
 
 // From the resolved config (trainer/config/validate.h).
@@ -67,34 +69,60 @@ at::Tensor PostProcessRewards(const at::Tensor& raw_rewards,
 using AllReduceSum = std::function<at::Tensor(const at::Tensor&)>;
 at::Tensor IdentityAllReduce(const at::Tensor& t);
 
-// The reference's distributed_masked_whiten: with the global (all-reduced) masked mean and
-// variance of `values` (Bessel-corrected when the global count of mask-1 tokens is >= 2),
-// returns (values - mean) * rsqrt(var + kWhitenEpsilon) at every position. Statistics are
-// accumulated in fp64. Throws rl::Error when no rank has a mask-1 token. Shapes: values and mask
-// alike, any shape.
-at::Tensor MaskedWhiten(const at::Tensor& values, const at::Tensor& mask,
-                        const AllReduceSum& all_reduce_sum);
+// {sum, sum of squares, count} of `values` at the positions where `mask` is 1: [3], fp64, on the
+// device of `values`. Shapes: values and mask alike, any shape. Moments of several parts add up to
+// the moments of their concatenation (up to the rounding of the sums).
+at::Tensor MaskedMoments(const at::Tensor& values, const at::Tensor& mask);
+
+// The reference's distributed_masked_whiten, over parts: `values` and `masks` are this rank's
+// parts (micro-batches) of one whole, pairwise of the same shape, possibly none. With the global
+// masked mean and variance of every part of every rank (their MaskedMoments summed here, then
+// all-reduced once; Bessel-corrected when the global count of mask-1 tokens is >= 2), returns each
+// part as (values - mean) * rsqrt(var + kWhitenEpsilon) at every position. Statistics are
+// accumulated in fp64. Throws rl::Error (on every rank alike) when no rank has a mask-1 token.
+// Every rank calls all_reduce_sum exactly once, with a [3] fp64 tensor (on the device of the
+// first part; on the CPU when the rank has none).
+std::vector<at::Tensor> MaskedWhiten(const std::vector<at::Tensor>& values,
+                                     const std::vector<at::Tensor>& masks,
+                                     const AllReduceSum& all_reduce_sum);
 
 struct AdvantagesAndReturns {
   at::Tensor advantages;  // [num_samples, T]
   at::Tensor returns;     // [num_samples, T]
 };
 
-// The reference's compute_advantages_and_returns, for one rank's samples (all its micro-batches):
+// The reference's compute_advantages_and_returns without the whitening, for one micro-batch:
 //   grpo, gspo:                    returns = reward, broadcast to every token;
 //                                  advantages = returns (kl_coef is not applied).
 //   reinforce_plus_plus:           token rewards -kl_coef * kl * mask, plus the reward at the last
 //                                  mask-1 token (none when the sample has no mask-1 token);
 //                                  returns G_t = r_t + gamma * G_{t+1}; advantages = returns.
 //   reinforce_plus_plus_baseline:  advantages = reward - kl_coef * kl; returns = advantages.
-// Then, with normalize_advantages, advantages = MaskedWhiten(advantages, loss_mask, all_reduce).
-// `rewards` [num_samples], post-processed; `loss_mask` [num_samples, T] (0 on padding); `kl`
-// [num_samples, T], the per-token KL(policy || reference) from ApproxKl (trainer/rl/losses.h) with
-// --kl-loss-type, or an undefined tensor, which means zeros (required when kl_coef != 0). The
-// results are not part of any autograd graph.
-AdvantagesAndReturns ComputeAdvantagesAndReturns(
-    const at::Tensor& rewards, const at::Tensor& loss_mask, const at::Tensor& kl,
-    const AdvantageOptions& options, const AllReduceSum& all_reduce_sum = IdentityAllReduce);
+// options.normalize_advantages is not read here. `rewards` [num_samples], post-processed;
+// `loss_mask` [num_samples, T] (0 on padding); `kl` [num_samples, T], the per-token KL(policy ||
+// reference) from ApproxKl (trainer/rl/losses.h) with --kl-loss-type, or an undefined tensor,
+// which means zeros (required when kl_coef != 0). Every sample's values depend on that sample
+// alone. The results are not part of any autograd graph.
+AdvantagesAndReturns RawAdvantagesAndReturns(const at::Tensor& rewards, const at::Tensor& loss_mask,
+                                             const at::Tensor& kl, const AdvantageOptions& options);
+
+// One micro-batch's inputs of RawAdvantagesAndReturns.
+struct AdvantageInputs {
+  at::Tensor rewards;    // [num_samples], post-processed
+  at::Tensor loss_mask;  // [num_samples, T], 0 on padding
+  at::Tensor kl;         // [num_samples, T], or undefined (zeros)
+};
+
+// The reference's compute_advantages_and_returns for one rank's share of a rollout, given as its
+// micro-batches (all of them, every optimizer step's, possibly none): RawAdvantagesAndReturns of
+// each; then, with normalize_advantages, the advantages of all of them are whitened together
+// (MaskedWhiten over the loss masks), so the statistics are those of every trainable token of the
+// rollout, over all DP ranks, whatever the micro-batch split. Every rank must call it, once per
+// rollout, with its own micro-batches: with normalize_advantages it calls all_reduce_sum once.
+// Returns one result per micro-batch, in order.
+std::vector<AdvantagesAndReturns> ComputeAdvantagesAndReturns(
+    const std::vector<AdvantageInputs>& micro_batches, const AdvantageOptions& options,
+    const AllReduceSum& all_reduce_sum = IdentityAllReduce);
 
 }  // namespace rl::rl_algo
 
