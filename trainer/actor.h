@@ -61,7 +61,7 @@ struct PlanReplay {
 
 struct TrainResult {
   rl_algo::LossMetrics metrics;             // of the last step
-  rl_algo::LossMetrics first_step_metrics;  // of the first step (CI: ppo_kl == 0)
+  rl_algo::LossMetrics first_step_metrics;  // of the first step (the CI check of its ppo_kl)
   double grad_norm = 0;
   double lr = 0;
   int64_t steps = 0;

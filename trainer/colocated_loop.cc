@@ -281,24 +281,32 @@ class ColocatedCycle {
   }
 
   void CheckFirstStepKl(const TrainResult& result) const {
-    if (!resolved_.check_kl) return;
     const double kl = result.first_step_metrics.ppo_kl;
-    if (!skip_old_logprobs()) {
-      RL_CHECK(kl == 0.0, Error,
-               "CI check failed: the first step's ppo_kl is {} (must be exactly 0: the old "
-               "log-probs were computed from the same weights)",
-               kl);
-      return;
+    switch (resolved_.check_kl) {
+      case config::FirstStepKlCheck::kOff:
+        return;
+      case config::FirstStepKlCheck::kExactlyZero:
+        RL_CHECK(kl == 0.0, Error,
+                 "CI check failed: the first step's ppo_kl is {} (must be exactly 0: the old "
+                 "log-probs were computed from the same weights)",
+                 kl);
+        return;
+      case config::FirstStepKlCheck::kWithinMismatch: {
+        // The old policy is the engine's (--use-rollout-logprobs, with or without --use-tis):
+        // the first step's ppo_kl is a mean of (rollout - train) log-prob differences. Note
+        // [Log-prob mismatch] measures them against the first step's forward, or with --use-tis
+        // against the old-logprob pass, which computes the same numbers; each is at most the
+        // measured maximum.
+        RL_CHECK(result.mismatch.has_value(), Error,
+                 "CI check failed: --use-rollout-logprobs without a log-prob mismatch measure");
+        const double bound = result.mismatch->abs_diff_max * (1 + 1e-9) + 1e-12;
+        RL_CHECK(std::isfinite(kl) && std::abs(kl) <= bound, Error,
+                 "CI check failed: with --use-rollout-logprobs the first step's ppo_kl is {}, "
+                 "beyond the largest rollout/train log-prob difference {}",
+                 kl, result.mismatch->abs_diff_max);
+        return;
+      }
     }
-    // The old policy is the engine's: the first step's ppo_kl is a mean of (rollout - train)
-    // log-prob differences, each at most the measured maximum mismatch.
-    RL_CHECK(result.mismatch.has_value(), Error,
-             "CI check failed: --use-rollout-logprobs without a log-prob mismatch measure");
-    const double bound = result.mismatch->abs_diff_max * (1 + 1e-9) + 1e-12;
-    RL_CHECK(std::isfinite(kl) && std::abs(kl) <= bound, Error,
-             "CI check failed: with --use-rollout-logprobs the first step's ppo_kl is {}, beyond "
-             "the largest rollout/train log-prob difference {}",
-             kl, result.mismatch->abs_diff_max);
   }
 
   bool SaveDue(int64_t iteration) const {

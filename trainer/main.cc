@@ -43,7 +43,7 @@ std::string DescribeDerived(const config::ResolvedConfig& r) {
       "# derived: with_ref = {}, param_buffer_host_backup = {}, check_kl = {}, "
       "check_weight_version = {}, update_weight_buffer_bytes = {}, planned world {} (DP {}, "
       "expert DP {})",
-      r.with_ref, r.param_buffer_host_backup, r.check_kl, r.check_weight_version,
+      r.with_ref, r.param_buffer_host_backup, config::NameOf(r.check_kl), r.check_weight_version,
       r.update_weight_buffer_bytes, r.planned_world_size, r.planned_dp_size,
       r.planned_expert_dp_size);
 }

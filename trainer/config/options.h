@@ -188,9 +188,9 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(std::optional<bool>, check_weight_update_equal, std::nullopt, "SHA256-compare the engine's weights with the actor's after a sync (default: on with --ci-test).")
 
 #define RL_CHECK_OPTIONS(X)                                                                        \
-  X(bool, ci_test, false, "CI mode: turns on the SHA256 rebuild check, the weight-update check, the weight version check and the first-step ppo_kl == 0 check.") \
+  X(bool, ci_test, false, "CI mode: turns on the SHA256 rebuild check, the weight-update check, the weight version check and the first-step ppo_kl check (exactly 0; with --use-rollout-logprobs, within the rollout/train mismatch).") \
   X(bool, ci_disable_weight_update_checker, false, "CI mode without the weight-update check.")    \
-  X(bool, ci_disable_kl_checker, false, "CI mode without the first-step ppo_kl == 0 check.")
+  X(bool, ci_disable_kl_checker, false, "CI mode without the first-step ppo_kl check.")
 
 #define RL_DATA_OPTIONS(X)                                                                         \
   X(std::string, prompt_data, "", "JSONL file of prompts.")                                        \

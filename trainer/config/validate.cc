@@ -351,7 +351,12 @@ ValidationResult Validate(const Config& input) {
   }
   if (c.rollout.n_samples_per_prompt == 1) c.rl.grpo_std_normalization = false;
 
-  r.check_kl = c.checks.ci_test && !c.checks.ci_disable_kl_checker && !c.colocate.debug_rollout_only;
+  if (c.checks.ci_test && !c.checks.ci_disable_kl_checker && !c.colocate.debug_rollout_only) {
+    // The loss's old policy is the engine's whenever --use-rollout-logprobs is on, even when
+    // --use-tis still runs the old-logprob pass (trainer/rl/losses.h PolicyLoss).
+    r.check_kl = c.rl.use_rollout_logprobs ? FirstStepKlCheck::kWithinMismatch
+                                           : FirstStepKlCheck::kExactlyZero;
+  }
   r.check_weight_version = c.checks.ci_test && !c.colocate.debug_train_only &&
                            !c.colocate.debug_rollout_only;
 

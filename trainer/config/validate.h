@@ -17,11 +17,25 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainer/config/options.h"
 
 namespace rl::config {
+
+// The CI check of the first optimizer step's ppo_kl (--ci-test), by what the old policy is.
+// - kExactlyZero: the old log-probs are the trainer's own, recomputed from the weights the first
+//   step starts from on the same plan (Note [Training plan]), so ppo_kl must be exactly 0.
+// - kWithinMismatch: --use-rollout-logprobs (with or without --use-tis) makes the engine's
+//   log-probs the old policy, so the first step's ppo_kl is a mean of rollout - train log-prob
+//   differences: it must be finite and at most the measured rollout/train mismatch.
+enum class FirstStepKlCheck { kOff, kExactlyZero, kWithinMismatch };
+inline constexpr std::pair<FirstStepKlCheck, const char*> kFirstStepKlCheckNames[] = {
+    {FirstStepKlCheck::kOff, "off"},
+    {FirstStepKlCheck::kExactlyZero, "exactly_zero"},
+    {FirstStepKlCheck::kWithinMismatch, "within_mismatch"}};
+constexpr const auto& EnumNames(FirstStepKlCheck) { return kFirstStepKlCheckNames; }
 
 struct ResolvedConfig {
   Config config;  // every optional set, derived values written back
@@ -30,7 +44,7 @@ struct ResolvedConfig {
   bool with_ref = false;                  // a reference model is needed (KL)
   bool param_buffer_host_backup = true;   // false when offload_train (no host copy on pause)
   bool grad_buffer_host_backup = true;    // likewise
-  bool check_kl = false;                  // CI: first step's ppo_kl must be exactly 0
+  FirstStepKlCheck check_kl = FirstStepKlCheck::kOff;  // CI: the first step's ppo_kl
   bool check_weight_version = false;      // CI: engine and actor agree on the weight version
   int64_t update_weight_buffer_bytes = 0;
   int64_t planned_world_size = 1;         // actor_num_nodes * actor_num_gpus_per_node

@@ -174,13 +174,30 @@ TEST_CASE("derived: --ci-test turns on the weight-update check, the KL and versi
   c.checks.ci_test = true;
   const ResolvedConfig r = Validate(c).resolved;
   CHECK(r.config.weight_sync.check_weight_update_equal == true);
-  CHECK(r.check_kl);
+  CHECK(r.check_kl == FirstStepKlCheck::kExactlyZero);
   CHECK(r.check_weight_version);
   c.checks.ci_disable_weight_update_checker = true;
   c.checks.ci_disable_kl_checker = true;
   const ResolvedConfig off = Validate(c).resolved;
   CHECK(off.config.weight_sync.check_weight_update_equal == false);
-  CHECK_FALSE(off.check_kl);
+  CHECK(off.check_kl == FirstStepKlCheck::kOff);
+  CHECK(Validate(Remat()).resolved.check_kl == FirstStepKlCheck::kOff);  // no --ci-test
+}
+
+TEST_CASE(
+    "derived: the first step's ppo_kl is held to the rollout/train mismatch whenever the "
+    "engine's log-probs are the old policy, TIS or not") {
+  Config c = Remat();
+  c.checks.ci_test = true;
+  c.rl.use_tis = true;  // TIS alone: the old policy is the trainer's recomputation
+  CHECK(Validate(c).resolved.check_kl == FirstStepKlCheck::kExactlyZero);
+  c.rl.use_rollout_logprobs = true;  // the old-logprob pass still runs (TIS needs it) ...
+  const ValidationResult with_tis = Validate(c);
+  REQUIRE(with_tis.ok());
+  // ... but the loss's old policy is the engine's, so the first step's ppo_kl is the mismatch.
+  CHECK(with_tis.resolved.check_kl == FirstStepKlCheck::kWithinMismatch);
+  c.rl.use_tis = false;  // no old-logprob pass at all
+  CHECK(Validate(c).resolved.check_kl == FirstStepKlCheck::kWithinMismatch);
 }
 
 TEST_CASE("derived: --ci-test with --debug-train-only has no weight-update check") {
