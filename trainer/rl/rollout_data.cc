@@ -283,6 +283,13 @@ std::string SampleProblem(const Sample& sample) {
     return fmt::format("field \"response_length\": is {}, but \"tokens\" has only {} entries",
                        sample.response_length, num_tokens);
   }
+  if (sample.response_length == num_tokens) {
+    return fmt::format(
+        "field \"response_length\": is {}, as many as \"tokens\" has entries; a sample needs at "
+        "least one prompt token before its response (response token 0 is predicted from the "
+        "position before it)",
+        sample.response_length);
+  }
   if (static_cast<int64_t>(sample.loss_mask.size()) != sample.response_length) {
     return fmt::format("field \"loss_mask\": has {} entries, but response_length is {}",
                        sample.loss_mask.size(), sample.response_length);

@@ -3,12 +3,14 @@
 //
 // Note [Rollout sample layout]
 // A Sample is one generated response: `tokens` holds prompt + response ids, and the response is
-// the last `response_length` of them (1 <= response_length <= tokens.size()). Every per-token
+// the last `response_length` of them, with 1 <= response_length < tokens.size(): at least one
+// response token, and at least one prompt token before it (response token 0 is predicted by the
+// logits at the position before it, which an empty prompt does not have). Every per-token
 // quantity of a sample (loss_mask, rollout_log_probs, and in training log-probs, entropy,
 // advantages) is response-aligned: element t belongs to response token t, i.e. to
 // tokens[tokens.size() - response_length + t], and is predicted by the logits at position
-// tokens.size() - response_length + t - 1, as in miles. Samples of one
-// prompt (a GRPO group) share `group_index` and sit next to each other in a batch.
+// tokens.size() - response_length + t - 1 (>= 0), as in miles. Samples of one prompt (a GRPO
+// group) share `group_index` and sit next to each other in a batch.
 //
 // File format: UTF-8 text, one JSON object per line, one line per sample, in batch order:
 //   {"tokens": [151644, 872, ...], "response_length": 3, "loss_mask": [1, 1, 0],
@@ -85,7 +87,7 @@ struct RoutingRecord {
 // One response and what training needs of it. See Note [Rollout sample layout].
 struct Sample {
   std::vector<int64_t> tokens;  // [prompt_length + response_length], ids >= 0
-  int64_t response_length = 0;  // 1 <= response_length <= tokens.size()
+  int64_t response_length = 0;  // 1 <= response_length < tokens.size()
   std::vector<int> loss_mask;   // [response_length], each 0 or 1; 0 = not trained on
   double reward = 0.0;          // raw (not yet group-normalised), finite
   std::optional<std::vector<float>> rollout_log_probs;  // [response_length], from the engine

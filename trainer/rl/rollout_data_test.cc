@@ -67,9 +67,9 @@ TEST_CASE("write then read gives back the same batch, bit for bit", "[rollout_da
   Sample b = MakeSample({1, 2}, 1, -1.0 / 3.0);
   b.rollout_log_probs = std::vector<float>{-std::numeric_limits<float>::denorm_min()};
   b.group_index = 0;
-  Sample c = MakeSample({3, 4, 5}, 3, 5e-324);  // smallest double, and no log-probs
+  Sample c = MakeSample({3, 4, 5}, 2, 5e-324);  // smallest double, and no log-probs
   c.group_index = 7;
-  Sample d = MakeSample({8}, 1, 1e300);  // no group either
+  Sample d = MakeSample({7, 8}, 1, 1e300);  // no group either
   d.group_index = std::nullopt;
   batch.samples = {a, b, c, d};
 
@@ -117,6 +117,9 @@ TEST_CASE("each kind of bad line is reported with its line number and field", "[
        ":2: field \"reward\": is \"1\", not a number"},
       {R"({"tokens": [5, 6, 7], "response_length": 4, "loss_mask": [1, 1, 1, 1], "reward": 1})",
        ":2: field \"response_length\": is 4, but \"tokens\" has only 3 entries"},
+      {R"({"tokens":[5],"response_length":1,"loss_mask":[1],"reward":1})",
+       ":2: field \"response_length\": is 1, as many as \"tokens\" has entries; a sample needs at "
+       "least one prompt token before its response"},
       {R"({"tokens": [5, 6, 7], "response_length": 0, "loss_mask": [], "reward": 1})",
        ":2: field \"response_length\": is 0; a sample needs at least one response token"},
       {R"({"tokens": [5, 6, 7], "response_length": 2, "loss_mask": [1, 1, 1], "reward": 1})",
@@ -212,7 +215,7 @@ TEST_CASE("samples encoded for the rollout exchange decode to the same samples",
   a.loss_mask = {1, 0, 1};
   a.rollout_log_probs = std::vector<float>{-0.1f, std::nextafter(-1.0f, 0.0f), -1e-38f};
   a.group_index = 3;
-  Sample b = MakeSample({8}, 1, 5e-324);  // no log-probs, no group
+  Sample b = MakeSample({7, 8}, 1, 5e-324);  // no log-probs, no group
   const std::vector<Sample> samples = {a, b};
   const std::vector<Sample> back = DecodeSamples(EncodeSamples(samples), "test");
   REQUIRE(back.size() == 2);
@@ -239,6 +242,13 @@ TEST_CASE("cut or padded sample bytes are an error naming the source, never a cr
   bad.rollout_log_probs = std::vector<float>(9, -1.0f);
   CHECK_THROWS_WITH(DecodeSamples(EncodeSamples({bad}), "rank 1"),
                     Catch::Contains("rank 1: sample 0"));
+  // So is one without a prompt token (its response is all of its tokens).
+  Sample no_prompt = a;
+  no_prompt.response_length = 3;
+  no_prompt.loss_mask.assign(3, 1);
+  no_prompt.rollout_log_probs = std::vector<float>(3, -1.0f);
+  CHECK_THROWS_WITH(DecodeSamples(EncodeSamples({no_prompt}), "rank 1"),
+                    Catch::Contains("at least one prompt token"));
 }
 
 // A routing record for `sample` (Note [Routing record]) with ids i * 37 % num_experts.
