@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <initializer_list>
 #include <limits>
 #include <optional>
 #include <regex>
+#include <type_traits>
 
 namespace rl::config {
 
@@ -139,6 +141,25 @@ void ValidateRematerialize(Rules& rules, ResolvedConfig& r) {
   }
 }
 
+// Note [Finite numbers]: every number option must be finite. TOML spells inf and nan, and so do
+// the flags (`--lr inf`), and a NaN passes every range check written as `!(x < bound)` while an
+// infinity passes every lower bound: `--lr inf` or `--weight-decay inf` would validate and turn
+// the weights into NaN at the first step, and a huge factor cast to an integer is undefined. One
+// rule over every double option of the table, so that an option added later is covered too; the
+// range rules of single options (ValidateRanges) come on top of it.
+void ValidateFinite(Rules& rules, const Config& c) {
+  VisitOptions(c, [&](const OptionInfo& info, const auto& member) {
+    using T = std::decay_t<decltype(member)>;
+    if constexpr (std::is_same_v<T, double>) {
+      rules.Require(std::isfinite(member), "{} must be a finite number; got {}", FlagName(info.key),
+                    member);
+    } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+      rules.Require(!member.has_value() || std::isfinite(*member),
+                    "{} must be a finite number; got {}", FlagName(info.key), member.value_or(0));
+    }
+  });
+}
+
 void ValidateRanges(Rules& rules, const Config& c) {
   rules.Require(c.run.num_rollout >= 1, "--num-rollout must be at least 1; got {}",
                 c.run.num_rollout);
@@ -248,6 +269,8 @@ void ValidateRanges(Rules& rules, const Config& c) {
   rules.Require(rl.tis_clip_low >= 0 && rl.tis_clip > rl.tis_clip_low,
                 "--tis-clip-low must be >= 0 and below --tis-clip; got {} and {}", rl.tis_clip_low,
                 rl.tis_clip);
+  rules.Require(rl.entropy_coef >= 0, "--entropy-coef must be >= 0 (0 = no entropy bonus); got {}",
+                rl.entropy_coef);
   rules.Require(rl.num_critic_only_steps >= 0, "--num-critic-only-steps must be >= 0");
 
   rules.Require(c.colocate.offload_train_target != OffloadTarget::kDisk,
@@ -270,6 +293,7 @@ ValidationResult Validate(const Config& input) {
   Config& c = r.config;
   Rules rules(result.errors);
 
+  ValidateFinite(rules, c);
   ValidateRanges(rules, c);
 
   // The colocate/offload/backup rules and derived values, in the order miles applies them.

@@ -1,11 +1,15 @@
 // Validation: one test per rule (accepted and rejected) and one per derived value.
 #include "trainer/config/validate.h"
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
 
 namespace rl::config {
 namespace {
@@ -378,6 +382,44 @@ TEST_CASE("rule: ranges of numbers") {
   c = Remat();
   c.rl.eps_clip_c = 0.5;
   CHECK(Mentions(OnlyError(c), "--eps-clip-c (dual clip) must be greater than 1"));
+}
+
+TEST_CASE("rule: --entropy-coef is not negative") {
+  Config c = Remat();
+  c.rl.entropy_coef = -0.01;
+  CHECK(OnlyError(c) == "--entropy-coef must be >= 0 (0 = no entropy bonus); got -0.01");
+  c.rl.entropy_coef = 0.01;
+  CHECK(OnlyError(c).empty());
+}
+
+// Note [Finite numbers]: each double option in turn, set to inf, -inf and nan, is refused with a
+// message naming its flag; the other options stay valid.
+TEST_CASE("rule: every number option must be finite") {
+  int64_t options = 0;
+  for (const double bad :
+       {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN()}) {
+    const Config base = Remat();
+    VisitOptions(base, [&](const OptionInfo& info, const auto& member) {
+      using T = std::decay_t<decltype(member)>;
+      if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) {
+        Config c = base;
+        VisitOptions(c, [&](const OptionInfo& other, auto& value) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(value)>, T>) {
+            if (std::string_view(other.key) == info.key) value = bad;
+          }
+        });
+        const std::string flag = FlagName(info.key);
+        const std::vector<std::string> errors = Validate(c).errors;
+        INFO(flag << " = " << bad);
+        CHECK(std::any_of(errors.begin(), errors.end(), [&](const std::string& e) {
+          return e.rfind(flag + " must be a finite number; got ", 0) == 0;
+        }));
+        ++options;
+      }
+    });
+  }
+  CHECK(options == 3 * 18);  // 16 double options and 2 optional ones, each with 3 values
 }
 
 TEST_CASE("rule: --init checkpoint needs --hf-checkpoint; random needs an architecture") {

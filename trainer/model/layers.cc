@@ -915,8 +915,12 @@ int64_t DispatchCapacity(const ModelConfig& config, int64_t max_tokens, int64_t 
   const int64_t worst = max_tokens * std::min(k, config.n_routed_experts / group_size);
   if (factor <= 0) return std::max<int64_t>(worst, 1);
   const auto mean_share = static_cast<double>(max_tokens * k) / static_cast<double>(group_size);
-  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(factor * mean_share)), 1,
-                             std::max<int64_t>(worst, 1));
+  // Compared as doubles before the cast: a factor like 1e300 gives a product beyond int64 (or
+  // infinite), whose cast to an integer is undefined (on x86 it gives INT64_MIN, clamped to one
+  // slot). Whatever is not below the worst case is the worst case; NaN fails the comparison too.
+  const double wanted = std::ceil(factor * mean_share);
+  if (!(wanted < static_cast<double>(worst))) return std::max<int64_t>(worst, 1);
+  return std::max<int64_t>(static_cast<int64_t>(wanted), 1);
 }
 
 bool MoeBlockSyncFree(const MoeWeights& w) {

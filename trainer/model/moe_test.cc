@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <catch2/catch.hpp>
-
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -165,6 +165,15 @@ TEST_CASE("DispatchCapacity: the worst case by default, a multiple of the mean b
   CHECK(DispatchCapacity(c, 10, 4, 1.5) == 8);   // ceil(1.5 * 5)
   CHECK(DispatchCapacity(c, 10, 2, 9.0) == 20);  // never above the worst case
   CHECK(DispatchCapacity(c, 1, 8, 0.01) == 1);   // at least one slot
+}
+
+// A factor whose product with the mean does not fit in int64 is the worst case, not the
+// undefined cast of a huge double (which gave one slot on x86).
+TEST_CASE("DispatchCapacity: a huge factor gives the worst case") {
+  const ModelConfig c = MoeConfig(RouterKind::kSoftmax, 8, 2);
+  CHECK(DispatchCapacity(c, 10, 2, 1e300) == 20);
+  CHECK(DispatchCapacity(c, 10, 2, 1e19) == 20);
+  CHECK(DispatchCapacity(c, 10, 2, std::numeric_limits<double>::infinity()) == 20);
 }
 
 // Output and gradients of the grouped block, with `replay` replacing the router's choice.
