@@ -92,6 +92,15 @@ std::string_view ToString(ReduceOp op);
 
 struct CommOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+
+  // Whether a wait of `elapsed` (a steady_clock duration, nanoseconds) has run past `timeout`.
+  // Note [Timeout comparison]: `elapsed > timeout` converts the timeout to nanoseconds, which
+  // overflows int64 beyond 292 years (`--comm-timeout-s 10000000000`) and wrapped to a negative
+  // timeout that every collective ran past at once. The elapsed time is converted down instead,
+  // which cannot overflow; --comm-timeout-s is also bounded (trainer/config/validate.cc).
+  bool Expired(std::chrono::steady_clock::duration elapsed) const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(elapsed) > timeout;
+  }
 };
 
 class Communicator {

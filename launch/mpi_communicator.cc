@@ -138,7 +138,7 @@ void MpiCommunicator::WaitAll(std::vector<MPI_Request> requests, const std::stri
                              MPI_STATUSES_IGNORE));
     if (done) return;
     const auto elapsed = Clock::now() - start;
-    if (elapsed > options_.timeout) {
+    if (options_.Expired(elapsed)) {
       pending_ = std::move(requests);
       pending_buffers_ = std::move(in_flight);
       abort_reason_ = fmt::format(

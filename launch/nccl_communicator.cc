@@ -138,7 +138,7 @@ void NcclCommunicator::WaitInitialized(ncclComm_t* slot, const std::string& what
       fail(fmt::format("{} failed: {} ({})", what, ncclGetErrorString(state),
                        ncclGetLastError(comm != nullptr ? comm : comm_)));
     }
-    if (Clock::now() - start > options_.timeout) {
+    if (options_.Expired(Clock::now() - start)) {
       fail(fmt::format("{} did not complete within {} ms: a peer rank did not join", what,
                        options_.timeout.count()));
     }
@@ -205,7 +205,7 @@ void NcclCommunicator::WaitStarted(ncclResult_t enqueue_result, const std::strin
   ncclResult_t state = enqueue_result;
   while (state == ncclInProgress) {
     RL_CHECK_NCCL(ncclCommGetAsyncError(comm_, &state));
-    if (state == ncclInProgress && Clock::now() - start > options_.timeout) {
+    if (state == ncclInProgress && options_.Expired(Clock::now() - start)) {
       AbortAndThrow(fmt::format("{} was not enqueued within {} ms", what,
                                 options_.timeout.count()));
     }
@@ -226,7 +226,7 @@ void NcclCommunicator::WaitStream(cudaStream_t stream, const std::string& what,
       AbortAndThrow(fmt::format("{} failed after {} ms: {} ({})", what, ElapsedMs(start),
                                 ncclGetErrorString(async_error), ncclGetLastError(comm_)));
     }
-    if (Clock::now() - start > options_.timeout) {
+    if (options_.Expired(Clock::now() - start)) {
       const int64_t waited_ms = ElapsedMs(start);
       AbortAndThrow(fmt::format(
           "{} did not complete within its timeout of {} ms (waited {} ms): {}; the communicator "

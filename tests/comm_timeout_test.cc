@@ -1,10 +1,12 @@
 // A collective that one rank never joins ends with CommError within its timeout on the rank
-// that waited, and leaves that communicator aborted; nothing hangs.
+// that waited, and leaves that communicator aborted; nothing hangs. A timeout too long for
+// nanoseconds does not expire at once.
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <thread>
 
@@ -62,6 +64,23 @@ TEST_CASE("a collective a peer never joins throws CommError within the timeout")
       MPI_Wait(&request, MPI_STATUS_IGNORE);
     }
   }
+}
+
+// Note [Timeout comparison] (launch/communicator.h): a timeout of 10^10 s is 10^19 ns, beyond
+// int64; compared in nanoseconds it wrapped negative and every collective timed out at once.
+TEST_CASE("a timeout too long for nanoseconds does not expire at once") {
+  const CommOptions huge{milliseconds(int64_t{10'000'000'000'000})};
+  CHECK_FALSE(huge.Expired(std::chrono::seconds(1)));
+  CHECK_FALSE(huge.Expired(std::chrono::hours(24 * 365)));
+  CHECK(CommOptions{milliseconds(1000)}.Expired(milliseconds(1001)));
+  CHECK_FALSE(CommOptions{milliseconds(1000)}.Expired(milliseconds(1000)));
+  // A collective that rank 1 joins late completes on rank 0, which polled in the meantime.
+  const MpiSession& session = testing::Session();
+  MpiCommunicator comm(session, huge);
+  if (session.rank() == 1) std::this_thread::sleep_for(milliseconds(200));
+  at::Tensor t = at::ones({16});
+  CHECK_NOTHROW(comm.AllReduce(t, ReduceOp::kSum));
+  CHECK(t.sum().item<float>() == 16.0f * session.world_size());
 }
 
 }  // namespace

@@ -108,7 +108,7 @@ inline constexpr const char* kNotRunnableYet[] = {
   X(bool, sequence_parallel, false, "Under TP: norms, residuals and the router on 1/TP of the tokens (all-gather before, reduce-scatter after the tensor-parallel layers); always on for MoE models at TP > 1.") \
   X(bool, use_distributed_optimizer, true, "ZeRO-1: shard fp32 masters and Adam moments over DP.") \
   X(bool, overlap_param_gather, false, "Overlap the param all-gather with the next forward.")      \
-  X(int64_t, comm_timeout_s, 600, "Timeout of every collective, seconds; a late rank ends the job.")
+  X(int64_t, comm_timeout_s, 600, "Timeout of every collective, seconds (1 to 1000000); a late rank ends the job.")
 
 #define RL_OPTIMIZER_OPTIONS(X)                                                                    \
   X(OptimizerKind, optimizer, OptimizerKind::kAdam, "Optimizer (adam = AdamW).")                  \

@@ -68,6 +68,9 @@ std::string RegexSizeProblem(const std::string& pattern) {
   return "";
 }
 
+// The longest --comm-timeout-s accepted (its --help says so too).
+constexpr int64_t kMaxCommTimeoutS = 1'000'000;
+
 class Rules {
  public:
   explicit Rules(std::vector<std::string>& errors) : errors_(errors) {}
@@ -202,7 +205,11 @@ void ValidateRanges(Rules& rules, const Config& c) {
   rules.Require(p.decoder_last_pipeline_num_layers >= 0,
                 "--decoder-last-pipeline-num-layers must be >= 0; got {}",
                 p.decoder_last_pipeline_num_layers);
-  rules.Require(p.comm_timeout_s >= 1, "--comm-timeout-s must be at least 1; got {}",
+  // Note [Timeout comparison] (launch/communicator.h): the communicators hold the timeout in
+  // milliseconds and compare it with steady_clock durations; 10^6 s (11.6 days) is far from
+  // either's limit and far beyond any collective.
+  rules.Require(p.comm_timeout_s >= 1 && p.comm_timeout_s <= kMaxCommTimeoutS,
+                "--comm-timeout-s must be in [1, {}] (seconds); got {}", kMaxCommTimeoutS,
                 p.comm_timeout_s);
 
   const auto& o = c.optimizer;

@@ -384,6 +384,18 @@ TEST_CASE("rule: ranges of numbers") {
   CHECK(Mentions(OnlyError(c), "--eps-clip-c (dual clip) must be greater than 1"));
 }
 
+// Note [Timeout comparison] (launch/communicator.h): 10^10 s overflowed the communicators'
+// nanoseconds.
+TEST_CASE("rule: --comm-timeout-s is at least 1 s and at most 10^6 s") {
+  Config c = Remat();
+  c.parallel.comm_timeout_s = 1'000'000;
+  CHECK(OnlyError(c).empty());
+  c.parallel.comm_timeout_s = 10'000'000'000;
+  CHECK(OnlyError(c) == "--comm-timeout-s must be in [1, 1000000] (seconds); got 10000000000");
+  c.parallel.comm_timeout_s = 0;
+  CHECK(Mentions(OnlyError(c), "--comm-timeout-s must be in [1, 1000000]"));
+}
+
 TEST_CASE("rule: --entropy-coef is not negative") {
   Config c = Remat();
   c.rl.entropy_coef = -0.01;
