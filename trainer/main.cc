@@ -4,15 +4,15 @@
 // any other failure. A failure on one rank ends every rank of the job (MpiSession::AbortJob), so
 // no rank is left waiting in a collective.
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
 #include <exception>
+#include <iostream>
 #include <optional>
 #include <sstream>
-#include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/check.h"
@@ -22,11 +22,11 @@
 #include "launch/logging.h"
 #include "launch/mpi_session.h"
 #include "trainer/colocated_loop.h"
-#include "trainer/engine_rollout.h"
 #include "trainer/config/config.h"
 #include "trainer/config/validate.h"
-#include "trainer/model/hf_config.h"
+#include "trainer/engine_rollout.h"
 #include "trainer/memory/region_manager.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
 #include "trainer/parallel_groups.h"
 #include "trainer/plan.h"
@@ -84,10 +84,16 @@ std::string HostName() {
   return name;
 }
 
-// The config stage: flags and recipe to a resolved config, or ConfigError (exit 2).
-// Returns nullopt when the run ends here (--help, --validate-only, --plan).
-std::optional<config::ResolvedConfig> ConfigStage(const std::vector<std::string>& args,
-                                                  bool print) {
+// What the config stage gives the run: the resolved config and the architecture.
+struct StageResult {
+  config::ResolvedConfig resolved;
+  model::ModelConfig model;
+};
+
+// The config stage: flags, recipe and the model's config.json to a resolved config and an
+// architecture, or an exception (exit 2). Returns nullopt when the run ends here (--help,
+// --validate-only, --plan).
+std::optional<StageResult> ConfigStage(const std::vector<std::string>& args, bool print) {
   std::ostringstream sink;
   std::ostream& out = print ? std::cout : sink;
   const std::optional<config::CommandLine> command_line = config::ParseCommandLine(args, out);
@@ -118,10 +124,13 @@ std::optional<config::ResolvedConfig> ConfigStage(const std::vector<std::string>
                command_line->config_file.empty() ? "" : " (from " + command_line->config_file + ")",
                config::DumpToml(resolved.config), DescribeDerived(resolved));
   CheckRunnable(resolved.config);
-  return resolved;
+  // Read here, before MPI, so that a bad config.json stops every rank with status 2 as a bad
+  // flag does, instead of ending the job from inside the run.
+  return StageResult{resolved, LoadArchitecture(resolved.config.model)};
 }
 
-int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
+int Run(const MpiSession& session, const config::ResolvedConfig& resolved,
+        model::ModelConfig model) {
   const config::Config& cfg = resolved.config;
   InitLogging(session.rank(), session.host(),
               cfg.logging.log_level == config::LogLevel::kDebug ? LogVerbosity::kDebug
@@ -145,7 +154,6 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved) {
            "--global-batch-size {} is not a multiple of the {} data-parallel ranks (mpirun -np / "
            "--tensor-model-parallel-size)",
            cfg.rollout.global_batch_size, groups.dp().size());
-  model::ModelConfig model = LoadArchitecture(cfg.model);
   if (groups.tp_size() > 1) {
     // Note [Tensor shard]: ListParams checks that the heads and features divide.
     model.tensor_shard = groups.tensor_shard();
@@ -190,20 +198,31 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const int launcher_rank = rl::LauncherRank();
   rl::InitLogging(launcher_rank, rl::HostName());
-  std::optional<rl::config::ResolvedConfig> resolved;
+  std::optional<rl::StageResult> stage;
   try {
-    resolved = rl::ConfigStage(args, launcher_rank == 0);
+    stage = rl::ConfigStage(args, launcher_rank == 0);
   } catch (const rl::Error& e) {
     // A bad flag, key, value or model config. Every rank parses the same flags and files, so
     // every rank stops here, before MPI exists: no rank waits. Rank 0 says why.
     if (launcher_rank == 0) spdlog::error("{}", e.what());
     return rl::kExitConfigError;
+  } catch (const std::exception& e) {
+    // Whatever else the config stage throws (std::bad_alloc, std::length_error from a value no
+    // rule caught) comes from the flags or the files it read: the same status and the same
+    // ending, with what failed, rather than an abort.
+    if (launcher_rank == 0) {
+      spdlog::error(
+          "the config stage failed reading the flags, the recipe or the model's "
+          "config.json: {}",
+          e.what());
+    }
+    return rl::kExitConfigError;
   }
-  if (!resolved) return 0;
+  if (!stage) return 0;
 
   rl::MpiSession session(&argc, &argv);
   try {
-    return rl::Run(session, *resolved);
+    return rl::Run(session, stage->resolved, std::move(stage->model));
   } catch (const rl::ConfigError& e) {
     if (session.rank() == 0) spdlog::error("{}", e.what());
     return rl::kExitConfigError;

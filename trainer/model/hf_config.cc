@@ -277,16 +277,36 @@ void ParseIndexer(const Fields& f, ModelConfig& c) {
   }
 }
 
+void RequirePositive(const ModelConfig& c, int64_t v, std::string_view key) {
+  RL_CHECK(v > 0, CheckpointError, "{}: key \"{}\" must be positive, found {}", c.source_name, key,
+           v);
+}
+
+// The most layers a config.json may declare: every per-layer list is sized by it while parsing.
+// The largest published models have fewer than 200.
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+
+// Note [Sizes checked before use]: the sizes every other value is derived from are checked as
+// soon as they are read, before anything divides by them or sizes a list by them. Checked after
+// the derivations (as they were), "num_attention_heads": 0 divided by zero in hidden_size /
+// num_attention_heads (SIGFPE), "num_hidden_layers": -1 sized a vector by it (std::length_error)
+// and 10^12 asked for terabytes (std::bad_alloc): a crash instead of a message naming the file and
+// the key.
+void CheckBaseSizes(const ModelConfig& c) {
+  RequirePositive(c, c.vocab_size, "vocab_size");
+  RequirePositive(c, c.hidden_size, "hidden_size");
+  RequirePositive(c, c.num_hidden_layers, "num_hidden_layers");
+  RL_CHECK(c.num_hidden_layers <= kMaxLayers, CheckpointError,
+           "{}: key \"num_hidden_layers\" must be at most {}, found {}", c.source_name, kMaxLayers,
+           c.num_hidden_layers);
+  RequirePositive(c, c.num_attention_heads, "num_attention_heads");
+  RequirePositive(c, c.num_key_value_heads, "num_key_value_heads");
+}
+
+// The rules between the values, once all are read. CheckBaseSizes has run.
 void Validate(const ModelConfig& c) {
   const std::string& src = c.source_name;
-  auto positive = [&](int64_t v, std::string_view key) {
-    RL_CHECK(v > 0, CheckpointError, "{}: key \"{}\" must be positive, found {}", src, key, v);
-  };
-  positive(c.vocab_size, "vocab_size");
-  positive(c.hidden_size, "hidden_size");
-  positive(c.num_hidden_layers, "num_hidden_layers");
-  positive(c.num_attention_heads, "num_attention_heads");
-  positive(c.num_key_value_heads, "num_key_value_heads");
+  auto positive = [&](int64_t v, std::string_view key) { RequirePositive(c, v, key); };
   positive(c.head_dim, "head_dim");
   RL_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, CheckpointError,
            "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", src,
@@ -419,6 +439,7 @@ ModelConfig ParseModelConfig(const json::Value& root, std::string_view source_na
   c.pad_token_id = f.OptInt("pad_token_id");
   c.bos_token_id = f.OptInt("bos_token_id");
   c.eos_token_ids = f.IntList("eos_token_id");
+  CheckBaseSizes(c);  // Note [Sizes checked before use]
   const int64_t layers = c.num_hidden_layers;
 
   switch (c.model_type) {

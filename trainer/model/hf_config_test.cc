@@ -2,10 +2,13 @@
 // defaults, errors, and the config.json written back.
 #include "trainer/model/hf_config.h"
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "launch/check.h"
 #include "launch/json.h"
@@ -199,6 +202,39 @@ TEST_CASE("A missing or mistyped key names the file and the key") {
   doc.Set("indexer_types", json::Parse(R"(["shared"])"));
   CHECK_THROWS_AS(ParseModelConfig(doc, "ckpt/config.json"), CheckpointError);
   CHECK_THROWS_WITH(LoadModelConfig("/nonexistent/dir"), Catch::Contains("/nonexistent/dir/config.json"));
+}
+
+// Note [Sizes checked before use]: each was a crash (SIGFPE, std::length_error,
+// std::bad_alloc), in every model type, before it was a message naming the file and the key.
+TEST_CASE("Sizes that others are derived from are checked before they are used") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"num_attention_heads",
+       "ckpt/config.json: key \"num_attention_heads\" must be positive, "
+       "found 0"},
+      {"num_hidden_layers",
+       "ckpt/config.json: key \"num_hidden_layers\" must be positive, "
+       "found -1"},
+      {"num_hidden_layers",
+       "ckpt/config.json: key \"num_hidden_layers\" must be at most 65536, "
+       "found 1000000000000"},
+      {"num_key_value_heads",
+       "ckpt/config.json: key \"num_key_value_heads\" must be positive, "
+       "found 0"},
+      {"hidden_size", "ckpt/config.json: key \"hidden_size\" must be positive, found -8"},
+  };
+  const std::vector<int64_t> values = {0, -1, 1'000'000'000'000, 0, -8};
+  const char* qwen3 = R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 10000})";
+  for (const char* text : {qwen3, kDeepseekV3, kGlm5, kGlm45}) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      json::Value doc = json::Parse(text);
+      doc.Set(cases[i].first, json::Value::Int(values[i]));
+      INFO(text);
+      CHECK_THROWS_MATCHES(ParseModelConfig(doc, "ckpt/config.json"), CheckpointError,
+                           Catch::Message(cases[i].second));
+    }
+  }
 }
 
 TEST_CASE("ToHfConfigJson round-trips configs parsed from and built without a document") {
