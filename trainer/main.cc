@@ -2,8 +2,10 @@
 //
 // Exit status: 0 on success, 2 on a bad config or flag (every message names the option), 1 on
 // any other failure. A failure on one rank ends every rank of the job (MpiSession::AbortJob), so
-// no rank is left waiting in a collective.
+// no rank is left waiting in a collective; a config error found once MPI is up ends it with
+// status 2 (Note [Config errors after MPI]).
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "launch/atomic_file.h"
 #include "launch/check.h"
 #include "launch/communicator.h"
 #include "launch/device.h"
@@ -67,6 +70,28 @@ void CheckRunnable(const config::Config& c) {
       "*_4layer_ci recipe):";
   for (const std::string& problem : problems) message += "\n  " + problem;
   throw ConfigError(message);
+}
+
+// --metrics-out names a file in a writable directory. Only world rank 0 writes it (MetricsWriter,
+// opened after the model is built), so only rank 0 checks, in the config stage: a missing
+// directory stops the job at once rather than after start-up. What the directory cannot tell (the
+// file itself cannot be opened) is found when it is opened (Note [Config errors after MPI]).
+void CheckMetricsDirectory(const config::LoggingOptions& logging) {
+  if (logging.metrics_out.empty()) return;
+  const std::string dir = ParentDirectory(logging.metrics_out);
+  struct stat status {};
+  std::string problem;
+  if (::stat(dir.c_str(), &status) != 0) {
+    problem = ErrnoText();
+  } else if (!S_ISDIR(status.st_mode)) {
+    problem = "not a directory";
+  } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    problem = ErrnoText();
+  }
+  RL_CHECK(problem.empty(), ConfigError,
+           "--metrics-out {}: the directory {} cannot take the file ({}); create it or choose "
+           "another path",
+           logging.metrics_out, dir, problem);
 }
 
 // The rank before MPI is initialised, from the launcher's environment (0 when run directly), so
@@ -124,6 +149,7 @@ std::optional<StageResult> ConfigStage(const std::vector<std::string>& args, boo
                command_line->config_file.empty() ? "" : " (from " + command_line->config_file + ")",
                config::DumpToml(resolved.config), DescribeDerived(resolved));
   CheckRunnable(resolved.config);
+  if (print) CheckMetricsDirectory(resolved.config.logging);  // world rank 0
   // Read here, before MPI, so that a bad config.json stops every rank with status 2 as a bad
   // flag does, instead of ending the job from inside the run.
   return StageResult{resolved, LoadArchitecture(resolved.config.model)};
@@ -224,8 +250,14 @@ int main(int argc, char** argv) {
   try {
     return rl::Run(session, stage->resolved, std::move(stage->model));
   } catch (const rl::ConfigError& e) {
-    if (session.rank() == 0) spdlog::error("{}", e.what());
-    return rl::kExitConfigError;
+    // Note [Config errors after MPI]: once MPI is up a config error may be found by one rank
+    // alone (rank 0 opening --metrics-out, a rank's share of the data), while the others go on
+    // into a collective that would wait for it until --comm-timeout-s and end the job with status
+    // 1 from the wrong rank. So the rank that found it says why and ends the whole job with
+    // status 2; a rule every rank checks is printed by each of them. Alone, it just returns.
+    spdlog::error("{}", e.what());
+    if (session.world_size() == 1) return rl::kExitConfigError;
+    session.AbortJob(rl::kExitConfigError);
   } catch (const std::exception& e) {
     spdlog::error("fatal: {}; ending the job", e.what());
     session.AbortJob(1);
