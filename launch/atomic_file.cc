@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -63,6 +64,18 @@ void RenamePath(const std::string& from, const std::string& to) {
     throw CheckpointError(fmt::format("{}: cannot rename {} to it: {}", to, from, ErrnoText()));
   }
   FsyncDirectory(ParentDirectory(to));
+}
+
+bool ExchangePaths(const std::string& a, const std::string& b) {
+  // glibc 2.28 and later declare renameat2 and RENAME_EXCHANGE in <stdio.h> (_GNU_SOURCE, which
+  // g++ defines); Linux has had it since 3.15.
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+    if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) return false;
+    throw CheckpointError(fmt::format("{}: cannot exchange it with {}: {}", b, a, ErrnoText()));
+  }
+  FsyncDirectory(ParentDirectory(b));
+  if (ParentDirectory(a) != ParentDirectory(b)) FsyncDirectory(ParentDirectory(a));
+  return true;
 }
 
 void RemoveTree(const std::string& path) {

@@ -43,6 +43,12 @@ bool PathExists(const std::string& path);
 void MakeDirectories(const std::string& dir);
 // rename(2), then fsync of the destination's directory.
 void RenamePath(const std::string& from, const std::string& to);
+// Swaps `a` and `b` (files or directories, both present) in one step: renameat2(2) with
+// RENAME_EXCHANGE, then fsync of their directory (or directories). After a crash each name holds
+// one of the two, never nothing. Returns false, changing nothing, where the file system or the
+// kernel cannot exchange (EINVAL, ENOSYS, ENOTSUP: some network and FUSE file systems); throws
+// CheckpointError naming both on any other failure.
+bool ExchangePaths(const std::string& a, const std::string& b);
 // rm -r: removes `path` (a file or a directory tree); nothing when it does not exist.
 void RemoveTree(const std::string& path);
 // The regular files under `dir`, recursively, as paths relative to `dir`, sorted.

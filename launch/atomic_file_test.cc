@@ -120,6 +120,23 @@ TEST_CASE("MakeDirectories over a file and reading a missing file throw naming t
                     Catch::Contains(dir + "/missing: cannot open"));
 }
 
+TEST_CASE("ExchangePaths swaps two directories in one step, or says it cannot") {
+  const std::string dir = MakeTempDir();
+  MakeDirectories(dir + "/new");
+  MakeDirectories(dir + "/old");
+  WriteFileAtomically(dir + "/new/manifest", "new");
+  WriteFileAtomically(dir + "/old/manifest", "old");
+  if (!ExchangePaths(dir + "/new", dir + "/old")) {
+    WARN("this file system cannot exchange paths (renameat2 RENAME_EXCHANGE); nothing changed");
+    CHECK(ReadWholeFile(dir + "/new/manifest") == "new");
+    return;
+  }
+  CHECK(ReadWholeFile(dir + "/old/manifest") == "new");
+  CHECK(ReadWholeFile(dir + "/new/manifest") == "old");
+  CHECK_THROWS_WITH(ExchangePaths(dir + "/new", dir + "/missing"),
+                    Catch::Contains(dir + "/missing: cannot exchange it with " + dir + "/new"));
+}
+
 TEST_CASE("ParentDirectory") {
   CHECK(ParentDirectory("/a/b/c.jsonl") == "/a/b");
   CHECK(ParentDirectory("/c") == "/");

@@ -6,7 +6,8 @@
 #   resume_pinned   the same with the pinned backup
 #   crash_in_save   rank 0 dying in the middle of iteration 2's checkpoint write (every file but
 #                   the manifest written) leaves `latest` on iteration 1, which loads and runs
-#                   on; the cut-short directory is refused
+#                   on; the cut-short directory is refused; the last iteration saved again over
+#                   itself replaces it whole
 #   refused         a checkpoint with a corrupt optimizer shard, without its manifest, or loaded
 #                   with another buffer layout (by as many ranks, or by another number of ranks,
 #                   which reshards the state) is refused, naming the file and what differs
@@ -92,6 +93,18 @@ case "$mode" in
     [[ "$(cat "$tmp/ckpt/latest")" == iter_0000003 && ! -e "$tmp/ckpt/iter_0000002.partial" ]] ||
       fail "the recovered run did not save iterations 2 and 3 cleanly"
     echo "recovered from iteration 1 after the crash; saved iterations 2 and 3"
+    # Note [Re-saving] (trainer/checkpoint.h): nothing left to run, so iteration 3 is saved again
+    # over the one `latest` names, exchanged in one step; nothing is left beside it.
+    run 2 resaved --num-rollout 3 --load "$tmp/ckpt" --save "$tmp/ckpt" ||
+      { cat "$tmp/resaved.log"; fail "saving the loaded iteration 3 again failed"; }
+    grep -q "saved checkpoint .*iter_0000003 (iteration 3" "$tmp/resaved.log" ||
+      fail "iteration 3 was not saved again"
+    (cd "$tmp/ckpt/iter_0000003" && sha256sum --quiet -c manifest.sha256) ||
+      fail "the re-saved iteration 3 does not match its manifest"
+    [[ "$(cat "$tmp/ckpt/latest")" == iter_0000003 ]] || fail "latest moved off iteration 3"
+    [[ ! -e "$tmp/ckpt/iter_0000003.partial" && ! -e "$tmp/ckpt/iter_0000003.old" ]] ||
+      fail "the re-save left the earlier iteration 3 behind"
+    echo "saved iteration 3 again over itself"
     ;;
   refused)
     run 2 saved --num-rollout 1 --save "$tmp/ckpt" || { cat "$tmp/saved.log"; fail "save failed"; }

@@ -43,6 +43,8 @@ constexpr std::array<const char*, 8> kTokenizerFiles = {
     "merges.txt",       "tiktoken.model"};
 
 std::string IterationDirName(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
+// Where a re-save without RENAME_EXCHANGE keeps the earlier save meanwhile (Note [Re-saving]).
+std::string OldDirName(const std::string& dir) { return dir + ".old"; }
 std::string ShardFile(int rank) { return fmt::format("optimizer/rank_{:05d}.safetensors", rank); }
 
 at::Tensor CpuRngState() {
@@ -229,6 +231,12 @@ std::string ResolveCheckpointDir(const std::string& path) {
   RL_CHECK(std::regex_match(name, kIterationDir), CheckpointError,
            "{}: expected one line 'iter_NNNNNNN', found '{}'", latest, name);
   const std::string dir = JoinPath(path, name);
+  if (!PathExists(JoinPath(dir, kManifest)) && PathExists(JoinPath(OldDirName(dir), kManifest))) {
+    // Note [Re-saving]: a crash between the two renames of a re-save without RENAME_EXCHANGE.
+    spdlog::warn("{}: names {}, which has no {}; loading the earlier save of that iteration, {}",
+                 latest, dir, kManifest, OldDirName(dir));
+    return OldDirName(dir);
+  }
   RL_CHECK(PathExists(JoinPath(dir, kManifest)), CheckpointError,
            "{}: names {}, which has no {}", latest, dir, kManifest);
   return dir;
@@ -313,12 +321,16 @@ std::string SaveCheckpoint(const std::string& root, const LoopState& state, Acto
       manifest += digest + "  " + name + "\n";
     }
     WriteFileAtomically(JoinPath(partial, kManifest), manifest);
-    if (PathExists(final_dir)) {  // the same iteration saved before: replaced
-      const std::string old = final_dir + ".old";
-      RemoveTree(old);
-      RenamePath(final_dir, old);
-      RenamePath(partial, final_dir);
-      RemoveTree(old);
+    if (PathExists(final_dir)) {  // the same iteration saved before: Note [Re-saving]
+      if (ExchangePaths(partial, final_dir)) {
+        RemoveTree(partial);  // the earlier save, now under the .partial name
+      } else {
+        const std::string old = OldDirName(final_dir);
+        RemoveTree(old);
+        RenamePath(final_dir, old);
+        RenamePath(partial, final_dir);
+        RemoveTree(old);
+      }
     } else {
       RenamePath(partial, final_dir);
     }

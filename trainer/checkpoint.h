@@ -21,13 +21,25 @@
 // at any point leaves `latest` naming the previous complete checkpoint; a leftover .partial
 // directory is never loaded and is removed by the next save of that iteration.
 //
+// Note [Re-saving]
+// Saving an iteration that ROOT already holds (a resumed job with nothing left to run saves the
+// loaded state again) replaces the old directory, which `latest` may name already. Two renames
+// (the old one aside, the new one in) would leave, after a crash between them, `latest` naming a
+// directory that is not there. So the new directory and the old one are exchanged in one step
+// (renameat2 with RENAME_EXCHANGE: after a crash the final name holds one complete checkpoint or
+// the other), and the old one, now under the .partial name, is removed. Where the file system
+// cannot exchange, the old directory is renamed to iter_000000N.old first, and loading through
+// `latest` falls back to it when iter_000000N has no manifest, so a crash between the renames
+// still loads the earlier save of that iteration.
+//
 // Loading verifies, before anything is read, that the manifest lists the files the loader needs
 // and that each file this rank reads has the recorded SHA256; a missing manifest, a missing file
 // or a digest that differs is a CheckpointError naming the file. A job of other DP or EP sizes
 // reads every saved shard of its TP rank and reshards the optimizer state (Note [Resharding
 // optimizer state] in optimizer/distributed_optimizer.h); another TP size, or another buffer
-// layout (another model, --freeze-params), is refused with what differs. Nothing left to run after a load (--num-rollout equal to the saved
-// iteration) with --save set saves the loaded state again, in this job's layout.
+// layout (another model, --freeze-params), is refused with what differs. Nothing left to run after
+// a load (--num-rollout equal to the saved iteration) with --save set saves the loaded state again,
+// in this job's layout.
 //
 // Randomness: every random draw of a run derives from (--seed, iteration, prompt) (Note [Rollout
 // seeds]), so the iteration and the dataset position restore it; torch's CPU generator state is

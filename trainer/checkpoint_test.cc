@@ -78,5 +78,20 @@ TEST_CASE("a checkpoint is found through its manifest or through `latest`, nothi
   CHECK_THROWS_WITH(ResolveCheckpointDir(root), Catch::Contains("which has no manifest.sha256"));
 }
 
+// Note [Re-saving]: without RENAME_EXCHANGE a re-save renames the old directory to .old, then
+// the new one in; a crash between the two leaves `latest` naming a directory that is missing or
+// (a later save's leftover) has no manifest, and the earlier save under .old is what loads.
+TEST_CASE("`latest` naming a re-save cut short between its renames loads the earlier save") {
+  const std::string root = MakeTempDir();
+  Write(root + "/iter_0000002.old/manifest.sha256", kDigest + "  config.json\n");
+  Write(root + "/latest", "iter_0000002\n");
+  CHECK(ResolveCheckpointDir(root) == root + "/iter_0000002.old");
+  Write(root + "/iter_0000002/config.json", "{}");
+  CHECK(ResolveCheckpointDir(root) == root + "/iter_0000002.old");
+  // Once the new directory is complete, it is the one.
+  Write(root + "/iter_0000002/manifest.sha256", kDigest + "  config.json\n");
+  CHECK(ResolveCheckpointDir(root) == root + "/iter_0000002");
+}
+
 }  // namespace
 }  // namespace rl
