@@ -22,9 +22,9 @@
 #     at -np 4 TP 2 (DP 2), 2 iterations saved then resumed for a third give the same checkpoint
 #     as 3 straight iterations (the weights and every rank's optimizer shard SHA256-identical).
 #     The saved checkpoint loaded and saved again (nothing left to run, so the loaded state is
-#     saved in the new layout) at -np 2 TP 1, -np 4 TP 4, -np 4 TP 2 x EP 2, then back at -np 4
-#     TP 2: the optimizer state resharded across TP, EP and DP sizes comes back bit for bit, and
-#     so do the weights. Then a run at -np 2 TP 1 resumes the first checkpoint and trains on.
+#     saved in the new layout) at -np 2 TP 1, -np 4 TP 4, -np 4 TP 2 x EP 2, -np 2 TP 2 x EP 2
+#     (DP 1), then back at -np 4 TP 2: the optimizer state resharded across TP, EP and DP sizes
+#     comes back bit for bit, and so do the weights. Then a run at -np 2 TP 1 resumes the first checkpoint and trains on.
 set -euo pipefail
 mode="$1"
 shift
@@ -127,7 +127,8 @@ PY
         { fail "load $4 at -np $1 TP $2 EP $3"; return 1; }
       grep -q "resharded the optimizer state" "$tmp/hop.$5.log" || fail "$5: not resharded"
     }
-    hop 2 1 1 saved b && hop 4 4 1 b c && hop 4 2 2 c e && hop 4 2 1 e d
+    # -np 2 TP 2 x EP 2 has DP 1: EP divides DP x TP, not DP (Note [Rank grid]).
+    hop 2 1 1 saved b && hop 4 4 1 b c && hop 4 2 2 c e && hop 2 2 2 e f && hop 4 2 1 f d
     same_saved_tensors "$tmp/saved/iter_0000002" "$tmp/b/iter_0000002" weights ||
       fail "TP 1 weights"
     same_saved_tensors "$tmp/saved/iter_0000002" "$tmp/d/iter_0000002" || fail "round trip"

@@ -195,10 +195,14 @@ LoopState ReadState(const std::string& dir, SavedLayout& layout) {
     layout.tp_size = tp != nullptr ? tp->AsInt64() : 1;
     RL_CHECK(layout.tp_size >= 1, CheckpointError, "{}: tensor_model_parallel_size {}", path,
              layout.tp_size);
-    RL_CHECK(layout.dp_size >= 1 && layout.ep_size >= 1 && layout.dp_size % layout.ep_size == 0,
+    // Note [Rank grid]: EP groups consecutive ranks of the whole DP x TP grid, as ParallelGroups
+    // allows (-np 2 at TP 2 and EP 2 has DP 1), so EP divides DP x TP, not DP alone.
+    RL_CHECK(layout.dp_size >= 1 && layout.ep_size >= 1 &&
+                 (layout.dp_size * layout.tp_size) % layout.ep_size == 0,
              CheckpointError,
-             "{}: dp_size {} and expert_model_parallel_size {} do not form a layout", path,
-             layout.dp_size, layout.ep_size);
+             "{}: dp_size {}, tensor_model_parallel_size {} and expert_model_parallel_size {} do "
+             "not form a layout (EP must divide DP x TP)",
+             path, layout.dp_size, layout.tp_size, layout.ep_size);
     out.iteration = state.at("iteration").AsInt64();
     out.weight_version = state.at("weight_version").AsInt64();
     out.rollout = state.at("rollout");
