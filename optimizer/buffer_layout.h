@@ -11,7 +11,10 @@
 // part of a param. The grad buffer has the same layout (its own dtype, fp32).
 //
 // A layout is a pure function of the param list and the DP size, so every rank computes the same
-// one without talking; checkpoints record it and refuse to load into a different one.
+// one without talking. Checkpoints record it: a job of the same sizes loads the state only into
+// the same layout; one of other DP, EP or TP sizes recomputes the saved job's layouts from its own
+// model and reshards (Note [Resharding optimizer state] in optimizer/distributed_optimizer.h), and
+// refuses a saved layout that differs from the recomputed one (another model, --freeze-params).
 #ifndef RL_OPTIMIZER_BUFFER_LAYOUT_H_
 #define RL_OPTIMIZER_BUFFER_LAYOUT_H_
 

@@ -510,9 +510,11 @@ void DistributedOptimizer::ImportState(const ShardState& in) {
     RL_CHECK(theirs != in.layouts.end(), Error,
              "optimizer state has no {} buffer layout; it was written by a different trainer",
              prefix);
+    // Called for a checkpoint of this job's DP, EP and TP sizes (another size is resharded by
+    // ImportResharded), so a different layout means another model or other frozen params.
     RL_CHECK(theirs->second == mine, Error,
-             "optimizer state was saved with a different {} buffer layout ({}); resharding is not "
-             "supported: load it with the same model and DP size",
+             "optimizer state was saved with a different {} buffer layout ({}) at this job's "
+             "parallel sizes: load it with the model and --freeze-params it was saved with",
              prefix, FirstDifference(theirs->second, mine));
     at::Tensor state = StateOf(kind);
     for (int part = 0; part < kStateParts; ++part) {

@@ -190,7 +190,9 @@ class DistributedOptimizer {
   int64_t host_state_bytes() const;  // host copy allocated (0 until the first offload)
 
   ShardState ExportState() const;
-  // Throws rl::Error naming the first difference when the layout or DP size differ.
+  // Loads a shard cut from this optimizer's own layouts (a checkpoint of this job's DP, EP and TP
+  // sizes; one of other sizes goes through ImportResharded). Throws rl::Error naming the first
+  // difference when a layout differs.
   void ImportState(const ShardState& state);
   // Note [Resharding optimizer state]: the `count` saved shards, read one at a time by `read`.
   // `first_expert`: the global id of this rank's first expert; `experts`: the model's expert

@@ -34,12 +34,12 @@
 //
 // Loading verifies, before anything is read, that the manifest lists the files the loader needs
 // and that each file this rank reads has the recorded SHA256; a missing manifest, a missing file
-// or a digest that differs is a CheckpointError naming the file. A job of other DP or EP sizes
-// reads every saved shard of its TP rank and reshards the optimizer state (Note [Resharding
-// optimizer state] in optimizer/distributed_optimizer.h); another TP size, or another buffer
-// layout (another model, --freeze-params), is refused with what differs. Nothing left to run after
-// a load (--num-rollout equal to the saved iteration) with --save set saves the loaded state again,
-// in this job's layout.
+// or a digest that differs is a CheckpointError naming the file. A job of other DP, EP or TP
+// sizes reads every saved shard and reshards the optimizer state (Note [Resharding optimizer
+// state] in optimizer/distributed_optimizer.h); a job of the same sizes reads only its own shard.
+// Either way, another buffer layout (another model, --freeze-params) is refused with what
+// differs. Nothing left to run after a load (--num-rollout equal to the saved iteration) with
+// --save set saves the loaded state again, in this job's layout.
 //
 // Randomness: every random draw of a run derives from (--seed, iteration, prompt) (Note [Rollout
 // seeds]), so the iteration and the dataset position restore it; torch's CPU generator state is
