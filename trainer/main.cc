@@ -59,15 +59,16 @@ model::ModelConfig LoadArchitecture(const config::ModelOptions& options) {
   return model::LoadModelConfig(options.hf_checkpoint);
 }
 
-// What this binary can run today: data-parallel layouts, and only the defaults of the options
-// that --plan knows about but the trainer does not implement yet (--help marks them). Full-scale
-// recipes validate and plan; running them stops here, naming what to change.
+// What this binary can run today: only the one value it implements of the options that --plan
+// knows about but the trainer does not implement otherwise yet (--help marks them). Full-scale
+// recipes validate and plan; running them stops here, naming what to change. The rank grid's
+// checks follow once the number of ranks is known (Note [Runnable today] in trainer/plan.h).
 void CheckRunnable(const config::Config& c) {
   const std::vector<std::string> problems = config::NotRunnable(c);
   if (problems.empty()) return;
   std::string message =
-      "the recipe validates but this binary cannot run it (override these options, or use a "
-      "*_4layer_ci recipe):";
+      "the recipe validates but this binary cannot run it: not implemented yet (override these "
+      "options, or use a *_4layer_ci recipe):";
   for (const std::string& problem : problems) message += "\n  " + problem;
   throw ConfigError(message);
 }
@@ -172,14 +173,19 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved,
   const std::vector<RankInfo> layout = GatherRankLayout(session, device);
   spdlog::info("rank layout ({} ranks, backend {}):\n{}", session.world_size(), comm->backend(),
                FormatRankLayout(layout));
+  // Note [Runnable today]: the rank grid's checks, the same --plan makes for the planned world,
+  // before any rank builds its model or generates (every DP rank trains on an equal share of
+  // each step).
+  const std::vector<std::string> problems =
+      LayoutProblems(cfg, model, session.world_size(), "mpirun -np");
+  if (!problems.empty()) {
+    std::string message = "this binary cannot run the recipe on these ranks:";
+    for (const std::string& problem : problems) message += "\n  " + problem;
+    throw ConfigError(message);
+  }
   // Note [Rank grid]: the tensor- and expert-parallel groups, and this rank's slices and experts.
   const ParallelGroups groups(*comm, static_cast<int>(cfg.parallel.tensor_model_parallel_size),
                               static_cast<int>(cfg.parallel.expert_model_parallel_size));
-  // Checked here, before any rank generates: every DP rank trains on an equal share of each step.
-  RL_CHECK(cfg.rollout.global_batch_size % groups.dp().size() == 0, ConfigError,
-           "--global-batch-size {} is not a multiple of the {} data-parallel ranks (mpirun -np / "
-           "--tensor-model-parallel-size)",
-           cfg.rollout.global_batch_size, groups.dp().size());
   if (groups.tp_size() > 1) {
     // Note [Tensor shard]: ListParams checks that the heads and features divide.
     model.tensor_shard = groups.tensor_shard();
@@ -187,10 +193,6 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved,
                  groups.Describe(), groups.tp_rank(), groups.tp_size());
   }
   if (groups.ep_size() > 1) {
-    RL_CHECK(model.is_moe() && model.n_routed_experts % groups.ep_size() == 0, ConfigError,
-             "--expert-model-parallel-size {} needs an MoE model whose expert count it divides; "
-             "{} has {} routed experts",
-             groups.ep_size(), model.source_name, model.n_routed_experts);
     model.expert_shard = groups.expert_shard();
     spdlog::info("parallel layout: {}; this rank holds experts [{}, {}) of every MoE layer",
                  groups.Describe(), model.first_local_expert(),

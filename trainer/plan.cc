@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <regex>
+#include <utility>
 #include <vector>
 
+#include "launch/check.h"
+#include "trainer/config/config.h"
 #include "trainer/model/params.h"
 
 namespace rl {
@@ -125,9 +128,56 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
   plan.host_remat = host;
   plan.host_remat.param_backup_pinned = 0;
 
-  plan.runnable_today =
-      pp == 1 && p.context_parallel_size == 1 && p.expert_tensor_parallel_size == 1;
+  // Note [Runnable today]: the start-up checks of a run, for the planned world.
+  plan.not_runnable = config::NotRunnable(c);
+  for (std::string& problem : LayoutProblems(c, m, resolved.planned_world_size,
+                                             "--actor-num-nodes x --actor-num-gpus-per-node")) {
+    plan.not_runnable.push_back(std::move(problem));
+  }
+  plan.runnable_today = plan.not_runnable.empty();
   return plan;
+}
+
+std::vector<std::string> LayoutProblems(const config::Config& config,
+                                        const model::ModelConfig& model, int64_t world_size,
+                                        const std::string& ranks_from) {
+  const int64_t tp = config.parallel.tensor_model_parallel_size;
+  const int64_t ep = config.parallel.expert_model_parallel_size;
+  std::vector<std::string> problems;
+  if (tp < 1 || world_size % tp != 0) {
+    problems.push_back(
+        fmt::format("--tensor-model-parallel-size {} does not divide the {} ranks "
+                    "({})",
+                    tp, world_size, ranks_from));
+  } else if (config.rollout.global_batch_size % (world_size / tp) != 0) {
+    problems.push_back(
+        fmt::format("--global-batch-size {} is not a multiple of the {} data-parallel ranks ({} / "
+                    "--tensor-model-parallel-size)",
+                    config.rollout.global_batch_size, world_size / tp, ranks_from));
+  }
+  if (ep < 1 || world_size % ep != 0) {
+    problems.push_back(
+        fmt::format("--expert-model-parallel-size {} does not divide the {} ranks ({})", ep,
+                    world_size, ranks_from));
+  }
+  if (ep > 1 && !(model.is_moe() && model.n_routed_experts % ep == 0)) {
+    problems.push_back(
+        fmt::format("--expert-model-parallel-size {} needs an MoE model whose expert count it "
+                    "divides; {} has {} routed experts",
+                    ep, model.source_name, model.n_routed_experts));
+  }
+  if (tp > 1) {
+    // Note [Tensor shard]: ListParams checks that the heads and features divide; every TP rank
+    // splits them alike, so rank 0's list stands for all.
+    model::ModelConfig shard = model;
+    shard.tensor_shard = {0, tp};
+    try {
+      model::ListParams(shard);
+    } catch (const ConfigError& e) {
+      problems.push_back(e.what());
+    }
+  }
+  return problems;
 }
 
 namespace {
@@ -164,8 +214,7 @@ std::string FormatPlan(const config::ResolvedConfig& resolved, const model::Mode
       p.expert_model_parallel_size, p.expert_tensor_parallel_size, resolved.planned_dp_size,
       resolved.planned_expert_dp_size,
       plan.runnable_today ? "runnable by this binary today (data, tensor and expert parallel)"
-                          : "planned only: this binary runs data, tensor and expert parallel "
-                            "layouts (PP = CP = ETP = 1) today");
+                          : "planned only: this binary cannot run it today (the reasons below)");
   out += fmt::format("model: {} params ({} dense, {} routed-expert, {} fp32 extras)\n",
                      Billions(plan.model.total()), Billions(plan.model.dense),
                      Billions(plan.model.expert), Billions(plan.model.extra));
@@ -196,6 +245,10 @@ std::string FormatPlan(const config::ResolvedConfig& resolved, const model::Mode
   out += fmt::format("\nthis recipe uses: {}\n",
                      remat ? "rematerialize (--rematerialize-param-from-master-weight)"
                            : "the pinned backup");
+  if (!plan.not_runnable.empty()) {
+    out += "\nnot runnable by this binary today:\n";
+    for (const std::string& problem : plan.not_runnable) out += "  " + problem + "\n";
+  }
   return out;
 }
 

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trainer/config/validate.h"
 #include "trainer/model/model_config.h"
@@ -70,8 +71,23 @@ struct MemoryPlan {
   RegionBytes gpu;             // same on both paths
   HostBytes host_backup;       // pinned-backup path
   HostBytes host_remat;        // rematerialize path
-  bool runnable_today = false;  // data, tensor and expert parallel layouts (PP = CP = ETP = 1)
+  // Note [Runnable today]: why a run of this recipe on the planned world would stop at start-up,
+  // one line each; runnable_today when there is nothing.
+  std::vector<std::string> not_runnable;
+  bool runnable_today = false;
 };
+
+// Note [Runnable today]
+// Why this binary cannot run `config` with `model` on `world_size` ranks (`ranks_from` says where
+// that number comes from, for the messages), one line each, or nothing: the checks of the rank
+// grid a run makes at start-up (trainer/main.cc), before any rank builds its model. TP and EP
+// divide the ranks, the global batch divides over DP = ranks / TP, EP divides the routed experts
+// of an MoE model, and the attention heads and features divide over TP (model::ListParams). With
+// config::NotRunnable (the options that run at one value only, checked in the config stage) they
+// are what --plan reports as "runnable by this binary today" for the planned world.
+std::vector<std::string> LayoutProblems(const config::Config& config,
+                                        const model::ModelConfig& model, int64_t world_size,
+                                        const std::string& ranks_from);
 
 MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::ModelConfig& model);
 

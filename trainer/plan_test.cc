@@ -2,6 +2,8 @@
 #include "trainer/plan.h"
 
 #include <catch2/catch.hpp>
+#include <string>
+#include <vector>
 
 #include "launch/json.h"
 #include "launch/region_tag.h"
@@ -86,7 +88,13 @@ TEST_CASE("MoE model, DP 2 x EP 2: experts split over EP, masters over DP and ex
   CHECK(plan.gpu.moments == 8 * (176 / 2 + 48));
   // Not colocated: nothing is saved to the host while asleep.
   CHECK(plan.host_backup.optimizer_state == 0);
-  CHECK(plan.runnable_today);  // expert parallelism runs
+  // Expert parallelism runs; only the layout without colocation does not (kRunsOnlyAt).
+  CHECK_FALSE(plan.runnable_today);
+  INFO(plan.not_runnable.size() << " problems; the first: " << plan.not_runnable.at(0));
+  REQUIRE(plan.not_runnable.size() == 1);
+  CHECK(plan.not_runnable[0].rfind("--colocate false: only true runs yet", 0) == 0);
+  c.colocate.colocate = true;
+  CHECK(PlanMemory(Resolve(c), Model(kMoe)).runnable_today);
 }
 
 TEST_CASE("a reference model adds a pinned copy on both paths; CPU optimizer moves state") {
@@ -96,7 +104,8 @@ TEST_CASE("a reference model adds a pinned copy on both paths; CPU optimizer mov
   c.rl.use_kl_loss = true;
   c.optimizer.optimizer_cpu_offload = true;
   const MemoryPlan plan = PlanMemory(Resolve(c), Model(kDense));
-  CHECK(plan.runnable_today);
+  CHECK(plan.not_runnable == std::vector<std::string>{"--optimizer-cpu-offload true: only false "
+                                                      "runs yet"});
   CHECK(plan.rank.dense == 380);
   CHECK(plan.host_backup.ref_pinned == 2 * 380);
   CHECK(plan.host_remat.ref_pinned == 2 * 380);
@@ -140,6 +149,50 @@ void CheckPlanIsAllocated(const config::ResolvedConfig& r, const MemoryPlan& pla
   }
 }
 
+// Note [Runnable today]: "runnable by this binary today" is what a run of the planned world
+// would find at start-up: the options it runs at one value only and the rank grid's checks.
+TEST_CASE("runnable today: the run's own checks, for the planned world") {
+  config::Config c;
+  c.colocate.colocate = true;
+  c.run.actor_num_gpus_per_node = 4;
+  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today);
+  const auto problems = [](const config::Config& c, const char* model) {
+    return PlanMemory(Resolve(c), Model(model)).not_runnable;
+  };
+  // The global batch of 64 over 3 DP ranks.
+  config::Config three = c;
+  three.run.actor_num_gpus_per_node = 3;
+  CHECK(problems(three, kMoeCi) ==
+        std::vector<std::string>{"--global-batch-size 64 is not a multiple of the 3 "
+                                 "data-parallel ranks (--actor-num-nodes x "
+                                 "--actor-num-gpus-per-node / --tensor-model-parallel-size)"});
+  // EP on a dense model; EP 16 over 8 experts.
+  config::Config ep = c;
+  ep.parallel.expert_model_parallel_size = 2;
+  CHECK(problems(ep, kDense) ==
+        std::vector<std::string>{"--expert-model-parallel-size 2 needs an MoE model whose expert "
+                                 "count it divides; inline.json has 0 routed experts"});
+  ep.run.actor_num_gpus_per_node = 16;
+  ep.parallel.expert_model_parallel_size = 16;
+  CHECK(problems(ep, kMoeCi).size() == 1);
+  // TP 8 over 4 attention heads.
+  config::Config tp = c;
+  tp.run.actor_num_gpus_per_node = 8;
+  tp.parallel.tensor_model_parallel_size = 8;
+  const std::vector<std::string> heads = problems(tp, kMoeCi);
+  REQUIRE(heads.size() == 1);
+  CHECK(heads[0] ==
+        "tensor parallelism: 4 attention heads do not divide over --tensor-model-parallel-size 8");
+  // And NotRunnable's options, with the reasons in the printed plan.
+  config::Config critic = c;
+  critic.rl.num_critic_only_steps = 1;
+  const config::ResolvedConfig r = Resolve(critic);
+  const std::string text = FormatPlan(r, Model(kMoeCi), PlanMemory(r, Model(kMoeCi)));
+  CHECK(text.find("planned only: this binary cannot run it today") != std::string::npos);
+  CHECK(text.find("not runnable by this binary today:\n  --num-critic-only-steps 1: only 0 runs "
+                  "yet\n") != std::string::npos);
+}
+
 TEST_CASE("at EP 2 the plan is what a rank allocates, up to the optimizer's alignment") {
   config::Config c;
   c.run.actor_num_nodes = 1;
@@ -173,7 +226,8 @@ TEST_CASE("at TP 2 the plan is what a rank allocates, up to the optimizer's alig
   // rank that held every head and the whole vocabulary would be 45,056 params off.
   CHECK(plan.rank.dense == 4 * (2 * 64 + 2 * 16 + 8 * 64 + (128 + 64) * 64 / 2) + 64 +
                                2 * 320 * 64 / 2);
-  CHECK(plan.runnable_today);
+  c.colocate.colocate = true;  // kRunsOnlyAt: runs colocated only
+  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today);
   c.parallel.expert_model_parallel_size = 2;  // TP and EP together run too
   CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today);
 }

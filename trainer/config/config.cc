@@ -223,6 +223,14 @@ bool IsNotRunnableYet(const char* key) {
                      [&](const char* k) { return std::string_view(k) == key; });
 }
 
+// The one value kRunsOnlyAt (options.h) runs `key` at, or nullptr.
+const char* RunsOnlyAt(const char* key) {
+  for (const auto& [k, value] : kRunsOnlyAt) {
+    if (std::string_view(k) == key) return value;
+  }
+  return nullptr;
+}
+
 std::string Key(const char* section, const char* key) {
   return fmt::format("{}.{}", section, key);
 }
@@ -299,12 +307,26 @@ std::vector<std::string> NotRunnable(const Config& config) {
   VisitOptions(default_config, [&](const OptionInfo& info, const auto& member) {
     defaults[info.key] = FormatMember(member);
   });
+  // kRunsOnlyAt describes the cycle of an actor and a rollout engine; without one of them the
+  // options have nothing to act on.
+  const bool cycle = !config.colocate.debug_train_only && !config.colocate.debug_rollout_only;
   std::vector<std::string> problems;
   VisitOptions(config, [&](const OptionInfo& info, const auto& member) {
     const std::string value = FormatMember(member);
     if (IsNotRunnableYet(info.key) && value != defaults[info.key]) {
       problems.push_back(
           fmt::format("{} {}: only {} runs yet", FlagName(info.key), value, defaults[info.key]));
+    }
+    // An unset optional is derived by validation from --colocate, and so are the offload options
+    // without --colocate: only --colocate is reported then, which fixes them.
+    const char* only = RunsOnlyAt(info.key);
+    const bool follows_colocate =
+        std::string_view(info.key) != "colocate" && !config.colocate.colocate;
+    if (cycle && only != nullptr && !follows_colocate && value != "(unset)" && value != only) {
+      problems.push_back(fmt::format(
+          "{} {}: only {} runs yet (the actor and the rollout engine share each device and take "
+          "turns)",
+          FlagName(info.key), value, only));
     }
   });
   return problems;
@@ -337,6 +359,10 @@ std::optional<CommandLine> ParseCommandLine(const std::vector<std::string>& args
     if (IsNotRunnableYet(info.key)) {
       option->description(option->get_description() +
                           " [Validates and plans, but only the default runs yet.]");
+    }
+    if (const char* only = RunsOnlyAt(info.key)) {
+      option->description(option->get_description() +
+                          fmt::format(" [Validates and plans, but only {} runs yet.]", only));
     }
     flags[Key(info.section, info.key)] = option;
   });

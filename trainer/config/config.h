@@ -43,7 +43,9 @@ void ApplyToml(const TomlDocument& doc, Config& config,
 std::string DumpToml(const Config& config);
 
 // One line per option of kNotRunnableYet (options.h) that `config` sets to other than its
-// default, naming the flag, the value and the default; empty when this binary can run it.
+// default, and per option of kRunsOnlyAt set to other than the value it runs at (when there is
+// an actor and a rollout engine), naming the flag, the value and the one that runs; empty when
+// this binary can run it. Meant for the resolved config (trainer/config/validate.h).
 std::vector<std::string> NotRunnable(const Config& config);
 
 // The options that were removed on purpose: passing them is an error that says what replaced

@@ -159,8 +159,10 @@ TEST_CASE("options that validate but cannot run yet: marked in --help, listed by
   CHECK(help.find("only the default runs yet", pp) < help.find("--decoder-last-pipeline-num-layers"));
   CHECK(Contains(help, "One of: auto, cuda, cpu."));
 
-  CHECK(NotRunnable(Config{}).empty());
-  Config c;
+  Config runnable;
+  runnable.colocate.colocate = true;  // kRunsOnlyAt: the binary always colocates
+  CHECK(NotRunnable(runnable).empty());
+  Config c = runnable;
   c.parallel.pipeline_model_parallel_size = 8;
   c.optimizer.optimizer_cpu_offload = true;
   c.rl.compute_advantages_and_returns = false;
@@ -172,6 +174,35 @@ TEST_CASE("options that validate but cannot run yet: marked in --help, listed by
   CHECK(NotRunnable(c) == expected);
 }
 
+// Accepted and ignored before: the cycle always colocated and released both sides' memory, and
+// there is no critic.
+TEST_CASE("NotRunnable: --colocate, --offload-train/-rollout, --num-critic-only-steps") {
+  std::ostringstream out;
+  ParseCommandLine({"--help"}, out);
+  const std::string help = out.str();
+  for (const char* flag : {"--colocate", "--offload-train", "--offload-rollout"}) {
+    const size_t at = help.find(std::string(flag) + ",");
+    REQUIRE(at != std::string::npos);
+    CHECK(help.find("only true runs yet", at) < help.find("\n  -", at + 1));
+  }
+  const char* turns = " (the actor and the rollout engine share each device and take turns)";
+  Config c;
+  CHECK(NotRunnable(c) == std::vector<std::string>{std::string("--colocate false: only true "
+                                                               "runs yet") +
+                                                   turns});
+  c.colocate.colocate = true;
+  c.colocate.offload_train = false;
+  c.colocate.offload_rollout = false;
+  c.rl.num_critic_only_steps = 2;
+  CHECK(NotRunnable(c) == std::vector<std::string>{
+                              "--num-critic-only-steps 2: only 0 runs yet",
+                              std::string("--offload-train false: only true runs yet") + turns,
+                              std::string("--offload-rollout false: only true runs yet") + turns});
+  // No rollout engine (or no actor): nothing to colocate.
+  Config train_only;
+  train_only.colocate.debug_train_only = true;
+  CHECK(NotRunnable(train_only).empty());
+}
 
 TEST_CASE("the removed --disable-weights-backuper fails and says what replaced it") {
   const std::string flag_error = ErrorOf({"--disable-weights-backuper"});

@@ -72,12 +72,22 @@ const char* NameOf(Enum value) {
 // Options that validate (so that --plan plans full-scale recipes) but that this binary cannot
 // run with any value other than their default yet. --help marks them; the trainer refuses to
 // run with them (NotRunnable in trainer/config/config.h).
+// clang-format off
 inline constexpr const char* kNotRunnableYet[] = {
     "pipeline_model_parallel_size", "context_parallel_size",
     "expert_tensor_parallel_size", "lora_rank",
     "overlap_param_gather", "use_distributed_optimizer", "use_precision_aware_optimizer",
     "optimizer_cpu_offload", "debug_disable_optimizer", "debug_rollout_only", "keep_old_actor",
-    "compute_advantages_and_returns"};
+    "compute_advantages_and_returns", "num_critic_only_steps"};
+// clang-format on
+
+// Options that this binary runs at one value only, which is not their default (the defaults are
+// miles'): with a rollout engine and an actor (neither --debug-train-only nor
+// --debug-rollout-only), the two always share each device and take turns, each releasing its
+// memory while the other works (docs/colocated-cycle.md). Like kNotRunnableYet, they validate
+// and plan with any value, --help marks them and NotRunnable refuses the others.
+inline constexpr std::pair<const char*, const char*> kRunsOnlyAt[] = {
+    {"colocate", "true"}, {"offload_train", "true"}, {"offload_rollout", "true"}};
 
 }  // namespace rl::config
 
