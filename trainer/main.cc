@@ -231,7 +231,9 @@ int main(int argc, char** argv) {
     stage = rl::ConfigStage(args, launcher_rank == 0);
   } catch (const rl::Error& e) {
     // A bad flag, key, value or model config. Every rank parses the same flags and files, so
-    // every rank stops here, before MPI exists: no rank waits. Rank 0 says why.
+    // every rank stops here, before MPI exists, and rank 0 says why; the one check of rank 0
+    // alone (--metrics-out's directory) stops it here while the others go on into MPI_Init,
+    // and mpirun ends the job when rank 0 exits with 2 (Note [Config errors after MPI]).
     if (launcher_rank == 0) spdlog::error("{}", e.what());
     return rl::kExitConfigError;
   } catch (const std::exception& e) {

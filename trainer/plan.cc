@@ -130,9 +130,13 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
 
   // Note [Runnable today]: the start-up checks of a run, for the planned world.
   plan.not_runnable = config::NotRunnable(c);
-  for (std::string& problem : LayoutProblems(c, m, resolved.planned_world_size,
-                                             "--actor-num-nodes x --actor-num-gpus-per-node")) {
-    plan.not_runnable.push_back(std::move(problem));
+  // The rank grid's checks take the ranks as TP x DP: with PP or CP (refused just above) their
+  // data-parallel count would not be the plan's.
+  if (c.parallel.pipeline_model_parallel_size * c.parallel.context_parallel_size == 1) {
+    for (std::string& problem : LayoutProblems(c, m, resolved.planned_world_size,
+                                               "--actor-num-nodes x --actor-num-gpus-per-node")) {
+      plan.not_runnable.push_back(std::move(problem));
+    }
   }
   plan.runnable_today = plan.not_runnable.empty();
   return plan;
