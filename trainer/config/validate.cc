@@ -96,6 +96,10 @@ void ValidateRematerialize(Rules& rules, ResolvedConfig& r) {
   }
   // 2. No rollout engine means no weight sync, so the param buffer would never be paused.
   if (c.colocate.debug_train_only) {
+    rules.Require(!asked_check,
+                  "--check-rematerialize-param-from-master-weight has nothing to check with "
+                  "--debug-train-only (no rollout engine, so the params are never paused and "
+                  "rebuilt)");
     c.colocate.rematerialize_param_from_master_weight = false;
     c.backup.check_rematerialize_param_from_master_weight = false;
     return;

@@ -56,6 +56,20 @@ TEST_CASE("rule: rematerialize with --debug-train-only is silently turned off") 
   CHECK_FALSE(r.resolved.config.colocate.rematerialize_param_from_master_weight);
 }
 
+TEST_CASE("rule: an explicit rematerialize check with --debug-train-only is refused") {
+  Config c = Remat();
+  c.colocate.debug_train_only = true;
+  c.data.load_debug_rollout_data = "recorded.jsonl";
+  c.backup.check_rematerialize_param_from_master_weight = true;
+  CHECK(Mentions(OnlyError(c), "--check-rematerialize-param-from-master-weight"));
+  // As --ci-test asks it (not explicitly): turned off with rematerialize, no error.
+  c.backup.check_rematerialize_param_from_master_weight.reset();
+  c.checks.ci_test = true;
+  const ValidationResult r = Validate(c);
+  CHECK(r.ok());
+  CHECK(r.resolved.config.backup.check_rematerialize_param_from_master_weight == false);
+}
+
 TEST_CASE("rule: --load-debug-rollout-data alone keeps rematerialize on") {
   Config c = Remat();
   c.data.load_debug_rollout_data = "recorded.jsonl";
