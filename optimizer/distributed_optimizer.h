@@ -182,7 +182,10 @@ class DistributedOptimizer {
   void AllGatherParams();
 
   // Optimizer state (masters, moments) to host memory allocated once at its exact size (pinned
-  // for CUDA) and back; the device storage is released in between.
+  // for CUDA) and back; the device storage is released in between, and OnloadState asks the
+  // Allocator for it again: an allocator that gives storage back (PlainAllocator). The trainer
+  // does not call these: its optimizer region is paused and resumed in place (trainer/memory/),
+  // and its region allocator carves each region once, so a second allocation would not fit.
   void OffloadState();
   void OnloadState();
   bool state_offloaded() const { return offloaded_; }
