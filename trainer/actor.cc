@@ -71,6 +71,13 @@ int64_t ForwardPositions(const rl_algo::RolloutBatch& batch, const std::vector<i
   return (longest - 1 + multiple - 1) / multiple * multiple;
 }
 
+// The longest response of a micro-batch: the width of its response-aligned tensors.
+int64_t LongestResponse(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices) {
+  int64_t longest = 0;
+  for (int64_t i : indices) longest = std::max(longest, batch.samples.at(i).response_length);
+  return longest;
+}
+
 // Right-padded to ForwardPositions(..., multiple) + 1 tokens.
 MicroBatch Pack(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
                 c10::Device device, int64_t multiple) {
@@ -79,8 +86,8 @@ MicroBatch Pack(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& 
     const rl_algo::Sample& s = batch.samples.at(i);
     mb.lengths.push_back(static_cast<int64_t>(s.tokens.size()));
     mb.response_lengths.push_back(s.response_length);
-    mb.max_response = std::max(mb.max_response, s.response_length);
   }
+  mb.max_response = LongestResponse(batch, indices);
   const int64_t max_len = ForwardPositions(batch, indices, multiple) + 1;
   at::Tensor tokens = at::zeros({static_cast<int64_t>(indices.size()), max_len}, at::kLong);
   for (size_t row = 0; row < indices.size(); ++row) {
@@ -127,8 +134,7 @@ struct MicroBatchInputs {
 
 MicroBatchInputs PackInputs(const rl_algo::RolloutBatch& batch, const std::vector<int64_t>& indices,
                             const at::Tensor& rewards, c10::Device device) {
-  int64_t width = 0;
-  for (int64_t i : indices) width = std::max(width, batch.samples.at(i).response_length);
+  const int64_t width = LongestResponse(batch, indices);  // Pack's max_response
   MicroBatchInputs in;
   in.loss_mask =
       PackField<int>(

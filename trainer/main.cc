@@ -59,18 +59,23 @@ model::ModelConfig LoadArchitecture(const config::ModelOptions& options) {
   return model::LoadModelConfig(options.hf_checkpoint);
 }
 
+// Throws ConfigError with `header` and one indented line per problem, when there is any.
+void RefuseIfAny(const std::string& header, const std::vector<std::string>& problems) {
+  if (problems.empty()) return;
+  std::string message = header;
+  for (const std::string& problem : problems) message += "\n  " + problem;
+  throw ConfigError(message);
+}
+
 // What this binary can run today: only the one value it implements of the options that --plan
 // knows about but the trainer does not implement otherwise yet (--help marks them). Full-scale
 // recipes validate and plan; running them stops here, naming what to change. The rank grid's
 // checks follow once the number of ranks is known (Note [Runnable today] in trainer/plan.h).
 void CheckRunnable(const config::Config& c) {
-  const std::vector<std::string> problems = config::NotRunnable(c);
-  if (problems.empty()) return;
-  std::string message =
+  RefuseIfAny(
       "the recipe validates but this binary cannot run it: not implemented yet (override these "
-      "options, or use a *_4layer_ci recipe):";
-  for (const std::string& problem : problems) message += "\n  " + problem;
-  throw ConfigError(message);
+      "options, or use a *_4layer_ci recipe):",
+      config::NotRunnable(c));
 }
 
 // --metrics-out names a file in a writable directory. Only world rank 0 writes it (MetricsWriter,
@@ -125,14 +130,10 @@ std::optional<StageResult> ConfigStage(const std::vector<std::string>& args, boo
   const std::optional<config::CommandLine> command_line = config::ParseCommandLine(args, out);
   if (!command_line) return std::nullopt;  // --help
   const config::ValidationResult validation = config::Validate(command_line->config);
-  if (!validation.ok()) {
-    std::string message = fmt::format("{} config error(s){}:", validation.errors.size(),
-                                      command_line->config_file.empty()
-                                          ? ""
-                                          : " in " + command_line->config_file);
-    for (const std::string& e : validation.errors) message += "\n  " + e;
-    throw ConfigError(message);
-  }
+  RefuseIfAny(
+      fmt::format("{} config error(s){}:", validation.errors.size(),
+                  command_line->config_file.empty() ? "" : " in " + command_line->config_file),
+      validation.errors);
   const config::ResolvedConfig& resolved = validation.resolved;
   switch (command_line->mode) {
     case config::Mode::kValidateOnly:
@@ -176,13 +177,8 @@ int Run(const MpiSession& session, const config::ResolvedConfig& resolved,
   // Note [Runnable today]: the rank grid's checks, the same --plan makes for the planned world,
   // before any rank builds its model or generates (every DP rank trains on an equal share of
   // each step).
-  const std::vector<std::string> problems =
-      LayoutProblems(cfg, model, session.world_size(), "mpirun -np");
-  if (!problems.empty()) {
-    std::string message = "this binary cannot run the recipe on these ranks:";
-    for (const std::string& problem : problems) message += "\n  " + problem;
-    throw ConfigError(message);
-  }
+  RefuseIfAny("this binary cannot run the recipe on these ranks:",
+              LayoutProblems(cfg, model, session.world_size(), "mpirun -np"));
   // Note [Rank grid]: the tensor- and expert-parallel groups, and this rank's slices and experts.
   const ParallelGroups groups(*comm, static_cast<int>(cfg.parallel.tensor_model_parallel_size),
                               static_cast<int>(cfg.parallel.expert_model_parallel_size));

@@ -138,7 +138,6 @@ MemoryPlan PlanMemory(const config::ResolvedConfig& resolved, const model::Model
       plan.not_runnable.push_back(std::move(problem));
     }
   }
-  plan.runnable_today = plan.not_runnable.empty();
   return plan;
 }
 
@@ -217,8 +216,8 @@ std::string FormatPlan(const config::ResolvedConfig& resolved, const model::Mode
       p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
       p.expert_model_parallel_size, p.expert_tensor_parallel_size, resolved.planned_dp_size,
       resolved.planned_expert_dp_size,
-      plan.runnable_today ? "runnable by this binary today (data, tensor and expert parallel)"
-                          : "planned only: this binary cannot run it today (the reasons below)");
+      plan.runnable_today() ? "runnable by this binary today (data, tensor and expert parallel)"
+                            : "planned only: this binary cannot run it today (the reasons below)");
   out += fmt::format("model: {} params ({} dense, {} routed-expert, {} fp32 extras)\n",
                      Billions(plan.model.total()), Billions(plan.model.dense),
                      Billions(plan.model.expert), Billions(plan.model.extra));

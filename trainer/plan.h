@@ -72,9 +72,9 @@ struct MemoryPlan {
   HostBytes host_backup;       // pinned-backup path
   HostBytes host_remat;        // rematerialize path
   // Note [Runnable today]: why a run of this recipe on the planned world would stop at start-up,
-  // one line each; runnable_today when there is nothing.
+  // one line each; runnable today when there is nothing.
   std::vector<std::string> not_runnable;
-  bool runnable_today = false;
+  bool runnable_today() const { return not_runnable.empty(); }
 };
 
 // Note [Runnable today]

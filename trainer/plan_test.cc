@@ -68,7 +68,7 @@ TEST_CASE("dense model, TP 2 x PP 2: the last stage is the heaviest, 104 params 
   CHECK(plan.host_backup.param_backup_pinned == 2 * 104);
   CHECK(plan.host_remat.param_backup_pinned == 0);
   CHECK(plan.host_backup.total() - plan.host_remat.total() == 2 * 104);
-  CHECK_FALSE(plan.runnable_today);
+  CHECK_FALSE(plan.runnable_today());
 }
 
 TEST_CASE("MoE model, DP 2 x EP 2: experts split over EP, masters over DP and expert DP") {
@@ -89,12 +89,12 @@ TEST_CASE("MoE model, DP 2 x EP 2: experts split over EP, masters over DP and ex
   // Not colocated: nothing is saved to the host while asleep.
   CHECK(plan.host_backup.optimizer_state == 0);
   // Expert parallelism runs; only the layout without colocation does not (kRunsOnlyAt).
-  CHECK_FALSE(plan.runnable_today);
+  CHECK_FALSE(plan.runnable_today());
   INFO(plan.not_runnable.size() << " problems; the first: " << plan.not_runnable.at(0));
   REQUIRE(plan.not_runnable.size() == 1);
   CHECK(plan.not_runnable[0].rfind("--colocate false: only true runs yet", 0) == 0);
   c.colocate.colocate = true;
-  CHECK(PlanMemory(Resolve(c), Model(kMoe)).runnable_today);
+  CHECK(PlanMemory(Resolve(c), Model(kMoe)).runnable_today());
 }
 
 TEST_CASE("a reference model adds a pinned copy on both paths; CPU optimizer moves state") {
@@ -155,7 +155,7 @@ TEST_CASE("runnable today: the run's own checks, for the planned world") {
   config::Config c;
   c.colocate.colocate = true;
   c.run.actor_num_gpus_per_node = 4;
-  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today);
+  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today());
   const auto problems = [](const config::Config& c, const char* model) {
     return PlanMemory(Resolve(c), Model(model)).not_runnable;
   };
@@ -227,9 +227,9 @@ TEST_CASE("at TP 2 the plan is what a rank allocates, up to the optimizer's alig
   CHECK(plan.rank.dense == 4 * (2 * 64 + 2 * 16 + 8 * 64 + (128 + 64) * 64 / 2) + 64 +
                                2 * 320 * 64 / 2);
   c.colocate.colocate = true;  // kRunsOnlyAt: runs colocated only
-  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today);
+  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today());
   c.parallel.expert_model_parallel_size = 2;  // TP and EP together run too
-  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today);
+  CHECK(PlanMemory(Resolve(c), Model(kMoeCi)).runnable_today());
 }
 
 }  // namespace
