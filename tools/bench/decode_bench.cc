@@ -74,6 +74,7 @@
 #include "launch/json.h"
 #include "launch/sha256.h"
 #include "tools/bench/profiling.h"
+#include "trainer/kernels/cuda_kernels.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/model_config.h"
@@ -227,6 +228,10 @@ int Run(int argc, char** argv) {
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs, "decode by CUDA graphs (default)");
   app.add_flag("--programmatic-launch,!--no-programmatic-launch", programmatic_launch,
                "decode kernels by programmatic dependent launch (default)");
+  bool shared_weight_linear = true;
+  app.add_flag("--shared-weight-linear,!--no-shared-weight-linear", shared_weight_linear,
+               "projections of 1 or 2 rows with their weights in shared memory where they fit "
+               "(default; the same bits as in registers)");
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   bool step_time = false;
@@ -249,6 +254,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
+  const rl::kernels::SharedWeightLinear weights_in_shared(shared_weight_linear);
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   rl::json::Value architecture;

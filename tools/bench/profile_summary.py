@@ -1,6 +1,12 @@
-"""Sums the GPU kernel time of a Chrome trace (train_step_bench --profile FILE) by kernel name:
-python3 tools/bench/profile_summary.py FILE [--top 25]. Prints the total and the top kernels with
-their share, so that a profile says where a step's device time goes."""
+"""Sums the GPU kernel time of a Chrome trace (train_step_bench or decode_bench --profile FILE)
+by kernel name: python3 tools/bench/profile_summary.py FILE [--top 25]. Prints the total and the
+top kernels with their share, so that a profile says where a step's device time goes.
+
+Under programmatic dependent launch a kernel starts while the one ahead still runs (it loads its
+weights, then waits), so its duration counts time that the kernel ahead counts too. The second
+table charges each kernel only the time it adds to the stream's timeline: its end less the latest
+end of the kernels that started before it (0 where it ends earlier). Those times add up to the
+span the kernels keep the GPU busy, and say which kernel a step waits for."""
 import argparse
 import collections
 import json
@@ -9,14 +15,29 @@ parser = argparse.ArgumentParser()
 parser.add_argument("trace")
 parser.add_argument("--top", type=int, default=25)
 args = parser.parse_args()
-events = json.load(open(args.trace))["traceEvents"]
+events = [e for e in json.load(open(args.trace))["traceEvents"]
+          if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
 by_name = collections.Counter()
 count = collections.Counter()
 for e in events:
-    if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-        by_name[e["name"]] += e["dur"]
-        count[e["name"]] += 1
+    by_name[e["name"]] += e["dur"]
+    count[e["name"]] += 1
 total = sum(by_name.values())
 print(f"GPU time {total / 1e3:.1f} ms in {sum(count.values())} kernels")
 for name, us in by_name.most_common(args.top):
     print(f"{us / 1e3:8.2f} ms {100 * us / total:5.1f}% x{count[name]:<5d} {name[:110]}")
+
+added = collections.Counter()
+latest_end = None
+for e in sorted(events, key=lambda e: e["ts"]):
+    end = e["ts"] + e["dur"]
+    if latest_end is None:
+        added[e["name"]] += e["dur"]
+    elif end > latest_end:
+        added[e["name"]] += end - max(latest_end, e["ts"])
+    latest_end = end if latest_end is None else max(latest_end, end)
+busy = sum(added.values())
+print(f"\nTime each kernel adds to the timeline (overlap with kernels ahead not counted): "
+      f"{busy / 1e3:.1f} ms busy")
+for name, us in added.most_common(args.top):
+    print(f"{us / 1e3:8.2f} ms {100 * us / busy:5.1f}% x{count[name]:<5d} {name[:110]}")

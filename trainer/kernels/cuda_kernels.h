@@ -37,6 +37,22 @@ class ProgrammaticLaunch {
   bool previous_;
 };
 
+// While one lives on a thread and is off, SmallLinear and its folded forms keep every weight in
+// registers; by default (on) they hold a block's weights in shared memory where they fit (Note
+// [Small linear with weights in shared memory] in decode_kernels.cu). The bits are the same: the
+// scope lets a test or a benchmark compare the two. Scopes nest; each restores what it found.
+class SharedWeightLinear {
+ public:
+  explicit SharedWeightLinear(bool on);
+  ~SharedWeightLinear();
+  SharedWeightLinear(const SharedWeightLinear&) = delete;
+  SharedWeightLinear& operator=(const SharedWeightLinear&) = delete;
+  static bool On();
+
+ private:
+  bool previous_;
+};
+
 // transformers' RMSNorm of each row of x [rows, cols] (contiguous), with the rounding it has:
 // r = rsqrt(mean(x^2) + eps), h = x * r in fp32, h rounded to the dtype, out = weight * h rounded
 // to the dtype. x, weight and out share `dtype`; inv_rms [rows] receives r unless null.
@@ -107,6 +123,9 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
 
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;
+// A block's weights, norm weight and staged input, where SmallLinear holds them in shared memory
+// (SharedWeightLinear): at most this many bytes, so that two blocks fit an SM of the H200.
+constexpr int64_t kPrefetchMaxSharedBytes = 112 * 1024;
 
 // SmallLinear of RmsNorm(x + add) (of x alone when add is null), with the norm's weight [k_in]
 // and eps: the residual add and the norm of a decoder layer folded into the next projection. Each
@@ -286,9 +305,9 @@ cudaError_t CombineExperts(const void* rows, const int64_t* inverse, const float
 // in sample_kernels.cu): greedy, the first largest logit; else the first token in id order whose
 // cumulative softmax(logits / temperature) (fp64) exceeds uniforms[row] (fp64 in [0, 1), on the
 // device). tokens [rows] int64 and log_probs [rows] fp32 (log_softmax(logits / temperature) at
-// the token; temperature 0 counts as 1). One block per row.
-// Vocabularies whose step totals (SampleRowsSharedBytes) exceed kSampleMaxSharedBytes are not
-// taken: 1.3M words in bf16, 655k in fp32.
+// the token; temperature 0 counts as 1). A cluster of 8 blocks per row, at most 2^28 rows.
+// Vocabularies whose step totals per block (SampleRowsSharedBytes) exceed kSampleMaxSharedBytes
+// are not taken: 10.4M words in bf16, 5.2M in fp32.
 cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
                        double temperature, bool greedy, const double* uniforms, int64_t* tokens,
                        float* log_probs, DtypeCode dtype, cudaStream_t stream);

@@ -737,6 +737,90 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Note [Small linear with weights in shared memory]
+// At one or two rows a decode step's projections are short kernels in a chain (147 in a step of
+// Qwen3-0.6B), each of which loads its weights before it waits for the kernel ahead (Note
+// [Programmatic dependent launch]). SmallLinearKernel holds them in registers: a warp per
+// feature, which takes many blocks (512 for Qwen3-0.6B's q/k/v, 768 for its gate/up), and most of
+// them find no room on an SM until the kernel ahead has left it, so their loads start only then.
+// Where a block's share of the weights fits in shared memory (kPrefetchMaxSharedBytes with its
+// staged input), this kernel takes one block per SM instead: block b copies the features [b F,
+// (b + 1) F) (F = n_out / SMs, rounded up: one contiguous piece of w) into shared memory by
+// cp.async before the wait, and the norm's weight in a group of its own, which the staging waits
+// for alone. Two such blocks fit an SM, so a kernel's copies run beside the kernel ahead. Each
+// warp then takes features warp, warp + kWarps, ... of the block, its lanes the same elements in
+// the same order as a SmallLinearKernel warp: the same bits (decode_kernels_test).
+template <typename T, int kRows, SmallInput kMode>
+__global__ void __launch_bounds__(kThreads)
+    SharedWeightLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
+                             const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
+                             const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+                             int64_t rows, int64_t n_out, int64_t k_in, int64_t per_block) {
+  constexpr int kVec = 16 / sizeof(T);
+  // [per_block, k_in] weights, then (kAddNorm) the norm's weight [k_in], then the staged input.
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  T* weights = reinterpret_cast<T*>(shared_bytes);
+  T* norm = weights + per_block * k_in;
+  T* staged = norm + (kMode == SmallInput::kAddNorm ? k_in : 0);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t first = blockIdx.x * per_block;
+  const int64_t count = min(per_block, n_out - first);
+  if constexpr (kMode == SmallInput::kAddNorm) {
+    for (int64_t i = threadIdx.x * kVec; i < k_in; i += kThreads * kVec) {
+      CopyAsync<16>(norm + i, norm_weight + i);
+    }
+    CommitCopies();
+  }
+  const T* piece = w + first * k_in;
+  for (int64_t i = threadIdx.x * kVec; i < count * k_in; i += kThreads * kVec) {
+    CopyAsync<16>(weights + i, piece + i);
+  }
+  CommitCopies();
+  PrecedingKernelsDone();
+  const T* input = x;
+  if constexpr (kMode != SmallInput::kPlain) {
+    // The norm's weight (the older group) has landed for this thread's copies; StageInput's
+    // barriers show every thread's before it reads them.
+    if constexpr (kMode == SmallInput::kAddNorm)
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    StageInput<T, kMode>(x, add, norm, eps, sum, staged, rows, k_in);
+    input = staged;
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  for (int64_t f = warp; f < count; f += kWarps) {
+    const T* w_row = weights + f * k_in;
+    float acc[kRows];
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
+    for (int64_t kk = lane * kVec; kk < k_in; kk += 32 * kVec) {
+      const Pack<T, kVec> wv = LoadPack<T, kVec>(w_row + kk);
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        if (m >= rows) break;
+        const Pack<T, kVec> in = LoadPack<T, kVec>(input + m * k_in + kk);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[m] += ToFloat(wv.v[e]) * ToFloat(in.v[e]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) acc[m] = WarpSum(acc[m]);
+    if (lane == 0) {
+      const int64_t n = first + f;
+      const float b = bias != nullptr ? ToFloat(bias[n]) : 0.0f;
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        if (m < rows) y[m * n_out + n] = FromFloat<T>(acc[m] + b);
+      }
+    }
+  }
+}
+
+struct SharedWeightPlan {
+  int64_t per_block, bytes;
+};
+
 struct SmallLinearArgs {
   const void* x;
   const void* add;
@@ -766,6 +850,37 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
                 static_cast<T*>(a.y), a.rows, a.n_out, a.k_in);
 }
 
+// SharedWeightLinearKernel's features per block and shared bytes for `a`, or 0 features where
+// they do not fit kPrefetchMaxSharedBytes or the norm's weight is not 16-byte aligned (cp.async
+// copies 16 bytes at once; the weights and inputs always are).
+template <typename T, SmallInput kMode>
+SharedWeightPlan PlanSharedWeights(const SmallLinearArgs& a) {
+  if (kMode == SmallInput::kAddNorm && reinterpret_cast<uintptr_t>(a.norm_weight) % 16 != 0) {
+    return {0, 0};
+  }
+  const int64_t per_block = (a.n_out + MultiprocessorCount() - 1) / MultiprocessorCount();
+  const int64_t bytes = (per_block * a.k_in + (kMode == SmallInput::kAddNorm ? a.k_in : 0) +
+                         (kMode == SmallInput::kPlain ? 0 : a.rows * a.k_in)) *
+                        static_cast<int64_t>(sizeof(T));
+  if (bytes > kPrefetchMaxSharedBytes) return {0, 0};
+  return {per_block, bytes};
+}
+
+template <typename T, int kRows, SmallInput kMode>
+cudaError_t LaunchSharedWeightLinear(const SmallLinearArgs& a, const SharedWeightPlan& plan,
+                                     cudaStream_t stream) {
+  const auto kernel = SharedWeightLinearKernel<T, kRows, kMode>;
+  // Once per kernel, before any capture (the engine's first step runs eagerly).
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefetchMaxSharedBytes);
+  if (opt_in != cudaSuccess) return opt_in;
+  const int64_t blocks = (a.n_out + plan.per_block - 1) / plan.per_block;
+  return Launch(kernel, blocks, kThreads, plan.bytes, stream, static_cast<const T*>(a.x),
+                static_cast<const T*>(a.add), static_cast<const T*>(a.norm_weight), a.eps,
+                static_cast<T*>(a.sum), static_cast<const T*>(a.w), static_cast<const T*>(a.bias),
+                static_cast<T*>(a.y), a.rows, a.n_out, a.k_in, plan.per_block);
+}
+
 // Vectors per lane: 4 where they hold the whole row (k_in up to 1024 in bf16: the q/k/v and
 // gate/up projections, whose many blocks want the registers for occupancy); for longer rows 16
 // where the grid has at most a block per SM (the o and down projections of Qwen3-0.6B: few, long
@@ -774,6 +889,10 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
 template <typename T, int kRows, SmallInput kMode>
 cudaError_t LaunchSmallLinearPacks(const SmallLinearArgs& a, cudaStream_t stream) {
   constexpr int64_t kVec = 16 / sizeof(T);
+  if (SharedWeightLinear::On()) {
+    const SharedWeightPlan plan = PlanSharedWeights<T, kMode>(a);
+    if (plan.per_block > 0) return LaunchSharedWeightLinear<T, kRows, kMode>(a, plan, stream);
+  }
   if (a.k_in <= 4 * 32 * kVec) return LaunchSmallLinear<T, kRows, kMode, 4>(a, stream);
   if ((a.n_out + kWarps - 1) / kWarps <= MultiprocessorCount()) {
     return LaunchSmallLinear<T, kRows, kMode, 16>(a, stream);

@@ -236,6 +236,63 @@ TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   CHECK_FALSE(SmallLinearStagedTakes(wide, 65536, at::randn({8, 65536}, On(at::kFloat)), {}));
 }
 
+// Note [Small linear with weights in shared memory]: each form of SmallLinear gives the same bits
+// with the weights in shared memory as in registers, at Qwen3-0.6B's projections (where it takes
+// shared memory) and past what fits (where both are the register kernel), with a last block
+// short of features (1001), and with a norm weight not aligned to 16 bytes (registers).
+TEST_CASE("SmallLinear with its weights in shared memory gives the register kernel's bits") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(9);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const int64_t rows : {1, 2}) {
+      INFO(rows << " rows, " << c10::toString(dtype));
+      const at::Tensor x = at::randn({rows, 1, 1024}, On(dtype)) * 3;
+      const at::Tensor add = at::randn({rows, 1, 1024}, On(dtype));
+      const at::Tensor norm_storage = at::randn({1025}, On(dtype));
+      const at::Tensor gate_up = at::randn({rows, 1, 2 * 3072}, On(dtype)) * 3;
+      const at::Tensor attention = at::randn({rows, 1, 2048}, On(dtype));
+      for (const at::Tensor& norm :
+           {norm_storage.narrow(0, 0, 1024), norm_storage.narrow(0, 1, 1024)}) {
+        for (const int64_t n : {int64_t{4096}, int64_t{6144}, int64_t{1001}, int64_t{40000}}) {
+          INFO("n " << n << ", norm weight at element " << norm.storage_offset());
+          const at::Tensor w = at::randn({n, 1024}, On(dtype)) / 32;
+          const at::Tensor b = at::randn({n}, On(dtype));
+          SummedLinear in_shared, in_registers;
+          {
+            const SharedWeightLinear shared(true);
+            in_shared = SmallLinearAddRmsNorm(x, add, norm, 1e-6, w, b);
+          }
+          {
+            const SharedWeightLinear registers(false);
+            in_registers = SmallLinearAddRmsNorm(x, add, norm, 1e-6, w, b);
+          }
+          CHECK(SameBits(in_shared.out, in_registers.out));
+          CHECK(SameBits(in_shared.sum, in_registers.sum));
+        }
+      }
+      for (const int64_t n : {int64_t{1024}, int64_t{1001}}) {
+        INFO("n " << n);
+        const at::Tensor o = at::randn({n, 2048}, On(dtype)) / 45;
+        const at::Tensor down = at::randn({n, 3072}, On(dtype)) / 64;
+        at::Tensor o_shared, o_registers, down_shared, down_registers;
+        {
+          const SharedWeightLinear shared(true);
+          o_shared = SmallLinear(attention, o, {});
+          down_shared = SmallLinearSiluMul(gate_up, down, {});
+        }
+        {
+          const SharedWeightLinear registers(false);
+          o_registers = SmallLinear(attention, o, {});
+          down_registers = SmallLinearSiluMul(gate_up, down, {});
+        }
+        CHECK(SameBits(o_shared, o_registers));
+        CHECK(SameBits(down_shared, down_registers));
+      }
+    }
+  }
+  CHECK(SharedWeightLinear::On());  // the scopes restored the default
+}
+
 // Note [Programmatic dependent launch]: a chain of decode kernels (SmallLinear in each form,
 // SkinnyLinear, DecodeQkvAttention, RoPE, the norms and SiluMul), each reading what the one before
 // wrote, launched so that each may start before the one ahead has finished, gives the bits of the

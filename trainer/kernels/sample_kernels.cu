@@ -8,24 +8,32 @@
 // counting as the largest as in at::argmax), and its log-prob is log_softmax(s) there. The
 // LibTorch ops take six passes over [B, V] in fp32 and fp64 (the cast, log_softmax, the fp64
 // cast, softmax, cumsum); this kernel reads each row twice (the second time mostly from L2) and
-// writes two numbers. One block per row:
-//  1. the row's largest s, and the first index of its largest logit (greedy);
-//  2. the row in steps of 32 x kVec elements (lane l a vector of kVec), warp w taking the w-th of
-//     16 runs of whole steps: per step, each lane's exp(s - max) (expf, within 2 ulp: by
-//     estimate, exp in fp64 on one SM would take tens of us for a row of 151,936 words) summed
-//     in fp64 in element order, and the lanes' sums added by a warp butterfly into the step's
-//     total (shared memory, a double per step); lane 0 sums its run's steps in order, one thread
-//     the runs in order into their prefix (excl[w]) and the row's total;
-//  3. greedy: the argmax. Else, with t = u x total, the first run with t < excl[w + 1]; its warp
-//     repeats lane 0's sums to find the first step whose cumulative mass exceeds t, loads that
-//     step again, and takes its first element whose cumulative mass, excl[w] + (the steps before
-//     + (the lanes before, by a warp scan, + the lane's own up to it)), exceeds t. Rounding can
-//     leave none there, within 1e-16 of the step's end: then the step's last element of mass.
+// writes two numbers. A row takes a cluster of kSampleBlocks blocks (one block per row left the
+// rest of the GPU idle and took 83-92 us a step at batch 1, bound by one SM's exponentials), whose
+// blocks meet in distributed shared memory. The row's steps of 32 x kVec elements (lane l a vector
+// of kVec) fall into 128 slices of whole steps, in order, a warp each: block b's warps take slices
+// 16 b to 16 b + 15.
+//  1. each block's largest s and first index of its largest logit (greedy) over its slices; after
+//     a cluster barrier every block takes the row's from the blocks' (max and TakeLarger give the
+//     same whatever the order);
+//  2. per step of its slice, each lane's exp(s - max) (expf, within 2 ulp: by estimate, exp in
+//     fp64 would take tens of us for a row of 151,936 words) summed in fp64 in element order, and
+//     the lanes' sums added by a warp butterfly into the step's total (shared memory, a double
+//     per step); lane 0 sums its slice's steps in order. After a second cluster barrier each
+//     block reads the 128 slice sums and adds them in order into their prefix (excl[q]) and the
+//     row's total, the same in every block; a third barrier keeps every block until all have read;
+//  3. greedy: the argmax, written by block 0. Else, with t = u x total, the first slice with t <
+//     excl[q + 1]; its warp repeats lane 0's sums to find the first step whose cumulative mass
+//     exceeds t, loads that step again, and takes its first element whose cumulative mass,
+//     excl[q] + (the steps before + (the lanes before, by a warp scan, + the lane's own up to
+//     it)), exceeds t. Rounding can leave none there, within 1e-16 of the step's end: then the
+//     step's last element of mass.
 // So the tokens are those of the LibTorch ops up to where u falls within about 1e-7 of a boundary
 // of the cumulative distribution (fp32 masses, summed in another order), and the log-prob is s -
 // max - log(total) from the fp64 total, rounded once to fp32 (log_softmax in fp32 may differ in
-// its last bits). A token is always a valid id, of positive mass where any word has it. The
-// block's result does not depend on the batch: graphs and eager steps agree.
+// its last bits). A token is always a valid id, of positive mass where any word has it. A row's
+// result does not depend on the batch: graphs and eager steps agree.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
@@ -37,8 +45,12 @@
 namespace rl::kernels {
 namespace {
 
-constexpr int kSampleWarps = 16;
+namespace cg = cooperative_groups;
+
+constexpr int kSampleBlocks = 8;  // a row's cluster
+constexpr int kSampleWarps = 16;  // per block
 constexpr int kSampleThreads = kSampleWarps * 32;
+constexpr int kSampleSlices = kSampleBlocks * kSampleWarps;  // a row's slices, a warp each
 constexpr int kSampleUnroll = 4;  // steps of loads in flight per lane in the first pass
 
 template <typename T, int kVec>
@@ -75,15 +87,29 @@ __device__ __forceinline__ double WarpSumDouble(double v) {
   return v;
 }
 
-// The dynamic shared memory of a block: one double per step of 32 vectors.
+// The row's steps of kStep elements fall into kSampleSlices slices of `slice_steps` whole steps
+// (the last ones short or empty); block b of a row's cluster holds slices [b kSampleWarps,
+// (b + 1) kSampleWarps), its warp w the slice b kSampleWarps + w.
+struct SliceSplit {
+  int64_t steps, slice_steps;
+  __host__ __device__ SliceSplit(int64_t vocab, int64_t step) {
+    steps = (vocab + step - 1) / step;
+    slice_steps = (steps + kSampleSlices - 1) / kSampleSlices;
+  }
+  __host__ __device__ int64_t First(int64_t slice) const {
+    return slice * slice_steps < steps ? slice * slice_steps : steps;
+  }
+};
+
+// The dynamic shared memory of a block: one double per step of its slices.
 template <typename T>
 int64_t StepTotalsBytes(int64_t vocab) {
-  constexpr int64_t kStep = 32 * (16 / sizeof(T));
-  return (vocab + kStep - 1) / kStep * static_cast<int64_t>(sizeof(double));
+  const SliceSplit split(vocab, 32 * (16 / sizeof(T)));
+  return kSampleWarps * split.slice_steps * static_cast<int64_t>(sizeof(double));
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kSampleThreads)
+__global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleThreads, 2)
     SampleRowsKernel(const T* __restrict__ logits, int64_t vocab, int64_t stride, float temperature,
                      bool scale, bool greedy, const double* __restrict__ uniforms,
                      int64_t* __restrict__ tokens, float* __restrict__ log_probs) {
@@ -92,35 +118,46 @@ __global__ void __launch_bounds__(kSampleThreads)
   __shared__ float warp_max[kSampleWarps];
   __shared__ float warp_best[kSampleWarps];
   __shared__ int64_t warp_arg[kSampleWarps];
-  __shared__ double slice_mass[kSampleWarps];
-  __shared__ double excl[kSampleWarps + 1];
+  __shared__ float block_max, block_best;  // read by the cluster's other blocks
+  __shared__ int64_t block_arg;
+  __shared__ double slice_mass[kSampleWarps];  // read by the cluster's other blocks
+  __shared__ double excl[kSampleSlices + 1];
+  __shared__ double row_slice_mass[kSampleSlices];
   __shared__ float row_max;
   __shared__ int64_t row_arg;
-  extern __shared__ double step_total[];  // per step of kStep elements, the sum of its masses
-  const int64_t row = blockIdx.x;
+  extern __shared__ double step_total[];  // per step of this block's slices, its masses' sum
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t row = blockIdx.x / kSampleBlocks;
   const T* x = logits + row * stride;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  const SliceSplit split(vocab, kStep);
+  const int64_t block_first_step = split.First(static_cast<int64_t>(rank) * kSampleWarps);
+  const int64_t block_end_step = split.First(static_cast<int64_t>(rank + 1) * kSampleWarps);
   // s = logits / T, rounded as the division of the LibTorch ops.
   const auto scaled = [&](float v) { return scale ? __fdiv_rn(v, temperature) : v; };
 
-  // 1. The largest s and the first largest logit, the row strided over the block's threads.
+  // 1. The largest s and the first largest logit of the block's steps, strided over its
+  // threads; then of the row, from every block's (in rank order, though max and TakeLarger do
+  // not depend on it).
   float max_s = -CUDART_INF_F, best = -CUDART_INF_F;
   int64_t arg = vocab;
-  for (int64_t base = threadIdx.x * kVec; base < vocab;
+  const int64_t block_end = min(vocab, block_end_step * kStep);
+  for (int64_t base = block_first_step * kStep + threadIdx.x * kVec; base < block_end;
        base += static_cast<int64_t>(kSampleThreads) * kVec * kSampleUnroll) {
     SamplePack<T, kVec> packs[kSampleUnroll];
 #pragma unroll
     for (int u = 0; u < kSampleUnroll; ++u) {
       const int64_t at = base + static_cast<int64_t>(u) * kSampleThreads * kVec;
-      if (at < vocab) packs[u] = *reinterpret_cast<const SamplePack<T, kVec>*>(x + at);
+      if (at < block_end) packs[u] = *reinterpret_cast<const SamplePack<T, kVec>*>(x + at);
     }
 #pragma unroll
     for (int u = 0; u < kSampleUnroll; ++u) {
       const int64_t at = base + static_cast<int64_t>(u) * kSampleThreads * kVec;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        if (at + e >= vocab) break;
+        if (at + e >= block_end) break;
         const float v = ToFloat(packs[u].v[e]);
         max_s = fmaxf(max_s, scaled(v));
         TakeLarger(best, arg, v, at + e);
@@ -145,6 +182,19 @@ __global__ void __launch_bounds__(kSampleThreads)
       m = fmaxf(m, warp_max[w]);
       TakeLarger(b, a, warp_best[w], warp_arg[w]);
     }
+    block_max = m;
+    block_best = b;
+    block_arg = a;
+  }
+  cluster.sync();  // every block's block_max, block_best and block_arg are written
+  if (threadIdx.x == 0) {
+    float m = -CUDART_INF_F, b = -CUDART_INF_F;
+    int64_t a = vocab;
+    for (int q = 0; q < kSampleBlocks; ++q) {
+      m = fmaxf(m, *cluster.map_shared_rank(&block_max, q));
+      TakeLarger(b, a, *cluster.map_shared_rank(&block_best, q),
+                 *cluster.map_shared_rank(&block_arg, q));
+    }
     row_max = m;
     row_arg = a < vocab ? a : 0;  // a valid id whatever the row holds
   }
@@ -155,11 +205,12 @@ __global__ void __launch_bounds__(kSampleThreads)
     return static_cast<float>(s - static_cast<double>(top) - log(total));
   };
 
-  // 2. Warp w's slice: steps [w * slice_steps, (w + 1) * slice_steps) of kStep elements.
-  const int64_t steps = (vocab + kStep - 1) / kStep;
-  const int64_t slice_steps = (steps + kSampleWarps - 1) / kSampleWarps;
-  const int64_t first_step = min(steps, warp * slice_steps);
-  const int64_t end_step = min(steps, first_step + slice_steps);
+  // 2. Warp w's slice: steps [first_step, end_step), step k's total at step_total[k - the
+  // block's first step].
+  const int64_t slice = static_cast<int64_t>(rank) * kSampleWarps + warp;
+  const int64_t first_step = split.First(slice);
+  const int64_t end_step = split.First(slice + 1);
+  double* totals = step_total - block_first_step;
   // Lane l's masses of step k in element order, mass[e] (0 past the row), and their sum.
   const auto load = [&](int64_t k, SamplePack<T, kVec>& pack) {
     const int64_t first = k * kStep + lane * kVec;
@@ -180,47 +231,55 @@ __global__ void __launch_bounds__(kSampleThreads)
   for (int64_t k = first_step; k < end_step; k += kSampleUnroll) {
     SamplePack<T, kVec> packs[kSampleUnroll];
 #pragma unroll
-    for (int u = 0; u < kSampleUnroll; ++u) load(k + u, packs[u]);
+    for (int u = 0; u < kSampleUnroll; ++u) {
+      if (k + u < end_step) load(k + u, packs[u]);
+    }
 #pragma unroll
     for (int u = 0; u < kSampleUnroll; ++u) {
       if (k + u >= end_step) break;
       double mass[kVec];
       const double sum = WarpSumDouble(masses(k + u, packs[u], mass));
-      if (lane == 0) step_total[k + u] = sum;
+      if (lane == 0) totals[k + u] = sum;
     }
   }
   __syncwarp();
   if (lane == 0) {  // the slice's steps summed in order: the walk below repeats these sums
     double run = 0.0;
-    for (int64_t k = first_step; k < end_step; ++k) run += step_total[k];
+    for (int64_t k = first_step; k < end_step; ++k) run += totals[k];
     slice_mass[warp] = run;
   }
-  __syncthreads();
+  cluster.sync();  // every block's slice_mass is written
+  if (threadIdx.x < kSampleSlices) {
+    row_slice_mass[threadIdx.x] = *cluster.map_shared_rank(
+        &slice_mass[threadIdx.x % kSampleWarps], static_cast<int>(threadIdx.x / kSampleWarps));
+  }
+  // Past this no block reads another's shared memory, so none may leave before this point.
+  cluster.sync();
   if (threadIdx.x == 0) {
     excl[0] = 0.0;
-    for (int w = 0; w < kSampleWarps; ++w) excl[w + 1] = excl[w] + slice_mass[w];
+    for (int q = 0; q < kSampleSlices; ++q) excl[q + 1] = excl[q] + row_slice_mass[q];
   }
   __syncthreads();
-  const double total = excl[kSampleWarps];
+  const double total = excl[kSampleSlices];
 
   // 3. The token, and its log-prob.
   if (greedy) {
-    if (threadIdx.x == 0) {
+    if (rank == 0 && threadIdx.x == 0) {
       tokens[row] = row_arg;
       log_probs[row] = log_prob(row_arg, total);
     }
     return;
   }
   const double t = uniforms[row] * total;
-  int chosen = kSampleWarps - 1;  // the first slice past t, else the last with mass
-  for (int w = 0; w < kSampleWarps; ++w) {
-    if (t < excl[w + 1]) {
-      chosen = w;
+  int chosen = kSampleSlices - 1;  // the first slice past t, else the last with mass
+  for (int q = 0; q < kSampleSlices; ++q) {
+    if (t < excl[q + 1]) {
+      chosen = q;
       break;
     }
   }
-  while (chosen > 0 && !(slice_mass[chosen] > 0.0)) --chosen;
-  if (warp != chosen) return;
+  while (chosen > 0 && !(row_slice_mass[chosen] > 0.0)) --chosen;
+  if (slice != chosen) return;
   // The step: the first whose cumulative mass, excl + the slice's steps so far (the sums of
   // step 2), exceeds t; else (t at or past the row's total) the last with mass.
   int64_t step = -1, last_with_mass = -1;
@@ -228,9 +287,9 @@ __global__ void __launch_bounds__(kSampleThreads)
   {
     double run = 0.0;
     for (int64_t k = first_step; k < end_step; ++k) {
-      const double next = run + step_total[k];
-      if (step_total[k] > 0.0) last_with_mass = k;
-      if (excl[warp] + next > t) {
+      const double next = run + totals[k];
+      if (totals[k] > 0.0) last_with_mass = k;
+      if (excl[slice] + next > t) {
         step = k;
         before = run;
         break;
@@ -240,7 +299,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     if (step < 0) {
       step = last_with_mass >= 0 ? last_with_mass : first_step;
       before = 0.0;
-      for (int64_t k = first_step; k < step; ++k) before += step_total[k];
+      for (int64_t k = first_step; k < step; ++k) before += totals[k];
     }
   }
   // In the step: the first element whose cumulative mass exceeds t (rounding can leave none,
@@ -258,7 +317,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       cumulative += mass[e];
       const int64_t j = step * kStep + lane * kVec + e;
       if (mass[e] > 0.0) positive = j;
-      if (found < 0 && mass[e] > 0.0 && excl[warp] + (before + cumulative) > t) found = j;
+      if (found < 0 && mass[e] > 0.0 && excl[slice] + (before + cumulative) > t) found = j;
     }
     const unsigned found_lanes = __ballot_sync(0xffffffff, found >= 0);
     if (found_lanes != 0) token = __shfl_sync(0xffffffff, found, __ffs(found_lanes) - 1);
@@ -283,7 +342,7 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
                        float* log_probs, DtypeCode dtype, cudaStream_t stream) {
   const int64_t vec = dtype == kBFloat16 ? 8 : 4;
   if (vocab < 1 || vocab % vec != 0 || stride % vec != 0 || temperature < 0 ||
-      (!greedy && uniforms == nullptr) ||
+      (!greedy && uniforms == nullptr) || rows > 2147483647 / kSampleBlocks ||
       SampleRowsSharedBytes(vocab, dtype) > kSampleMaxSharedBytes) {
     return cudaErrorInvalidValue;
   }
@@ -293,13 +352,13 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
   const float t = scale ? static_cast<float>(temperature) : 1.0f;
   const auto shared = static_cast<size_t>(SampleRowsSharedBytes(vocab, dtype));
   if (dtype == kBFloat16) {
-    SampleRowsKernel<<<rows, kSampleThreads, shared, stream>>>(
+    SampleRowsKernel<<<rows * kSampleBlocks, kSampleThreads, shared, stream>>>(
         static_cast<const __nv_bfloat16*>(logits), vocab, stride, t, scale, greedy, uniforms,
         tokens, log_probs);
   } else {
-    SampleRowsKernel<<<rows, kSampleThreads, shared, stream>>>(static_cast<const float*>(logits),
-                                                               vocab, stride, t, scale, greedy,
-                                                               uniforms, tokens, log_probs);
+    SampleRowsKernel<<<rows * kSampleBlocks, kSampleThreads, shared, stream>>>(
+        static_cast<const float*>(logits), vocab, stride, t, scale, greedy, uniforms, tokens,
+        log_probs);
   }
   return cudaGetLastError();
 }
