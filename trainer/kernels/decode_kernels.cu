@@ -870,9 +870,17 @@ template <typename T, int kRows, SmallInput kMode>
 cudaError_t LaunchSharedWeightLinear(const SmallLinearArgs& a, const SharedWeightPlan& plan,
                                      cudaStream_t stream) {
   const auto kernel = SharedWeightLinearKernel<T, kRows, kMode>;
-  // Once per kernel, before any capture (the engine's first step runs eagerly).
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefetchMaxSharedBytes);
+  // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
+  // past the default 48 KiB, and the SM's whole carveout as shared memory, so that blocks of two
+  // of these kernels in a row find the SM configured alike and may share it.
+  static const cudaError_t opt_in = [&] {
+    const cudaError_t size = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefetchMaxSharedBytes);
+    return size != cudaSuccess
+               ? size
+               : cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared);
+  }();
   if (opt_in != cudaSuccess) return opt_in;
   const int64_t blocks = (a.n_out + plan.per_block - 1) / plan.per_block;
   return Launch(kernel, blocks, kThreads, plan.bytes, stream, static_cast<const T*>(a.x),
