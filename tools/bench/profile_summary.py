@@ -4,9 +4,9 @@ top kernels with their share, so that a profile says where a step's device time 
 
 Under programmatic dependent launch a kernel starts while the one ahead still runs (it loads its
 weights, then waits), so its duration counts time that the kernel ahead counts too. The second
-table charges each kernel only the time it adds to the stream's timeline: its end less the latest
-end of the kernels that started before it (0 where it ends earlier). Those times add up to the
-span the kernels keep the GPU busy, and say which kernel a step waits for."""
+table charges each kernel only the time it adds to its stream's timeline: its end less the latest
+end of the kernels of that stream that started before it (0 where it ends earlier). Those times
+add up, per stream, to the span its kernels keep it busy, and say which kernel a step waits for."""
 import argparse
 import collections
 import json
@@ -28,14 +28,15 @@ for name, us in by_name.most_common(args.top):
     print(f"{us / 1e3:8.2f} ms {100 * us / total:5.1f}% x{count[name]:<5d} {name[:110]}")
 
 added = collections.Counter()
-latest_end = None
+latest_end = {}  # per stream (the trace's pid and tid: device and stream)
 for e in sorted(events, key=lambda e: e["ts"]):
+    stream = (e.get("pid"), e.get("tid"))
     end = e["ts"] + e["dur"]
-    if latest_end is None:
+    if stream not in latest_end:
         added[e["name"]] += e["dur"]
-    elif end > latest_end:
-        added[e["name"]] += end - max(latest_end, e["ts"])
-    latest_end = end if latest_end is None else max(latest_end, end)
+    elif end > latest_end[stream]:
+        added[e["name"]] += end - max(latest_end[stream], e["ts"])
+    latest_end[stream] = max(latest_end.get(stream, end), end)
 busy = sum(added.values())
 print(f"\nTime each kernel adds to the timeline (overlap with kernels ahead not counted): "
       f"{busy / 1e3:.1f} ms busy")

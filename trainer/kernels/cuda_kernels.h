@@ -124,8 +124,13 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;
 // A block's weights, norm weight and staged input, where SmallLinear holds them in shared memory
-// (SharedWeightLinear): at most this many bytes, so that two blocks fit an SM of the H200.
+// (SharedWeightLinear): at most this many bytes, so that two blocks fit an SM of the H200 (less
+// where the device gives less).
 constexpr int64_t kPrefetchMaxSharedBytes = 112 * 1024;
+// Whether SmallLinear of these sizes holds its weights in shared memory now: `staged` for the
+// folded forms, the norm's weight for SmallLinearAddRmsNorm (null otherwise). For tests.
+bool SmallLinearSharesWeights(int64_t rows, int64_t n_out, int64_t k_in, const void* norm_weight,
+                              bool staged, DtypeCode dtype);
 
 // SmallLinear of RmsNorm(x + add) (of x alone when add is null), with the norm's weight [k_in]
 // and eps: the residual add and the norm of a decoder layer folded into the next projection. Each
@@ -305,9 +310,9 @@ cudaError_t CombineExperts(const void* rows, const int64_t* inverse, const float
 // in sample_kernels.cu): greedy, the first largest logit; else the first token in id order whose
 // cumulative softmax(logits / temperature) (fp64) exceeds uniforms[row] (fp64 in [0, 1), on the
 // device). tokens [rows] int64 and log_probs [rows] fp32 (log_softmax(logits / temperature) at
-// the token; temperature 0 counts as 1). A cluster of 8 blocks per row, at most 2^28 rows.
+// the token; temperature 0 counts as 1). A cluster of 8 blocks per row, fewer than 2^28 rows.
 // Vocabularies whose step totals per block (SampleRowsSharedBytes) exceed kSampleMaxSharedBytes
-// are not taken: 10.4M words in bf16, 5.2M in fp32.
+// are not taken: 10.5M words in bf16, 5.2M in fp32.
 cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
                        double temperature, bool greedy, const double* uniforms, int64_t* tokens,
                        float* log_probs, DtypeCode dtype, cudaStream_t stream);

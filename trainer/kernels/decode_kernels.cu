@@ -850,43 +850,63 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
                 static_cast<T*>(a.y), a.rows, a.n_out, a.k_in);
 }
 
-// SharedWeightLinearKernel's features per block and shared bytes for `a`, or 0 features where
-// they do not fit kPrefetchMaxSharedBytes or the norm's weight is not 16-byte aligned (cp.async
-// copies 16 bytes at once; the weights and inputs always are).
-template <typename T, SmallInput kMode>
-SharedWeightPlan PlanSharedWeights(const SmallLinearArgs& a) {
-  if (kMode == SmallInput::kAddNorm && reinterpret_cast<uintptr_t>(a.norm_weight) % 16 != 0) {
-    return {0, 0};
-  }
-  const int64_t per_block = (a.n_out + MultiprocessorCount() - 1) / MultiprocessorCount();
-  const int64_t bytes = (per_block * a.k_in + (kMode == SmallInput::kAddNorm ? a.k_in : 0) +
-                         (kMode == SmallInput::kPlain ? 0 : a.rows * a.k_in)) *
-                        static_cast<int64_t>(sizeof(T));
-  if (bytes > kPrefetchMaxSharedBytes) return {0, 0};
+// The shared memory a SharedWeightLinearKernel block may take: kPrefetchMaxSharedBytes, or less
+// where the device gives a block less (its opt-in limit) or an SM less than two such blocks (each
+// with 1 KiB the system reserves).
+int64_t SharedWeightCap() {
+  static const int64_t cap = [] {
+    int device = 0, per_block = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+            cudaSuccess) {
+      return int64_t{0};
+    }
+    return std::min<int64_t>({kPrefetchMaxSharedBytes, per_block, per_sm / 2 - 1024});
+  }();
+  return cap;
+}
+
+// SharedWeightLinearKernel's features per block and shared bytes, or 0 features where they do
+// not fit SharedWeightCap() or the norm's weight (`norm`: the kAddNorm form) is not 16-byte
+// aligned (cp.async copies 16 bytes at once; the weights and inputs always are).
+SharedWeightPlan PlanSharedWeights(int64_t rows, int64_t n_out, int64_t k_in, int64_t element,
+                                   const void* norm, bool staged) {
+  if (norm != nullptr && reinterpret_cast<uintptr_t>(norm) % 16 != 0) return {0, 0};
+  const int64_t per_block = (n_out + MultiprocessorCount() - 1) / MultiprocessorCount();
+  const int64_t bytes =
+      (per_block * k_in + (norm != nullptr ? k_in : 0) + (staged ? rows * k_in : 0)) * element;
+  if (bytes > SharedWeightCap()) return {0, 0};
   return {per_block, bytes};
+}
+
+// Once per kernel, before any capture (the engine's first step runs eagerly): shared memory up to
+// SharedWeightCap() and the SM's whole carveout as shared memory, so that blocks of two of these
+// kernels in a row find the SM configured alike and may share it. False where the device refused.
+template <typename T, int kRows, SmallInput kMode>
+bool SharedWeightKernelReady() {
+  static const bool ready = [] {
+    const auto kernel = SharedWeightLinearKernel<T, kRows, kMode>;
+    const bool set = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(SharedWeightCap())) == cudaSuccess &&
+                     cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    if (!set) (void)cudaGetLastError();
+    return set;
+  }();
+  return ready;
 }
 
 template <typename T, int kRows, SmallInput kMode>
 cudaError_t LaunchSharedWeightLinear(const SmallLinearArgs& a, const SharedWeightPlan& plan,
                                      cudaStream_t stream) {
-  const auto kernel = SharedWeightLinearKernel<T, kRows, kMode>;
-  // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
-  // past the default 48 KiB, and the SM's whole carveout as shared memory, so that blocks of two
-  // of these kernels in a row find the SM configured alike and may share it.
-  static const cudaError_t opt_in = [&] {
-    const cudaError_t size = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPrefetchMaxSharedBytes);
-    return size != cudaSuccess
-               ? size
-               : cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared);
-  }();
-  if (opt_in != cudaSuccess) return opt_in;
   const int64_t blocks = (a.n_out + plan.per_block - 1) / plan.per_block;
-  return Launch(kernel, blocks, kThreads, plan.bytes, stream, static_cast<const T*>(a.x),
-                static_cast<const T*>(a.add), static_cast<const T*>(a.norm_weight), a.eps,
-                static_cast<T*>(a.sum), static_cast<const T*>(a.w), static_cast<const T*>(a.bias),
-                static_cast<T*>(a.y), a.rows, a.n_out, a.k_in, plan.per_block);
+  return Launch(SharedWeightLinearKernel<T, kRows, kMode>, blocks, kThreads, plan.bytes, stream,
+                static_cast<const T*>(a.x), static_cast<const T*>(a.add),
+                static_cast<const T*>(a.norm_weight), a.eps, static_cast<T*>(a.sum),
+                static_cast<const T*>(a.w), static_cast<const T*>(a.bias), static_cast<T*>(a.y),
+                a.rows, a.n_out, a.k_in, plan.per_block);
 }
 
 // Vectors per lane: 4 where they hold the whole row (k_in up to 1024 in bf16: the q/k/v and
@@ -898,8 +918,12 @@ template <typename T, int kRows, SmallInput kMode>
 cudaError_t LaunchSmallLinearPacks(const SmallLinearArgs& a, cudaStream_t stream) {
   constexpr int64_t kVec = 16 / sizeof(T);
   if (SharedWeightLinear::On()) {
-    const SharedWeightPlan plan = PlanSharedWeights<T, kMode>(a);
-    if (plan.per_block > 0) return LaunchSharedWeightLinear<T, kRows, kMode>(a, plan, stream);
+    const SharedWeightPlan plan = PlanSharedWeights(
+        a.rows, a.n_out, a.k_in, sizeof(T), kMode == SmallInput::kAddNorm ? a.norm_weight : nullptr,
+        kMode != SmallInput::kPlain);
+    if (plan.per_block > 0 && SharedWeightKernelReady<T, kRows, kMode>()) {
+      return LaunchSharedWeightLinear<T, kRows, kMode>(a, plan, stream);
+    }
   }
   if (a.k_in <= 4 * 32 * kVec) return LaunchSmallLinear<T, kRows, kMode, 4>(a, stream);
   if ((a.n_out + kWarps - 1) / kWarps <= MultiprocessorCount()) {
@@ -1029,6 +1053,13 @@ cudaError_t RunDecodeAttention(const AttentionArgs& a, int64_t dim, const Decode
 }
 
 }  // namespace
+
+bool SmallLinearSharesWeights(int64_t rows, int64_t n_out, int64_t k_in, const void* norm_weight,
+                              bool staged, DtypeCode dtype) {
+  return SharedWeightLinear::On() &&
+         PlanSharedWeights(rows, n_out, k_in, dtype == kBFloat16 ? 2 : 4, norm_weight, staged)
+                 .per_block > 0;
+}
 
 cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                         int64_t n_out, int64_t k_in, DtypeCode dtype, cudaStream_t stream) {

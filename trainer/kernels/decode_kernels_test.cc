@@ -237,60 +237,74 @@ TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
 }
 
 // Note [Small linear with weights in shared memory]: each form of SmallLinear gives the same bits
-// with the weights in shared memory as in registers, at Qwen3-0.6B's projections (where it takes
-// shared memory) and past what fits (where both are the register kernel), with a last block
-// short of features (1001), and with a norm weight not aligned to 16 bytes (registers).
+// with the weights in shared memory as in registers: at Qwen3-0.6B's projections and others that
+// fit (a last block short of features, one feature a block, rows ending within a lane's vectors,
+// no add), and where the register kernel runs either way (too large, a norm weight not aligned
+// to 16 bytes). Each case states which kernel the default takes.
 TEST_CASE("SmallLinear with its weights in shared memory gives the register kernel's bits") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(9);
+  // y of `run` with the weights in shared memory (the default) and in registers, bit for bit.
+  const auto same_both_ways = [](const auto& run) {
+    at::Tensor shared, registers;
+    {
+      const SharedWeightLinear on(true);
+      shared = run();
+    }
+    {
+      const SharedWeightLinear off(false);
+      registers = run();
+    }
+    return SameBits(shared, registers);
+  };
+  struct Case {
+    int64_t n, k;
+    bool shares_bf16, shares_fp32;  // rows 1 and 2 alike in these cases
+  };
   for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    const DtypeCode code = dtype == at::kBFloat16 ? kBFloat16 : kFloat32;
     for (const int64_t rows : {1, 2}) {
-      INFO(rows << " rows, " << c10::toString(dtype));
-      const at::Tensor x = at::randn({rows, 1, 1024}, On(dtype)) * 3;
-      const at::Tensor add = at::randn({rows, 1, 1024}, On(dtype));
-      const at::Tensor norm_storage = at::randn({1025}, On(dtype));
-      const at::Tensor gate_up = at::randn({rows, 1, 2 * 3072}, On(dtype)) * 3;
-      const at::Tensor attention = at::randn({rows, 1, 2048}, On(dtype));
-      for (const at::Tensor& norm :
-           {norm_storage.narrow(0, 0, 1024), norm_storage.narrow(0, 1, 1024)}) {
-        for (const int64_t n : {int64_t{4096}, int64_t{6144}, int64_t{1001}, int64_t{40000}}) {
-          INFO("n " << n << ", norm weight at element " << norm.storage_offset());
-          const at::Tensor w = at::randn({n, 1024}, On(dtype)) / 32;
-          const at::Tensor b = at::randn({n}, On(dtype));
-          SummedLinear in_shared, in_registers;
-          {
-            const SharedWeightLinear shared(true);
-            in_shared = SmallLinearAddRmsNorm(x, add, norm, 1e-6, w, b);
-          }
-          {
-            const SharedWeightLinear registers(false);
-            in_registers = SmallLinearAddRmsNorm(x, add, norm, 1e-6, w, b);
-          }
-          CHECK(SameBits(in_shared.out, in_registers.out));
-          CHECK(SameBits(in_shared.sum, in_registers.sum));
-        }
+      // The folded norm: q/k/v and gate/up of Qwen3-0.6B, others, one too large.
+      for (const Case& c : {Case{4096, 1024, true, false}, Case{6144, 1024, true, false},
+                            Case{2048, 1024, true, true}, Case{1001, 1024, true, true},
+                            Case{100, 1000, true, true}, Case{40000, 1024, false, false}}) {
+        INFO(rows << " rows, " << c10::toString(dtype) << ", AddRmsNorm, n " << c.n << ", k "
+                  << c.k);
+        const at::Tensor x = at::randn({rows, 1, c.k}, On(dtype)) * 3;
+        const at::Tensor add = at::randn({rows, 1, c.k}, On(dtype));
+        const at::Tensor norm_storage = at::randn({c.k + 1}, On(dtype));
+        const at::Tensor norm = norm_storage.narrow(0, 0, c.k);
+        const at::Tensor w = at::randn({c.n, c.k}, On(dtype)) / 32;
+        const at::Tensor b = at::randn({c.n}, On(dtype));
+        CHECK(SmallLinearSharesWeights(rows, c.n, c.k, norm.data_ptr(), true, code) ==
+              (dtype == at::kBFloat16 ? c.shares_bf16 : c.shares_fp32));
+        CHECK(same_both_ways([&] { return SmallLinearAddRmsNorm(x, add, norm, 1e-6, w, b).out; }));
+        CHECK(same_both_ways([&] { return SmallLinearAddRmsNorm(x, add, norm, 1e-6, w, b).sum; }));
+        CHECK(same_both_ways([&] { return SmallLinearAddRmsNorm(x, {}, norm, 1e-6, w, b).out; }));
+        // A norm weight 2 or 4 bytes past a 16-byte boundary: the register kernel.
+        const at::Tensor misaligned = norm_storage.narrow(0, 1, c.k);
+        CHECK_FALSE(SmallLinearSharesWeights(rows, c.n, c.k, misaligned.data_ptr(), true, code));
+        CHECK(same_both_ways(
+            [&] { return SmallLinearAddRmsNorm(x, add, misaligned, 1e-6, w, b).out; }));
       }
-      for (const int64_t n : {int64_t{1024}, int64_t{1001}}) {
-        INFO("n " << n);
-        const at::Tensor o = at::randn({n, 2048}, On(dtype)) / 45;
-        const at::Tensor down = at::randn({n, 3072}, On(dtype)) / 64;
-        at::Tensor o_shared, o_registers, down_shared, down_registers;
-        {
-          const SharedWeightLinear shared(true);
-          o_shared = SmallLinear(attention, o, {});
-          down_shared = SmallLinearSiluMul(gate_up, down, {});
-        }
-        {
-          const SharedWeightLinear registers(false);
-          o_registers = SmallLinear(attention, o, {});
-          down_registers = SmallLinearSiluMul(gate_up, down, {});
-        }
-        CHECK(SameBits(o_shared, o_registers));
-        CHECK(SameBits(down_shared, down_registers));
+      // The o projection (plain input) and the down projection (SiluMul folded in).
+      for (const Case& c : {Case{1024, 2048, true, true}, Case{1001, 3072, true, rows == 1},
+                            Case{512, 3072, true, true}, Case{100, 1000, true, true}}) {
+        INFO(rows << " rows, " << c10::toString(dtype) << ", n " << c.n << ", k " << c.k);
+        const at::Tensor w = at::randn({c.n, c.k}, On(dtype)) / 45;
+        const at::Tensor x = at::randn({rows, 1, c.k}, On(dtype));
+        const at::Tensor gate_up = at::randn({rows, 1, 2 * c.k}, On(dtype)) * 3;
+        CHECK(SmallLinearSharesWeights(rows, c.n, c.k, nullptr, false, code));
+        CHECK(same_both_ways([&] { return SmallLinear(x, w, {}); }));
+        CHECK(SmallLinearSharesWeights(rows, c.n, c.k, nullptr, true, code) ==
+              (dtype == at::kBFloat16 ? c.shares_bf16 : c.shares_fp32));
+        CHECK(same_both_ways([&] { return SmallLinearSiluMul(gate_up, w, {}); }));
       }
     }
   }
   CHECK(SharedWeightLinear::On());  // the scopes restored the default
+  const SharedWeightLinear off(false);
+  CHECK_FALSE(SmallLinearSharesWeights(1, 1024, 2048, nullptr, false, kBFloat16));
 }
 
 // Note [Programmatic dependent launch]: a chain of decode kernels (SmallLinear in each form,

@@ -51,6 +51,7 @@ constexpr int kSampleBlocks = 8;  // a row's cluster
 constexpr int kSampleWarps = 16;  // per block
 constexpr int kSampleThreads = kSampleWarps * 32;
 constexpr int kSampleSlices = kSampleBlocks * kSampleWarps;  // a row's slices, a warp each
+static_assert(kSampleThreads >= kSampleSlices, "a thread per slice reads the slice sums");
 constexpr int kSampleUnroll = 4;  // steps of loads in flight per lane in the first pass
 
 template <typename T, int kVec>
@@ -210,7 +211,7 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
   const int64_t slice = static_cast<int64_t>(rank) * kSampleWarps + warp;
   const int64_t first_step = split.First(slice);
   const int64_t end_step = split.First(slice + 1);
-  double* totals = step_total - block_first_step;
+  const auto totals = [&](int64_t k) -> double& { return step_total[k - block_first_step]; };
   // Lane l's masses of step k in element order, mass[e] (0 past the row), and their sum.
   const auto load = [&](int64_t k, SamplePack<T, kVec>& pack) {
     const int64_t first = k * kStep + lane * kVec;
@@ -239,13 +240,13 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
       if (k + u >= end_step) break;
       double mass[kVec];
       const double sum = WarpSumDouble(masses(k + u, packs[u], mass));
-      if (lane == 0) totals[k + u] = sum;
+      if (lane == 0) totals(k + u) = sum;
     }
   }
   __syncwarp();
   if (lane == 0) {  // the slice's steps summed in order: the walk below repeats these sums
     double run = 0.0;
-    for (int64_t k = first_step; k < end_step; ++k) run += totals[k];
+    for (int64_t k = first_step; k < end_step; ++k) run += totals(k);
     slice_mass[warp] = run;
   }
   cluster.sync();  // every block's slice_mass is written
@@ -287,8 +288,8 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
   {
     double run = 0.0;
     for (int64_t k = first_step; k < end_step; ++k) {
-      const double next = run + totals[k];
-      if (totals[k] > 0.0) last_with_mass = k;
+      const double next = run + totals(k);
+      if (totals(k) > 0.0) last_with_mass = k;
       if (excl[slice] + next > t) {
         step = k;
         before = run;
@@ -299,7 +300,7 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
     if (step < 0) {
       step = last_with_mass >= 0 ? last_with_mass : first_step;
       before = 0.0;
-      for (int64_t k = first_step; k < step; ++k) before += totals[k];
+      for (int64_t k = first_step; k < step; ++k) before += totals(k);
     }
   }
   // In the step: the first element whose cumulative mass exceeds t (rounding can leave none,
