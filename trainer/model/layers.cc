@@ -403,7 +403,9 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // 8 kernels (and a reduction where cuBLAS splits a GEMM's sums), where the LibTorch ops took 27
 // (tools/bench/decode_bench counts them). Where more than 8 query heads share a key/value head,
 // DecodeQkvPrep and DecodeAttention run as two kernels. For one or two rows the GEMMs (and the
-// LM head) are SmallLinear, a warp per output feature, and a dense layer
+// LM head) are SmallLinear, a warp per output feature (a block's weights copied into shared memory
+// where they fit: Note [Small linear with weights in shared memory] in
+// trainer/kernels/decode_kernels.cu), and a dense layer
 // (Decoder::SmallDecodeLayer) folds each AddRmsNorm into the projection after it and SiluMul into
 // the down projection (each block of those computes its input rows itself): 5 kernels. From 3 to
 // 32 bf16 rows the projections of up to 2048 features are SkinnyLinear (Note [Skinny linear
