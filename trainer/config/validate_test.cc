@@ -24,6 +24,14 @@ Config Remat() {
   return c;
 }
 
+// Remat() training only, on recorded rollout data.
+Config RematTrainOnly() {
+  Config c = Remat();
+  c.colocate.debug_train_only = true;
+  c.data.load_debug_rollout_data = "recorded.jsonl";
+  return c;
+}
+
 // The single error of `c`, or "" when it validates.
 std::string OnlyError(const Config& c) {
   const ValidationResult result = Validate(c);
@@ -48,18 +56,14 @@ TEST_CASE("rule: --debug-train-only needs recorded data") {
 }
 
 TEST_CASE("rule: rematerialize with --debug-train-only is silently turned off") {
-  Config c = Remat();
-  c.colocate.debug_train_only = true;
-  c.data.load_debug_rollout_data = "recorded.jsonl";
+  Config c = RematTrainOnly();
   const ValidationResult r = Validate(c);
   CHECK(r.ok());
   CHECK_FALSE(r.resolved.config.colocate.rematerialize_param_from_master_weight);
 }
 
 TEST_CASE("rule: an explicit rematerialize check with --debug-train-only is refused") {
-  Config c = Remat();
-  c.colocate.debug_train_only = true;
-  c.data.load_debug_rollout_data = "recorded.jsonl";
+  Config c = RematTrainOnly();
   c.backup.check_rematerialize_param_from_master_weight = true;
   CHECK(Mentions(OnlyError(c), "--check-rematerialize-param-from-master-weight"));
   // As --ci-test asks it (not explicitly): turned off with rematerialize, no error.
@@ -219,10 +223,8 @@ TEST_CASE(
 }
 
 TEST_CASE("derived: --ci-test with --debug-train-only has no weight-update check") {
-  Config c = Remat();
+  Config c = RematTrainOnly();
   c.checks.ci_test = true;
-  c.colocate.debug_train_only = true;
-  c.data.load_debug_rollout_data = "recorded.jsonl";
   const ValidationResult r = Validate(c);
   CHECK(r.ok());
   CHECK(r.resolved.config.weight_sync.check_weight_update_equal == false);
@@ -230,9 +232,7 @@ TEST_CASE("derived: --ci-test with --debug-train-only has no weight-update check
 }
 
 TEST_CASE("rule: an explicit weight-update check with --debug-train-only is refused") {
-  Config c = Remat();
-  c.colocate.debug_train_only = true;
-  c.data.load_debug_rollout_data = "recorded.jsonl";
+  Config c = RematTrainOnly();
   c.weight_sync.check_weight_update_equal = true;
   CHECK(Mentions(OnlyError(c), "--check-weight-update-equal"));
 }
