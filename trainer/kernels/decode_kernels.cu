@@ -670,6 +670,38 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
   __syncthreads();
 }
 
+// The two SmallLinear kernels' arithmetic, shared so that they give the same bits: acc[m] += the
+// products of a lane's weight vector and input row m's, in element order (one fma each); and the
+// end of a feature n: the lanes' sums added (WarpSum), the bias added, rounded once, written by
+// lane 0 to y[m, n] for the rows there are.
+template <typename T, int kRows, int kVec>
+__device__ __forceinline__ void AddProducts(float (&acc)[kRows], const Pack<T, kVec>& w,
+                                            const T* input, int64_t rows, int64_t k_in,
+                                            int64_t kk) {
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) {
+    if (m >= rows) break;
+    const Pack<T, kVec> in = LoadPack<T, kVec>(input + m * k_in + kk);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[m] += ToFloat(w.v[e]) * ToFloat(in.v[e]);
+  }
+}
+
+template <typename T, int kRows>
+__device__ __forceinline__ void StoreFeature(float (&acc)[kRows], const T* __restrict__ bias,
+                                             T* __restrict__ y, int64_t rows, int64_t n_out,
+                                             int64_t n) {
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) acc[m] = WarpSum(acc[m]);
+  if (threadIdx.x % 32 == 0) {
+    const float b = bias != nullptr ? ToFloat(bias[n]) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      if (m < rows) y[m * n_out + n] = FromFloat<T>(acc[m] + b);
+    }
+  }
+}
+
 // y [rows, n_out] = input [rows, k_in] w^T (+ bias) for rows <= kRows: a warp per output feature
 // reads its weight row once in 16-byte vectors, kPacks per lane at once (the whole row where k_in
 // <= 32 kVec kPacks), and every input row with it; fp32 sums in the order of k, one rounding. The
@@ -717,24 +749,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kPacks; ++u) {
       const int64_t kk = k0 + (lane + 32 * u) * kVec;
       if (kk >= k_in) break;
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        if (m >= rows) break;
-        const Pack<T, kVec> in = LoadPack<T, kVec>(input + m * k_in + kk);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[m] += ToFloat(weights[u].v[e]) * ToFloat(in.v[e]);
-      }
+      AddProducts(acc, weights[u], input, rows, k_in, kk);
     }
   }
-#pragma unroll
-  for (int m = 0; m < kRows; ++m) acc[m] = WarpSum(acc[m]);
-  if (lane == 0) {
-    const float b = bias != nullptr ? ToFloat(bias[n]) : 0.0f;
-#pragma unroll
-    for (int m = 0; m < kRows; ++m) {
-      if (m < rows) y[m * n_out + n] = FromFloat<T>(acc[m] + b);
-    }
-  }
+  StoreFeature(acc, bias, y, rows, n_out, n);
 }
 
 // Note [Small linear with weights in shared memory]
@@ -795,25 +813,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
     for (int64_t kk = lane * kVec; kk < k_in; kk += 32 * kVec) {
-      const Pack<T, kVec> wv = LoadPack<T, kVec>(w_row + kk);
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        if (m >= rows) break;
-        const Pack<T, kVec> in = LoadPack<T, kVec>(input + m * k_in + kk);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[m] += ToFloat(wv.v[e]) * ToFloat(in.v[e]);
-      }
+      AddProducts(acc, LoadPack<T, kVec>(w_row + kk), input, rows, k_in, kk);
     }
-#pragma unroll
-    for (int m = 0; m < kRows; ++m) acc[m] = WarpSum(acc[m]);
-    if (lane == 0) {
-      const int64_t n = first + f;
-      const float b = bias != nullptr ? ToFloat(bias[n]) : 0.0f;
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        if (m < rows) y[m * n_out + n] = FromFloat<T>(acc[m] + b);
-      }
-    }
+    StoreFeature(acc, bias, y, rows, n_out, first + f);
   }
 }
 
