@@ -26,8 +26,35 @@
 // order of the fp32 sums. Under programmatic launch (Note [Programmatic dependent launch]) the
 // first chunk (for K up to 128 kBlockWarps every weight vector of the warp) is loaded before the
 // wait.
+//
+// Note [Cluster linear kernel]
+// Past 32 rows, or past 2048 features, SkinnyLinear lost to cuBLAS: each of its blocks of 16
+// features reads every row of x, so at 64 rows it reads x from L2 four times for each byte of
+// weights. ClusterLinear (17 to 64 rows) gives a block F = 64 or 128 features (16 a warp) and
+// splits k over a cluster of S blocks (S = 1, 2, 4 or 8), so that the grid is one to two blocks
+// per SM and every block holds its whole slice of k (K / S dims, in chunks of 64) of the
+// weights and of x in shared memory at once, F x K / S and 64 x K / S bf16 of at most
+// kClusterLinearMaxSharedBytes: every byte the block needs is in flight from its start. A block
+// issues the copies (cp.async, 16 bytes each, a commit group per chunk) of its weights before
+// PrecedingKernelsDone(), so under programmatic launch they stream in while the kernel ahead
+// finishes, then those of x after it; it computes chunk c as soon as that chunk has landed. Rows
+// are 128 bytes a chunk, their 16-byte pieces swizzled (piece p of row r at p ^ (r % 8)) so that
+// the ldmatrix reads (8 rows at one piece) hit distinct banks. Per 16 dims a warp loads its A
+// operand (16 features) with one ldmatrix.x4, then per pair of 8-row groups of x the B operands
+// with another, and issues m16n8k16 mmas (bf16 inputs, fp32 sums) into [16 features, 64 rows].
+// The S blocks' partial sums then meet over distributed shared memory: each block writes its
+// [64 rows, F] fp32 tile to its shared memory, and after a cluster barrier block s adds, for
+// rows s 64 / S to (s + 1) 64 / S, the S tiles in rank order, adds the bias and rounds once.
+// So the sums run in one fixed order, k ascending within a block and the blocks in rank order:
+// the same inputs give the same bits (graph replays equal eager steps). Rows past `rows` read
+// row rows - 1 again and features past n_out the last feature, and neither is written. At
+// Qwen3-0.6B's widths and 64 rows (132 SMs): q/k/v F 128, S 4 (128 blocks of 96 KiB); o F 64,
+// S 8 (128 of 64 KiB); gate/up F 128, S 4 (192 of 96 KiB); down F 64, S 8 (128 of 96 KiB); the
+// LM head would take thousands of blocks and stays cuBLAS's.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "trainer/kernels/cuda_kernels.h"
@@ -174,6 +201,269 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
   if (rows <= 16) return DispatchSkinnyWarps<2>(x, w, bias, y, rows, n_out, k_in, stream);
   if (rows <= 32) return DispatchSkinnyWarps<4>(x, w, bias, y, rows, n_out, k_in, stream);
   return DispatchSkinnyWarps<8>(x, w, bias, y, rows, n_out, k_in, stream);
+}
+
+namespace {
+
+// Dims of k per chunk (a copy group): 128 bytes of a row.
+constexpr int kClusterChunk = 64;
+// Chunks a block's slice may take (cp.async.wait_group counts at most 7 pending below).
+constexpr int kClusterMaxChunks = 8;
+// Blocks of a cluster: the portable limit.
+constexpr int kClusterMaxSplit = 8;
+
+// Waits until at most `pending` (0 to 7) of this thread's copy groups are in flight.
+__device__ __forceinline__ void WaitCopies(int pending) {
+  switch (pending) {
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      break;
+    case 3:
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+      break;
+    case 4:
+      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
+      break;
+    case 5:
+      asm volatile("cp.async.wait_group 5;\n" ::: "memory");
+      break;
+    case 6:
+      asm volatile("cp.async.wait_group 6;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("cp.async.wait_group 7;\n" ::: "memory");
+      break;
+  }
+}
+
+// Byte offset of 16-byte piece `piece` (0 to 7) of row `row` in a chunk of 128-byte rows, swizzled.
+__device__ __forceinline__ int ChunkOffset(int row, int piece) {
+  return row * 128 + (piece ^ (row % 8)) * 16;
+}
+
+// y [rows, n_out] = x w^T + bias for the features of cluster blockIdx.x / split and slice
+// `rank` of k (chunks x 64 dims), as Note [Cluster linear kernel] lays out.
+template <int kWarps, int kGroups>
+__global__ void __launch_bounds__(kWarps * 32)
+    ClusterLinearKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w,
+                        const Bf16* __restrict__ bias, Bf16* __restrict__ y, int64_t rows,
+                        int64_t n_out, int64_t k_in, int split, int chunks) {
+  constexpr int kFeatures = 16 * kWarps;
+  constexpr int kRows = 8 * kGroups;
+  constexpr int kBlockThreads = 32 * kWarps;
+  constexpr int kWeightChunk = kFeatures * 128;  // bytes of a chunk of weights
+  constexpr int kInputChunk = kRows * 128;
+  constexpr int kPartialStride = kFeatures + 4;  // floats a row of partial sums: no bank conflicts
+  extern __shared__ __align__(16) unsigned char shared[];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t first_feature = static_cast<int64_t>(blockIdx.x / split) * kFeatures;
+  const int64_t first_dim = static_cast<int64_t>(rank) * chunks * kClusterChunk;
+  unsigned char* weights = shared;                         // [chunks][kFeatures rows]
+  unsigned char* inputs = shared + chunks * kWeightChunk;  // [chunks][kRows rows]
+  for (int c = 0; c < chunks; ++c) {
+    for (int i = threadIdx.x; i < kFeatures * 8; i += kBlockThreads) {
+      const int64_t feature = min(first_feature + i / 8, n_out - 1);
+      CopyAsync<16>(weights + c * kWeightChunk + ChunkOffset(i / 8, i % 8),
+                    w + feature * k_in + first_dim + c * kClusterChunk + 8 * (i % 8));
+    }
+    CommitCopies();
+  }
+  PrecedingKernelsDone();
+  for (int c = 0; c < chunks; ++c) {
+    for (int i = threadIdx.x; i < kRows * 8; i += kBlockThreads) {
+      const int64_t row = min(static_cast<int64_t>(i / 8), rows - 1);
+      CopyAsync<16>(inputs + c * kInputChunk + ChunkOffset(i / 8, i % 8),
+                    x + row * k_in + first_dim + c * kClusterChunk + 8 * (i % 8));
+    }
+    CommitCopies();
+  }
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int matrix = lane / 8;  // the ldmatrix matrix this lane gives a row address of
+  const int row_in_matrix = lane % 8;
+  // acc[j]: (feature g, row 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1)
+  // of the warp's 16 features (Mma16816).
+  float acc[kGroups][4];
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  }
+  for (int c = 0; c < chunks; ++c) {
+    // Chunk c's weights (group c) and inputs (group chunks + c) have landed when at most
+    // chunks - 1 - c groups are pending; then every thread's copies have.
+    WaitCopies(chunks - 1 - c);
+    __syncthreads();
+    const unsigned char* weight_chunk = weights + c * kWeightChunk;
+    const unsigned char* input_chunk = inputs + c * kInputChunk;
+#pragma unroll
+    for (int s = 0; s < kClusterChunk / 16; ++s) {
+      // A: matrices (features 0-7, dims 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+      uint32_t a[4];
+      LoadMatrices(a,
+                   weight_chunk + ChunkOffset(16 * warp + row_in_matrix + 8 * (matrix % 2),
+                                              2 * s + matrix / 2),
+                   false);
+#pragma unroll
+      for (int p = 0; p < kGroups / 2; ++p) {
+        // B of groups 2p and 2p + 1: matrices (rows 16p + 0-7, dims 0-7), (the same rows,
+        // dims 8-15), (rows 16p + 8-15, dims 0-7), (those rows, dims 8-15).
+        uint32_t b[4];
+        LoadMatrices(b,
+                     input_chunk +
+                         ChunkOffset(16 * p + row_in_matrix + 8 * (matrix / 2), 2 * s + matrix % 2),
+                     false);
+        Mma16816(acc[2 * p], a, b[0], b[1]);
+        Mma16816(acc[2 * p + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  __syncthreads();  // every warp has read its last chunk: the partial sums take their place
+  float* partial = reinterpret_cast<float*>(shared);  // [kRows][kPartialStride]
+  {
+    const int feature = 16 * warp + lane / 4;
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const int row = 8 * j + 2 * (lane % 4);
+      partial[row * kPartialStride + feature] = acc[j][0];
+      partial[(row + 1) * kPartialStride + feature] = acc[j][1];
+      partial[row * kPartialStride + feature + 8] = acc[j][2];
+      partial[(row + 1) * kPartialStride + feature + 8] = acc[j][3];
+    }
+  }
+  cluster.sync();  // every block's partial sums are written
+  const int rows_per_rank = kRows / split;
+  constexpr int kQuads = kFeatures / 4;
+  for (int e = threadIdx.x; e < rows_per_rank * kQuads; e += kBlockThreads) {
+    const int row = rank * rows_per_rank + e / kQuads;
+    const int quad = 4 * (e % kQuads);
+    if (row >= rows) continue;
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int q = 0; q < split; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(
+          cluster.map_shared_rank(partial + row * kPartialStride + quad, q));
+      sum[0] += v.x;
+      sum[1] += v.y;
+      sum[2] += v.z;
+      sum[3] += v.w;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t feature = first_feature + quad + u;
+      if (feature >= n_out) break;
+      const float out = bias != nullptr ? sum[u] + __bfloat162float(bias[feature]) : sum[u];
+      y[row * n_out + feature] = __float2bfloat16_rn(out);
+    }
+  }
+  cluster.sync();  // no block leaves while another reads its partial sums
+}
+
+// The shared memory a ClusterLinearKernel block may take: kClusterLinearMaxSharedBytes, or less
+// where the device gives a block less or an SM less than two such blocks.
+int64_t ClusterSharedCap() {
+  return std::min(kClusterLinearMaxSharedBytes, SharedBytesForTwoBlocks());
+}
+
+// A shape's launch: features per block 16 warps, blocks per cluster split, chunks of 64 dims
+// per block, shared bytes; warps 0 where there is none.
+struct ClusterLinearPlan {
+  int warps = 0;
+  int split = 0;
+  int chunks = 0;
+  int64_t shared = 0;
+};
+
+// The first of F = 128, then 64 features a block, and of S = 1, 2, 4, 8, whose grid fills at
+// least 7/8 of the SMs and at most two blocks per SM, whose slices are whole chunks (at most
+// kClusterMaxChunks), and whose block fits in the shared memory of two blocks an SM (and
+// kClusterLinearMaxSharedBytes).
+ClusterLinearPlan PlanClusterLinear(int64_t rows, int64_t n_out, int64_t k_in) {
+  if (rows < kClusterLinearMinRows || rows > kSkinnyLinearMaxRows || n_out < 1 || k_in < 1) {
+    return {};
+  }
+  const int64_t staged_rows = rows <= 32 ? 32 : 64;
+  const int64_t sms = MultiprocessorCount();
+  const int64_t cap = ClusterSharedCap();
+  for (const int warps : {8, 4}) {
+    const int64_t features = 16 * warps;
+    const int64_t tiles = (n_out + features - 1) / features;
+    for (int split = 1; split <= kClusterMaxSplit; split *= 2) {
+      if (k_in % (int64_t{kClusterChunk} * split) != 0) break;
+      const int64_t chunks = k_in / kClusterChunk / split;
+      const int64_t blocks = tiles * split;
+      const int64_t staging = (features + staged_rows) * chunks * 128;
+      const int64_t partial = staged_rows * (features + 4) * 4;
+      const int64_t shared = std::max(staging, partial);
+      if (chunks <= kClusterMaxChunks && shared <= cap && 8 * blocks >= 7 * sms &&
+          blocks <= 2 * sms) {
+        return {warps, split, static_cast<int>(chunks), shared};
+      }
+    }
+  }
+  return {};
+}
+
+// Once per kernel, before any capture (the engine's first step runs eagerly): shared memory past
+// the default 48 KiB, and the SM's whole carveout as shared memory. False where the device
+// refused.
+template <int kWarps, int kGroups>
+bool ClusterKernelReady() {
+  static const bool ready = [] {
+    const auto kernel = ClusterLinearKernel<kWarps, kGroups>;
+    const bool set = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(ClusterSharedCap())) == cudaSuccess &&
+                     cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    if (!set) (void)cudaGetLastError();
+    return set;
+  }();
+  return ready;
+}
+
+template <int kWarps, int kGroups>
+cudaError_t LaunchClusterLinear(const ClusterLinearPlan& plan, const void* x, const void* w,
+                                const void* bias, void* y, int64_t rows, int64_t n_out,
+                                int64_t k_in, cudaStream_t stream) {
+  const int64_t tiles = (n_out + 16 * kWarps - 1) / (16 * kWarps);
+  return LaunchInClusters(static_cast<unsigned>(plan.split), ClusterLinearKernel<kWarps, kGroups>,
+                          static_cast<unsigned>(tiles * plan.split), kWarps * 32, plan.shared,
+                          stream, static_cast<const Bf16*>(x), static_cast<const Bf16*>(w),
+                          static_cast<const Bf16*>(bias), static_cast<Bf16*>(y), rows, n_out, k_in,
+                          plan.split, plan.chunks);
+}
+
+// The plan for the shape where it has one and its kernel is ready (warps 0 where not).
+ClusterLinearPlan ReadyPlan(int64_t rows, int64_t n_out, int64_t k_in) {
+  const ClusterLinearPlan plan = PlanClusterLinear(rows, n_out, k_in);
+  const bool ready =
+      plan.warps == 0 ? false
+      : rows <= 32    ? (plan.warps == 8 ? ClusterKernelReady<8, 4>() : ClusterKernelReady<4, 4>())
+                      : (plan.warps == 8 ? ClusterKernelReady<8, 8>() : ClusterKernelReady<4, 8>());
+  return ready ? plan : ClusterLinearPlan{};
+}
+
+}  // namespace
+
+bool ClusterLinearPlanned(int64_t rows, int64_t n_out, int64_t k_in) {
+  return ReadyPlan(rows, n_out, k_in).warps > 0;
+}
+
+cudaError_t ClusterLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
+                          int64_t n_out, int64_t k_in, cudaStream_t stream) {
+  const ClusterLinearPlan plan = ReadyPlan(rows, n_out, k_in);
+  if (plan.warps == 0) return cudaErrorInvalidValue;
+  const auto launch =
+      rows <= 32 ? (plan.warps == 8 ? LaunchClusterLinear<8, 4> : LaunchClusterLinear<4, 4>)
+                 : (plan.warps == 8 ? LaunchClusterLinear<8, 8> : LaunchClusterLinear<4, 8>);
+  return launch(plan, x, w, bias, y, rows, n_out, k_in, stream);
 }
 
 }  // namespace rl::kernels
