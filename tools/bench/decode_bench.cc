@@ -1,23 +1,22 @@
 // decode_bench --checkpoint DIR | --model-config FILE [--layers N] [--batch 64] [--prompt-len 128]
 // [--new-tokens 128] [--temperature 0] [--compare-eager] [--compare-programmatic-launch]
-// [--no-cuda-graphs] [--no-programmatic-launch] [--no-shared-weight-linear] [--cluster-linear]
-// [--profile FILE] [--step-time]: generation by our rollout engine, greedy (or sampled at
-// --temperature > 0, top-p 1, seed 11) (RolloutEngine::Generate, bf16 on the GPU when there is one,
-// decode by CUDA graphs there): tokens/s, and the fraction of the HBM roofline it reaches, counting
-// per decode step the bytes that must be read at least once over the step time at --hbm-tb-s
-// (H200: 4.8 TB/s). Prints one JSON line with the figures, so that tools/bench/vs_transformers.sh
-// can set them against `transformers` generate run in the same call. Every row generates exactly
-// --new-tokens tokens (no stop tokens), as `generate` with min_new_tokens does. --compare-eager
-// also times eager decode steps in the same process and checks that graphs and eager steps generate
-// bit-identical tokens and log-probs (the timed ones, and sampled at temperature 1); the exit
-// status is 1 when they differ. --compare-programmatic-launch also times the same Generates with
-// the decode kernels launched one after another instead of by programmatic dependent launch (Note
-// [Programmatic dependent launch] in trainer/kernels/kernel_util.cuh) and checks that both generate
-// the same bits (exit status 1 when not). --stop-fraction F > 0 makes the first F of the
-// vocabulary's ids stop tokens, so that rows end at different steps as in a real rollout (each
-// sampled token ends its row with probability about F at temperature 1 on a random checkpoint):
-// tokens/s then counts the tokens generated, and no roofline is reported (its bytes assume every
-// row runs every step).
+// [--no-cuda-graphs] [--no-programmatic-launch] [--profile FILE]
+// [--step-time]: generation by our rollout engine, greedy (or sampled at --temperature > 0, top-p
+// 1, seed 11) (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs
+// there): tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the
+// bytes that must be read at least once over the step time at --hbm-tb-s (H200: 4.8 TB/s). Prints
+// one JSON line with the figures, so that tools/bench/vs_transformers.sh can set them against
+// `transformers` generate run in the same call. Every row generates exactly --new-tokens tokens (no
+// stop tokens), as `generate` with min_new_tokens does. --compare-eager also times eager decode
+// steps in the same process and checks that graphs and eager steps generate bit-identical tokens
+// and log-probs (the timed ones, and sampled at temperature 1); the exit status is 1 when they
+// differ. --compare-programmatic-launch also times the same Generates with the decode kernels
+// launched one after another instead of by programmatic dependent launch (Note [Programmatic
+// dependent launch] in trainer/kernels/kernel_util.cuh) and checks that both generate the same
+// bits (exit status 1 when not). --stop-fraction F > 0 makes the first F of the vocabulary's ids
+// stop tokens, so that rows end at different steps as in a real rollout (each sampled token ends
+// its row with probability about F at temperature 1 on a random checkpoint): tokens/s then counts
+// the tokens generated, and no roofline is reported (its bytes assume every row runs every step).
 // --length-groups G > 1 gives the prompts G lengths (row b's is --prompt-len less
 // (b mod G) x --prompt-len / (2 G)), as a real rollout's prompts differ (Note [Rollout batching]);
 // no roofline then either.
@@ -233,10 +232,6 @@ int Run(int argc, char** argv) {
   app.add_flag("--shared-weight-linear,!--no-shared-weight-linear", shared_weight_linear,
                "projections of 1 or 2 rows with their weights in shared memory where they fit "
                "(default; the same bits as in registers)");
-  bool cluster_linear = false;
-  app.add_flag("--cluster-linear,!--no-cluster-linear", cluster_linear,
-               "projections of 17 to 64 rows that SkinnyLinear does not take by ClusterLinear "
-               "where it has a plan, instead of cuBLAS (default off)");
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   bool step_time = false;
@@ -260,7 +255,6 @@ int Run(int argc, char** argv) {
   }
 
   const rl::kernels::SharedWeightLinear weights_in_shared(shared_weight_linear);
-  const rl::kernels::ClusterLinearSwitch cluster_projections(cluster_linear);
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   rl::json::Value architecture;

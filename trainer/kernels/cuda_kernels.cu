@@ -261,6 +261,7 @@ cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, vo
 }
 
 thread_local bool programmatic_launch = false;
+thread_local bool shared_weight_linear = true;
 std::atomic<bool> programmatic_refused{false};
 
 }  // namespace
@@ -281,6 +282,14 @@ void ProgrammaticLaunch::Refused() {
   programmatic_refused.store(true);
   programmatic_launch = false;
 }
+
+SharedWeightLinear::SharedWeightLinear(bool on) : previous_(shared_weight_linear) {
+  shared_weight_linear = on;
+}
+
+SharedWeightLinear::~SharedWeightLinear() { shared_weight_linear = previous_; }
+
+bool SharedWeightLinear::On() { return shared_weight_linear; }
 
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {

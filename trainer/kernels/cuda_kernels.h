@@ -37,41 +37,21 @@ class ProgrammaticLaunch {
   bool previous_;
 };
 
-// A setting of the calling thread that a scope changes while it lives: Tag::kOn is the default.
-// Scopes nest; each restores what it found.
-template <typename Tag>
-class ThreadSwitch {
+// While one lives on a thread and is off, SmallLinear and its folded forms keep every weight in
+// registers; by default (on) they hold a block's weights in shared memory where they fit (Note
+// [Small linear with weights in shared memory] in decode_kernels.cu). The bits are the same: the
+// scope lets a test or a benchmark compare the two. Scopes nest; each restores what it found.
+class SharedWeightLinear {
  public:
-  explicit ThreadSwitch(bool on) : previous_(State()) { State() = on; }
-  ~ThreadSwitch() { State() = previous_; }
-  ThreadSwitch(const ThreadSwitch&) = delete;
-  ThreadSwitch& operator=(const ThreadSwitch&) = delete;
-  static bool On() { return State(); }
+  explicit SharedWeightLinear(bool on);
+  ~SharedWeightLinear();
+  SharedWeightLinear(const SharedWeightLinear&) = delete;
+  SharedWeightLinear& operator=(const SharedWeightLinear&) = delete;
+  static bool On();
 
  private:
-  static bool& State() {
-    static thread_local bool on = Tag::kOn;
-    return on;
-  }
   bool previous_;
 };
-
-// Off, SmallLinear and its folded forms keep every weight in registers; on (the default) they
-// hold a block's weights in shared memory where they fit (Note [Small linear with weights in
-// shared memory] in decode_kernels.cu). The bits are the same: the switch lets a test or a
-// benchmark compare the two.
-struct SharedWeightLinearTag {
-  static constexpr bool kOn = true;
-};
-using SharedWeightLinear = ThreadSwitch<SharedWeightLinearTag>;
-
-// On, the engine's projections of 17 to 64 bf16 rows that SkinnyLinear does not take run as
-// ClusterLinear where it plans them (fused_ops.h ClusterLinearPays); off (the default) they stay
-// cuBLAS's. Off until the GPU measures it faster: decode_bench --cluster-linear turns it on.
-struct ClusterLinearTag {
-  static constexpr bool kOn = false;
-};
-using ClusterLinearSwitch = ThreadSwitch<ClusterLinearTag>;
 
 // transformers' RMSNorm of each row of x [rows, cols] (contiguous), with the rounding it has:
 // r = rsqrt(mean(x^2) + eps), h = x * r in fp32, h rounded to the dtype, out = weight * h rounded
@@ -140,17 +120,6 @@ cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y,
 constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                          int64_t n_out, int64_t k_in, cudaStream_t stream);
-
-// The same for kClusterLinearMinRows to kSkinnyLinearMaxRows rows, k split over a cluster of
-// blocks (linear_kernels.cu, Note [Cluster linear kernel]), where ClusterLinearPlanned says the
-// shape has a plan on this device (a grid of one to two blocks per SM, each block's slice of
-// weights and inputs at most kClusterLinearMaxSharedBytes); other shapes return
-// cudaErrorInvalidValue.
-constexpr int64_t kClusterLinearMinRows = 17;
-constexpr int64_t kClusterLinearMaxSharedBytes = 112 * 1024;
-bool ClusterLinearPlanned(int64_t rows, int64_t n_out, int64_t k_in);
-cudaError_t ClusterLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
-                          int64_t n_out, int64_t k_in, cudaStream_t stream);
 
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;

@@ -853,8 +853,22 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
 }
 
 // The shared memory a SharedWeightLinearKernel block may take: kPrefetchMaxSharedBytes, or less
-// where the device gives a block less (its opt-in limit) or an SM less than two such blocks.
-int64_t SharedWeightCap() { return std::min(kPrefetchMaxSharedBytes, SharedBytesForTwoBlocks()); }
+// where the device gives a block less (its opt-in limit) or an SM less than two such blocks (each
+// with 1 KiB the system reserves).
+int64_t SharedWeightCap() {
+  static const int64_t cap = [] {
+    int device = 0, per_block = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+            cudaSuccess) {
+      return int64_t{0};
+    }
+    return std::min<int64_t>({kPrefetchMaxSharedBytes, per_block, per_sm / 2 - 1024});
+  }();
+  return cap;
+}
 
 // SharedWeightLinearKernel's features per block and shared bytes, or 0 features where they do
 // not fit SharedWeightCap() or the norm's weight (`norm`: the kAddNorm form) is not 16-byte

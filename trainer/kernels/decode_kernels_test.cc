@@ -196,53 +196,6 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
                                at::randn({2049, 1024}, On(at::kBFloat16)), {}));
 }
 
-// Note [Cluster linear kernel]: k split over 1 to 8 blocks of a cluster, 64 or 128 features a
-// block, 32 or 64 staged rows (17 to 64 taken), features that end within a block's and within a
-// group of 4 (1000, 2050), with and without a bias; the same bits again; the shapes it has no plan
-// for; and the switch that gives it the engine's projections.
-TEST_CASE("ClusterLinear is x w^T + b up to one rounding, for 17 to 64 rows") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(23);
-  struct LinearCase {
-    bool with_bias;
-    int64_t n, k;
-  };
-  for (const int64_t rows : {17, 32, 33, 50, 64}) {
-    for (const LinearCase& c : {LinearCase{false, 4096, 1024}, LinearCase{true, 1024, 2048},
-                                LinearCase{false, 6144, 1024}, LinearCase{true, 1024, 3072},
-                                LinearCase{true, 1000, 2048}, LinearCase{false, 2050, 1024}}) {
-      INFO(rows << " rows, n " << c.n << ", k " << c.k << ", bias " << c.with_bias);
-      const at::Tensor x = at::randn({rows, 1, c.k}, On(at::kBFloat16));
-      const at::Tensor w = at::randn({c.n, c.k}, On(at::kBFloat16)) / std::sqrt(double(c.k));
-      const at::Tensor b = c.with_bias ? at::randn({c.n}, On(at::kBFloat16)) : at::Tensor();
-      // Every one of these shapes has a plan on a GPU of 100 to 150 SMs (the H100 and H200: 132).
-      REQUIRE(ClusterLinearTakes(x, w, b));
-      at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
-      if (c.with_bias) expected = expected + b.to(at::kDouble);
-      const at::Tensor y = ClusterLinear(x, w, b);
-      REQUIRE(y.sizes() == expected.sizes());
-      // |y| < 8: one bf16 rounding is below 3.2e-2.
-      CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
-      CHECK(SameBits(y, ClusterLinear(x, w, b)));
-    }
-  }
-  const at::Tensor w = at::randn({4096, 1024}, On(at::kBFloat16));
-  CHECK_FALSE(ClusterLinearTakes(at::randn({16, 1024}, On(at::kBFloat16)), w, {}));
-  CHECK_FALSE(ClusterLinearTakes(at::randn({65, 1024}, On(at::kBFloat16)), w, {}));
-  CHECK_FALSE(ClusterLinearTakes(at::randn({64, 1024}, On(at::kFloat)), w.to(at::kFloat), {}));
-  // An LM head: thousands of blocks, more than two an SM.
-  CHECK_FALSE(ClusterLinearTakes(at::randn({64, 1024}, On(at::kBFloat16)),
-                                 at::randn({151936, 1024}, On(at::kBFloat16)), {}));
-  // The engine takes it only while the switch is on.
-  const at::Tensor x = at::randn({64, 1024}, On(at::kBFloat16));
-  CHECK_FALSE(ClusterLinearPays(x, w, {}));
-  {
-    const ClusterLinearSwitch on(true);
-    CHECK(ClusterLinearPays(x, w, {}));
-  }
-  CHECK_FALSE(ClusterLinearPays(x, w, {}));
-}
-
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(8);
@@ -355,11 +308,11 @@ TEST_CASE("SmallLinear with its weights in shared memory gives the register kern
 }
 
 // Note [Programmatic dependent launch]: a chain of decode kernels (SmallLinear in each form,
-// SkinnyLinear, ClusterLinear, DecodeQkvAttention, RoPE, the norms and SiluMul), each reading what
-// the one before wrote, launched so that each may start before the one ahead has finished, gives
-// the bits of the same chain launched one after another, eagerly (on the default stream) and
-// replayed from a graph. A kernel that read its input before its wait would read a buffer of an
-// earlier link or one about to be written (the caching allocator hands the links' buffers round).
+// SkinnyLinear, DecodeQkvAttention, RoPE, the norms and SiluMul), each reading what the one before
+// wrote, launched so that each may start before the one ahead has finished, gives the bits of the
+// same chain launched one after another, eagerly (on the default stream) and replayed from a
+// graph. A kernel that read its input before its wait would read a buffer of an earlier
+// link or one about to be written (the caching allocator hands the links' buffers round).
 TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the same bits") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(21);
@@ -370,8 +323,8 @@ TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the sam
   const at::Tensor w_gate_up = at::randn({3072, 1024}, options) / 32;
   const at::Tensor w_down = at::randn({1024, 1536}, options) / 40;
   const at::Tensor head = at::randn({4096, 1024}, options) / 32;
-  // 64 rows (and 5) through ClusterLinear and SkinnyLinear, DecodeQkvAttention over a cache of 256
-  // positions at a position per row, RoPE and the norms.
+  // 64 rows (and 5) through SkinnyLinear, DecodeQkvAttention over a cache of 256 positions at a
+  // position per row, RoPE and the norms.
   const at::Tensor rows = at::randn({64, 1, 1024}, options);
   const at::Tensor w_qkv = at::randn({4096, 1024}, options) / 32;
   const at::Tensor w_o = at::randn({1024, 2048}, options) / 45;
@@ -400,8 +353,7 @@ TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the sam
     }
     at::Tensor wide = rows;
     for (const DecodeCache& cache : caches) {
-      const at::Tensor qkv = &cache - caches.data() < 2 ? ClusterLinear(wide, w_qkv, {})
-                                                        : SkinnyLinear(wide, w_qkv, {});
+      const at::Tensor qkv = SkinnyLinear(wide, w_qkv, {});
       const at::Tensor attended = DecodeQkvAttention(qkv, head_norm, head_norm, 1e-6, cos, sin,
                                                      false, 16, 8, 128, cache, 256, 0.088);
       const at::Tensor o = SkinnyLinear(attended.view({64, 1, 2048}), w_o, {});

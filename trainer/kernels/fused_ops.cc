@@ -316,26 +316,6 @@ at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tens
       });
 }
 
-bool ClusterLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return SkinnyLinearTakes(x, w, b) &&
-         kernels::ClusterLinearPlanned(x.numel() / x.size(-1), w.size(0), w.size(1));
-}
-
-bool ClusterLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return kernels::ClusterLinearSwitch::On() && ClusterLinearTakes(x, w, b);
-}
-
-at::Tensor ClusterLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  RL_CHECK(ClusterLinearTakes(x, w, b), Error,
-           "ClusterLinear: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
-           fmt::join(w.sizes(), ", "));
-  return RunLinear(
-      x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t rows) {
-        return kernels::ClusterLinear(in, weight, bias, y, rows, w.size(0), w.size(1),
-                                      c10::cuda::getCurrentCUDAStream());
-      });
-}
-
 bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,
                             const at::Tensor& b) {
   return SmallLinearFits(x, k, w, b) &&

@@ -90,14 +90,6 @@ bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
-// The same by ClusterLinear (k split over a cluster of blocks: Note [Cluster linear kernel] in
-// linear_kernels.cu) where SkinnyLinear takes x and the kernel has a plan for the shape (17 to
-// 64 rows). ClusterLinearPays: that, while a ClusterLinearSwitch is on (cuda_kernels.h; off by
-// default until the GPU measures it against cuBLAS).
-bool ClusterLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-bool ClusterLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-at::Tensor ClusterLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-
 // The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
 // one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
 // apply to an input x whose staged rows have k elements (x [..., k] for the norm, gate_up

@@ -7,7 +7,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "trainer/kernels/cuda_kernels.h"
@@ -163,23 +162,6 @@ inline int MultiprocessorCount() {
   return count;
 }
 
-// The shared memory a block may take so that two fit on an SM (each with the 1 KiB the system
-// reserves), at most the device's opt-in limit per block; 0 if they cannot be read. Read once.
-inline int64_t SharedBytesForTwoBlocks() {
-  static const int64_t bytes = [] {
-    int device = 0, per_block = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
-            cudaSuccess) {
-      return int64_t{0};
-    }
-    return std::min<int64_t>(per_block, per_sm / 2 - 1024);
-  }();
-  return bytes;
-}
-
 // Note [Programmatic dependent launch]
 // A decode step is a chain of small kernels, each reading what the one before wrote; between two
 // of them the GPU drains the first, then launches the second, whose blocks then wait for their
@@ -210,54 +192,34 @@ __device__ __forceinline__ void PrecedingKernelsDone() {
 #endif
 }
 
-// kernel<<<grid, block, shared, stream>>>(args...) in clusters of `cluster` blocks along x (none
-// where 0), asking for programmatic dependent launch while a ProgrammaticLaunch scope is on (Note
-// [Programmatic dependent launch]); `kernel` must then call PrecedingKernelsDone() in every block
-// before it reads anything but its weights. Returns the launch's error (and clears it, as
-// cudaGetLastError after <<<>>> does).
+// kernel<<<grid, block, shared, stream>>>(args...), asking for programmatic dependent launch
+// while a ProgrammaticLaunch scope is on (Note [Programmatic dependent launch]); `kernel` must then
+// call PrecedingKernelsDone() in every block before it reads anything but its weights. Returns
+// the launch's error (and clears it, as cudaGetLastError after <<<>>> does).
 template <typename... Params, typename... Args>
-cudaError_t LaunchInClusters(unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                             size_t shared, cudaStream_t stream, const Args&... args) {
-  cudaLaunchAttribute attributes[2] = {};
-  unsigned plain = 0;
-  if (cluster > 0) {
-    attributes[plain].id = cudaLaunchAttributeClusterDimension;
-    attributes[plain].val.clusterDim.x = cluster;
-    attributes[plain].val.clusterDim.y = 1;
-    attributes[plain].val.clusterDim.z = 1;
-    ++plain;
-  }
-  unsigned count = plain;
-  if (ProgrammaticLaunch::On()) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                   cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute programmatic = {};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared;
   config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = count;
+  config.attrs = &programmatic;
+  config.numAttrs = ProgrammaticLaunch::On() ? 1 : 0;
   cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
-  if (launched != cudaSuccess && count > plain) {
-    // Where the launch without it succeeds, a driver or stream refused the programmatic
-    // attribute: launch the ordinary way from now on (ProgrammaticLaunch::On() then says false).
+  if (launched != cudaSuccess && config.numAttrs > 0) {
+    // Where the ordinary launch succeeds, a driver or stream refused the attribute: launch the
+    // ordinary way from now on (ProgrammaticLaunch::On() then says false).
     (void)cudaGetLastError();
-    config.numAttrs = plain;
+    config.numAttrs = 0;
     launched = cudaLaunchKernelEx(&config, kernel, args...);
     if (launched == cudaSuccess) ProgrammaticLaunch::Refused();
   }
   const cudaError_t last = cudaGetLastError();
   return launched != cudaSuccess ? launched : last;
-}
-
-// LaunchInClusters without clusters.
-template <typename... Params, typename... Args>
-cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
-                   cudaStream_t stream, const Args&... args) {
-  return LaunchInClusters(0, kernel, grid, block, shared, stream, args...);
 }
 
 }  // namespace
