@@ -166,18 +166,25 @@ __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t lim
   }
 }
 
-// FillRing (iterations of `keys` rows) around a block's preparation `prepare()`, which writes the
-// step's key and value at `pos`: first where its copies read only rows before the position (or
-// the split ends before it, and its block writes nothing), so that they overlap the preparation's
-// memory round trips; else after it.
+// The start of a DecodeQkvAttention block (kPrep): FillRing (iterations of `keys` rows) and the
+// block's preparation `prepare()`, which writes the step's key and value at `pos`. Where the
+// fill's copies read only rows before the position (or the split ends before it, and its block
+// writes nothing), they are issued first, before PrecedingKernelsDone(): the rows before a
+// step's position were written by earlier steps and the position by the copy from the host
+// before the step, neither by a kernel of this step, so under programmatic launch they stream in
+// while the q/k/v projection ahead finishes. Otherwise they follow the preparation. Returns false,
+// having copied and prepared nothing, for a split past the position (no part in the merge).
 template <int kRing, typename Copy, typename Prepare>
-__device__ __forceinline__ void FillRingAround(int64_t t0, int64_t stride, int64_t keys,
-                                               int64_t chunk_end, int64_t pos, const Copy& copy,
-                                               const Prepare& prepare) {
+__device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride, int64_t keys,
+                                          int64_t chunk_end, int64_t pos, const Copy& copy,
+                                          const Prepare& prepare) {
   const bool before = pos >= chunk_end || t0 + (kRing - 2) * stride + keys <= pos;
   if (before) FillRing<kRing>(t0, stride, chunk_end, copy);
+  PrecedingKernelsDone();
+  if (begin > pos) return false;
   prepare();
   if (!before) FillRing<kRing>(t0, stride, chunk_end, copy);
+  return true;
 }
 
 // At the iteration t0, held in `stage`: the stage read the iteration before is refilled with the
@@ -315,7 +322,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   __shared__ float warp_out[kDecodeWarps][kGroup][kDim];
   __shared__ float warp_max[kDecodeWarps][kGroup];
   __shared__ float warp_sum[kDecodeWarps][kGroup];
-  PrecedingKernelsDone();
+  if constexpr (!kPrep) PrecedingKernelsDone();  // with kPrep: in StartRing
   const int split = blockIdx.x;
   const int64_t first_head = blockIdx.y * static_cast<int64_t>(kGroup);  // query heads
   const int64_t kv_head = first_head / (p.q_heads / p.kv_heads);
@@ -349,11 +356,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   int64_t t0 = begin + warp * kKeysPerIteration;
   if constexpr (kPrep) {
     const int64_t pos = position[b * p.position_stride];
-    if (begin > pos) return;  // a split past the position: no part in the merge
-    FillRingAround<kStages>(t0, kStride, kKeysPerIteration, chunk_end, pos, copy, [&] {
-      PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                                  pos < chunk_end, prepared_q, normed);
-    });
+    if (!StartRing<kStages>(begin, t0, kStride, kKeysPerIteration, chunk_end, pos, copy, [&] {
+          PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                                      pos < chunk_end, prepared_q, normed);
+        })) {
+      return;
+    }
   } else {
     FillRing<kStages>(t0, kStride, chunk_end, copy);
   }
@@ -471,7 +479,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   __shared__ float warp_max[kMmaWarps][kGroup];
   __shared__ float warp_sum[kMmaWarps][kGroup];
   extern __shared__ __align__(16) unsigned char ring_bytes[];
-  PrecedingKernelsDone();
+  if constexpr (!kPrep) PrecedingKernelsDone();  // with kPrep: in StartRing
   const int split = blockIdx.x;
   const int64_t first_head = blockIdx.y * static_cast<int64_t>(kGroup);
   const int64_t kv_head = first_head / (p.q_heads / p.kv_heads);
@@ -501,11 +509,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   int64_t t0 = begin + warp * kTileKeys;
   if constexpr (kPrep) {
     const int64_t pos = position[b * p.position_stride];
-    if (begin > pos) return;  // a split past the position: no part in the merge
-    FillRingAround<kMmaStages>(t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
-      PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                               pos < chunk_end, prepared_q, normed);
-    });
+    if (!StartRing<kMmaStages>(begin, t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
+          PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                                   pos < chunk_end, prepared_q, normed);
+        })) {
+      return;
+    }
   } else {
     FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
   }

@@ -173,7 +173,9 @@ inline int MultiprocessorCount() {
 //  - griddepcontrol.wait there returns once every kernel ahead in the stream has finished and its
 //    writes are visible. Before it a kernel reads only what no kernel of a decode step writes,
 //    its weights (SmallLinear and SkinnyLinear issue the loads of their weights there, so they
-//    stream in while the kernel ahead finishes), and writes nothing;
+//    stream in while the kernel ahead finishes) and, in DecodeQkvAttention, the rows' positions
+//    (copied from the host before a step) and the cached keys and values before them (written
+//    by earlier steps), and writes nothing;
 //  - griddepcontrol.launch_dependents right after lets a kernel behind that was launched with
 //    the attribute start once every block of this one has got that far; its blocks take the SMs
 //    this one leaves idle.
