@@ -15,7 +15,9 @@
 //     1 and 2 rows (the rows it takes) at each projection's shape, and SkinnyLinear for 8 to 64
 //     (alone, and by programmatic dependent launch); DsaIndexScores against the DSA indexer's
 //     LibTorch ops at GLM-5's widths (batch 1, 16, 64; 4096 to 32768 keys), and the top-2048
-//     selection after it.
+//     selection after it;
+//  4. the batch-1 projections of 28 layers chained as a decode step runs them, from HBM and
+//     from the L2 (Note [Projection chain benchmark]).
 // Exit status 1 when an agreement check fails. Needs a GPU.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -260,6 +262,80 @@ void DecodeKernelSpeeds(const at::Device& device) {
 
 }  // namespace
 
+// Note [Projection chain benchmark]
+// The batch-1 projections of a decode step as the engine chains them, without the attention: per
+// layer SmallLinearAddRmsNorm (q/k/v), SmallLinear (o, over the first 2048 of the q/k/v row as a
+// stand-in for the attention's output), SmallLinearAddRmsNorm (gate/up) and SmallLinearSiluMul
+// (down) at Qwen3-0.6B's widths, 28 layers, captured once as a graph and replayed. With a
+// layer's weights of its own (880 MB, past the L2) the chain reads them from HBM; with one set
+// shared by every layer (31 MB) from the L2, which leaves what the chain's dependent phases (each
+// kernel's wait, its staged input, its sums) cost. Printed per layer, with the weights' TB/s, with
+// the weights in shared memory and in registers, chained and launched one after another.
+void ProjectionChain(const at::Device& device) {
+  const at::TensorOptions bf16 = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  constexpr int kLayers = 28;
+  struct Layer {
+    at::Tensor qkv, o, gate_up, down;
+  };
+  const auto make = [&] {
+    return Layer{at::randn({4096, 1024}, bf16) / 32, at::randn({1024, 2048}, bf16) / 45,
+                 at::randn({6144, 1024}, bf16) / 32, at::randn({1024, 3072}, bf16) / 55};
+  };
+  std::vector<Layer> own;
+  for (int i = 0; i < kLayers; ++i) own.push_back(make());
+  const std::vector<Layer> shared(kLayers, own.front());
+  const at::Tensor norm = at::randn({1024}, bf16);
+  const at::Tensor x = at::randn({1, 1, 1024}, bf16);
+  const double bytes = 2.0 * (4096 * 1024 + 1024 * 2048 + 6144 * 1024 + 1024 * 3072);
+  const auto chain = [&](const std::vector<Layer>& layers) {
+    at::Tensor h = x, residual = x;
+    for (const Layer& l : layers) {
+      const rl::kernels::SummedLinear in =
+          rl::kernels::SmallLinearAddRmsNorm(h, residual, norm, 1e-6, l.qkv, {});
+      const at::Tensor o = rl::kernels::SmallLinear(in.out.narrow(-1, 0, 2048), l.o, {});
+      const rl::kernels::SummedLinear mlp =
+          rl::kernels::SmallLinearAddRmsNorm(o, in.sum, norm, 1e-6, l.gate_up, {});
+      h = rl::kernels::SmallLinearSiluMul(mlp.out, l.down, {});
+      residual = mlp.sum;
+    }
+    return h;
+  };
+  const auto micros_per_layer = [&](const std::vector<Layer>& layers) {
+    at::cuda::CUDAGraph graph;
+    {
+      const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
+      chain(layers);  // warm-up outside the capture
+      c10::cuda::device_synchronize();
+      graph.capture_begin();
+      chain(layers);
+      graph.capture_end();
+    }
+    double best = 1e30;
+    for (int r = 0; r < 6; ++r) {
+      c10::cuda::device_synchronize();
+      const auto start = Clock::now();
+      graph.replay();
+      c10::cuda::device_synchronize();
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (r > 0) best = std::min(best, seconds);  // replay 0 warms up
+    }
+    return 1e6 * best / kLayers;
+  };
+  for (const bool in_shared : {true, false}) {
+    for (const bool chained : {true, false}) {
+      const rl::kernels::SharedWeightLinear weights(in_shared);
+      const rl::kernels::ProgrammaticLaunch programmatic(chained);
+      const double hbm = micros_per_layer(own);
+      const double l2 = micros_per_layer(shared);
+      std::printf(
+          "batch-1 projection chain, weights in %s, %s: %.2f us a layer from HBM (%.2f TB/s), "
+          "%.2f us from the L2 (one layer's weights for all)\n",
+          in_shared ? "shared memory" : "registers", chained ? "chained" : "one after another", hbm,
+          bytes / hbm * 1e-6, l2);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Our CUDA kernels vs the LibTorch ops they replace: agreement and speed."};
   int64_t rows = 4096, vocab = 151936;
@@ -378,5 +454,6 @@ int main(int argc, char** argv) {
               static_cast<long long>(rows), static_cast<long long>(vocab), 1e3 * libtorch,
               1e3 * fused, libtorch / fused);
   DecodeKernelSpeeds(device);
+  ProjectionChain(device);
   return ok ? 0 : 1;
 }
