@@ -81,16 +81,15 @@ LossHead Run(const at::Tensor& logits_in, const at::Tensor& targets, const at::T
   return out;
 }
 
-// Microseconds per call of `call`, from replays of a CUDA graph of 100 calls (best of 3).
-double MicrosPerCall(const std::function<void()>& call) {
-  constexpr int kCalls = 100;
+// Microseconds per call of `call`, from replays of a CUDA graph of `calls` calls (best of 3).
+double MicrosPerCall(const std::function<void()>& call, int calls = 100) {
   at::cuda::CUDAGraph graph;
   {
     const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
     call();  // warm-up outside the capture
     c10::cuda::device_synchronize();
     graph.capture_begin();
-    for (int i = 0; i < kCalls; ++i) call();
+    for (int i = 0; i < calls; ++i) call();
     graph.capture_end();
   }
   double best = 1e30;
@@ -102,7 +101,7 @@ double MicrosPerCall(const std::function<void()>& call) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (r > 0) best = std::min(best, seconds);  // replay 0 warms up
   }
-  return 1e6 * best / kCalls;
+  return 1e6 * best / calls;
 }
 
 void DecodeKernelSpeeds(const at::Device& device) {
@@ -300,26 +299,9 @@ void ProjectionChain(const at::Device& device) {
     }
     return h;
   };
+  // The whole chain captured once (a graph of 112 kernels), per layer.
   const auto micros_per_layer = [&](const std::vector<Layer>& layers) {
-    at::cuda::CUDAGraph graph;
-    {
-      const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
-      chain(layers);  // warm-up outside the capture
-      c10::cuda::device_synchronize();
-      graph.capture_begin();
-      chain(layers);
-      graph.capture_end();
-    }
-    double best = 1e30;
-    for (int r = 0; r < 6; ++r) {
-      c10::cuda::device_synchronize();
-      const auto start = Clock::now();
-      graph.replay();
-      c10::cuda::device_synchronize();
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      if (r > 0) best = std::min(best, seconds);  // replay 0 warms up
-    }
-    return 1e6 * best / kLayers;
+    return MicrosPerCall([&] { chain(layers); }, 1) / kLayers;
   };
   for (const bool in_shared : {true, false}) {
     for (const bool chained : {true, false}) {
