@@ -959,6 +959,203 @@ cudaError_t DispatchSmallLinear(const SmallLinearArgs& a, DtypeCode dtype, cudaS
                             : DispatchSmallLinearRows<float, kMode>(a, stream);
 }
 
+// Note [Persistent linear chain]
+// At one row a decode layer's projections are bound by the phases between them, not by their
+// weights: with every weight already in the L2, fused_kernels_bench's chain of a layer's four
+// projections (Note [Projection chain benchmark]) takes 19.8 us against 24.5 us from HBM on an
+// H100, where the HBM reads alone would take 9.3 us. Each kernel boundary costs the wait for
+// the whole kernel ahead, the launch of the next and its first loads. LinearChainKernel runs a
+// list of projections (LinearPhase) as one kernel of a block per SM (a cooperative launch: every
+// block resident at once), the phases meeting at a grid barrier (GridBarrier: an atomic count of
+// arrivals and a spin on it) instead of a kernel boundary. Block b takes the features
+// [b F, (b + 1) F) of each phase (F = n_out / blocks, rounded up), as SharedWeightLinearKernel
+// does with a block per SM, and copies the next phase's slice of weights into shared memory by
+// cp.async while it computes the current one (two buffers, even and odd phases), so the HBM
+// reads of a phase overlap the phase before. Each warp computes its features with the lanes, the
+// elements and the order of SharedWeightLinearKernel, and stages its input with StageInput: the
+// same bits as SmallLinear and its staged forms (fused_kernels_bench compares them).
+// A phase reads what earlier phases wrote only after a barrier, from memory no phase wrote
+// before (LinearPhase): no SM holds a stale copy of it in its L1.
+__device__ __forceinline__ void PhaseFeatures(const LinearPhase& phase, int64_t& first,
+                                              int64_t& count) {
+  const int64_t per = (phase.n_out + gridDim.x - 1) / gridDim.x;
+  first = blockIdx.x * per;
+  count = first < phase.n_out ? min(per, phase.n_out - first) : 0;
+}
+
+// Every block of the grid (all resident) arrives before any goes on, and what each wrote before
+// is visible to all after. arrived counts the arrivals of the launch: its n-th barrier waits for
+// n gridDim.x of them (`target`).
+__device__ void GridBarrier(unsigned* arrived, unsigned target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(arrived, 1u);
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(arrived) : "memory");
+    } while (seen < target);
+  }
+  __syncthreads();
+}
+
+// barrier[1] counts the blocks done with the barriers; the last one zeroes both counts for the
+// next launch (no block reads barrier[0] any more by then).
+__device__ void LeaveBarriers(unsigned* barrier) {
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(barrier + 1, 1u) == gridDim.x - 1) {
+    barrier[0] = 0;
+    barrier[1] = 0;
+  }
+}
+
+// A chain's phases, passed by value (kernel parameters).
+struct LinearPhases {
+  LinearPhase phase[kMaxLinearChainPhases];
+};
+
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kThreads)
+    LinearChainKernel(const LinearPhases phases, int count, int64_t rows, float eps,
+                      int64_t even_elements, int64_t odd_elements, unsigned* barrier) {
+  constexpr int kVec = 16 / sizeof(T);
+  // [even phases' weights][odd phases' weights][staged input]
+  extern __shared__ __align__(16) unsigned char chain_bytes[];
+  T* const even = reinterpret_cast<T*>(chain_bytes);
+  T* const odd = even + even_elements;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const auto copy_weights = [&](int p, T* to) {
+    const LinearPhase& phase = phases.phase[p];
+    int64_t first = 0, features = 0;
+    PhaseFeatures(phase, first, features);
+    const T* piece = static_cast<const T*>(phase.w) + first * phase.k_in;
+    for (int64_t i = threadIdx.x * kVec; i < features * phase.k_in; i += kThreads * kVec) {
+      CopyAsync<16>(to + i, piece + i);
+    }
+    CommitCopies();
+  };
+  T* const staged = odd + odd_elements;
+  copy_weights(0, even);  // the weights: before the kernel ahead has finished
+  PrecedingKernelsDone();
+  for (int p = 0; p < count; ++p) {
+    if (p + 1 < count) {
+      copy_weights(p + 1, (p + 1) % 2 == 0 ? even : odd);  // read by phase p - 1, now done
+    } else {
+      CommitCopies();  // an empty group: the wait below still counts this phase's as the older
+    }
+    const LinearPhase& phase = phases.phase[p];
+    const T* x = static_cast<const T*>(phase.x);
+    if (phase.mode == 1) {
+      StageInput<T, SmallInput::kAddNorm>(x, static_cast<const T*>(phase.add),
+                                          static_cast<const T*>(phase.norm_weight), eps,
+                                          static_cast<T*>(phase.sum), staged, rows, phase.k_in);
+    } else if (phase.mode == 2) {
+      StageInput<T, SmallInput::kSiluMul>(x, nullptr, nullptr, eps, nullptr, staged, rows,
+                                          phase.k_in);
+    } else {
+      for (int64_t i = threadIdx.x; i < rows * phase.k_in; i += kThreads) {
+        staged[i] = x[i / phase.k_in * phase.x_stride + i % phase.k_in];
+      }
+    }
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this phase's weights
+    __syncthreads();
+    int64_t first = 0, features = 0;
+    PhaseFeatures(phase, first, features);
+    const T* weights = p % 2 == 0 ? even : odd;
+    for (int64_t f = warp; f < features; f += kWarps) {
+      const T* w_row = weights + f * phase.k_in;
+      float acc[kRows];
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
+      for (int64_t kk = lane * kVec; kk < phase.k_in; kk += 32 * kVec) {
+        AddProducts(acc, LoadPack<T, kVec>(w_row + kk), staged, rows, phase.k_in, kk);
+      }
+      StoreFeature(acc, static_cast<const T*>(nullptr), static_cast<T*>(phase.y), rows, phase.n_out,
+                   first + f);
+    }
+    if (p + 1 < count) GridBarrier(barrier, static_cast<unsigned>(p + 1) * gridDim.x);
+  }
+  LeaveBarriers(barrier);
+}
+
+// What a LinearChainKernel leaves to its static shared memory (StageInput's sums) when it plans
+// its dynamic shared memory.
+constexpr int64_t kLinearChainStaticBytes = 1024;
+
+// A LinearChainKernel's shared memory for `phases`: the larger slice of weights of the even and
+// of the odd phases (`elements`, per block of a grid of a block per SM) and the largest staged
+// input; -1 for a phase the kernel does not take or a total past what a block may opt into.
+int64_t LinearChainBytes(const LinearPhase* phases, int count, int64_t rows, int64_t element,
+                         int64_t (&elements)[2]) {
+  const int blocks = MultiprocessorCount();
+  const int64_t vec = 16 / element;
+  elements[0] = elements[1] = 0;
+  int64_t staged = 0;
+  for (int p = 0; p < count; ++p) {
+    const LinearPhase& phase = phases[p];
+    if (phase.mode < 0 || phase.mode > 2 || phase.k_in % vec != 0 || phase.n_out <= 0) return -1;
+    const int64_t per = (phase.n_out + blocks - 1) / blocks;
+    elements[p % 2] = std::max(elements[p % 2], per * phase.k_in);
+    staged = std::max(staged, rows * phase.k_in);
+  }
+  static const int64_t most = [] {
+    int device = 0, bytes = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                          device) == cudaSuccess
+               ? int64_t{bytes}
+               : int64_t{0};
+  }();
+  const int64_t bytes = (elements[0] + elements[1] + staged) * element;
+  return bytes <= most - kLinearChainStaticBytes ? bytes : -1;
+}
+
+template <typename T, int kRows>
+cudaError_t LaunchLinearChain(const LinearPhase* host, int count, int64_t rows, float eps,
+                              unsigned* barrier, cudaStream_t stream) {
+  int64_t elements[2] = {0, 0};
+  const int64_t bytes = LinearChainBytes(host, count, rows, sizeof(T), elements);
+  if (bytes < 0) return cudaErrorInvalidValue;
+  const auto kernel = LinearChainKernel<T, kRows>;
+  // Once per kernel, before any capture (the engine's first step runs eagerly): all the shared
+  // memory a block may have beside the kernel's static shared memory.
+  static const cudaError_t opt_in = [&] {
+    int device = 0, most = 0;
+    cudaFuncAttributes attributes = {};
+    cudaError_t status = cudaGetDevice(&device);
+    if (status == cudaSuccess) {
+      status = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    }
+    if (status == cudaSuccess) status = cudaFuncGetAttributes(&attributes, kernel);
+    if (status != cudaSuccess) return status;
+    if (static_cast<int64_t>(attributes.sharedSizeBytes) > kLinearChainStaticBytes) {
+      return cudaErrorInvalidValue;
+    }
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                most - static_cast<int>(attributes.sharedSizeBytes));
+  }();
+  if (opt_in != cudaSuccess) return opt_in;
+  LinearPhases phases = {};
+  std::copy(host, host + count, phases.phase);
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeCooperative;
+  attributes[0].val.cooperative = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = static_cast<unsigned>(MultiprocessorCount());
+  config.blockDim = kThreads;
+  config.dynamicSmemBytes = static_cast<size_t>(bytes);
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = ProgrammaticLaunch::On() ? 2 : 1;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, phases, count, rows, eps,
+                                                elements[0], elements[1], barrier);
+  const cudaError_t last = cudaGetLastError();
+  return status != cudaSuccess ? status : last;
+}
+
 // The most query heads per block that divide the heads per key/value head.
 int64_t HeadsPerBlock(int64_t q_heads, int64_t kv_heads) {
   const int64_t group = q_heads / kv_heads;
@@ -1091,6 +1288,27 @@ cudaError_t SmallLinearSiluMul(const void* gate_up, const void* w, const void* b
                                cudaStream_t stream) {
   return DispatchSmallLinear<SmallInput::kSiluMul>(
       {gate_up, nullptr, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, inner}, dtype, stream);
+}
+
+bool LinearChainFits(const LinearPhase* phases, int count, int64_t rows, DtypeCode dtype) {
+  int64_t elements[2] = {0, 0};
+  return rows >= 1 && rows <= kSmallLinearMaxRows && count >= 1 && count <= kMaxLinearChainPhases &&
+         LinearChainBytes(phases, count, rows, dtype == kBFloat16 ? 2 : 4, elements) >= 0;
+}
+
+cudaError_t LinearChain(const LinearPhase* phases, int count, int64_t rows, float eps,
+                        DtypeCode dtype, unsigned* barrier, cudaStream_t stream) {
+  if (rows < 1 || rows > kSmallLinearMaxRows || count < 0 || count > kMaxLinearChainPhases) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0) return cudaSuccess;
+  if (dtype == kBFloat16) {
+    return rows == 1
+               ? LaunchLinearChain<__nv_bfloat16, 1>(phases, count, rows, eps, barrier, stream)
+               : LaunchLinearChain<__nv_bfloat16, 2>(phases, count, rows, eps, barrier, stream);
+  }
+  return rows == 1 ? LaunchLinearChain<float, 1>(phases, count, rows, eps, barrier, stream)
+                   : LaunchLinearChain<float, 2>(phases, count, rows, eps, barrier, stream);
 }
 
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,

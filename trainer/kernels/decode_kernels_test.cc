@@ -236,6 +236,86 @@ TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   CHECK_FALSE(SmallLinearStagedTakes(wide, 65536, at::randn({8, 65536}, On(at::kFloat)), {}));
 }
 
+// Note [Persistent linear chain]: a dense layer's end as one kernel gives the bits of its kernels
+// one by one: Qwen3-0.6B's widths in bf16 and smaller ones in fp32 (whose weights would not fit
+// shared memory at those widths), 1 and 2 rows, with and without the next layer's q/k/v, launched
+// again (the grid barrier left at zero) and replayed from a graph.
+TEST_CASE("LayerEndChain gives the bits of the layer's end kernel by kernel") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(9);
+  const PersistentLinearChain chain(true);
+  struct Widths {
+    at::ScalarType dtype;
+    int64_t hidden, heads, inner, qkv;
+  };
+  for (const Widths& s :
+       {Widths{at::kBFloat16, 1024, 2048, 3072, 4096}, Widths{at::kFloat, 512, 1024, 1536, 2048}}) {
+    const at::TensorOptions on = On(s.dtype);
+    const at::Tensor o_proj = at::randn({s.hidden, s.heads}, on) / 45;
+    const at::Tensor post_norm = at::randn({s.hidden}, on);
+    const at::Tensor gate_up_proj = at::randn({2 * s.inner, s.hidden}, on) / 32;
+    const at::Tensor down_proj = at::randn({s.hidden, s.inner}, on) / 55;
+    const at::Tensor next_norm = at::randn({s.hidden}, on);
+    const at::Tensor next_qkv = at::randn({s.qkv, s.hidden}, on) / 32;
+    for (const int64_t rows : {1, 2}) {
+      const at::Tensor attention = at::randn({rows, 1, s.heads}, on);
+      const at::Tensor residual = at::randn({rows, 1, s.hidden}, on) * 3;
+      // Kernel by kernel, as Decoder::SmallDecodeLayer runs them without the chain.
+      const at::Tensor o = SmallLinear(attention, o_proj, {});
+      const SummedLinear mlp =
+          SmallLinearAddRmsNorm(residual, o, post_norm, 1e-6, gate_up_proj, {});
+      const at::Tensor down = SmallLinearSiluMul(mlp.out, down_proj, {});
+      const SummedLinear next = SmallLinearAddRmsNorm(mlp.sum, down, next_norm, 1e-6, next_qkv, {});
+      REQUIRE(LayerEndChainTakes(attention, o_proj, residual, post_norm, gate_up_proj, down_proj,
+                                 {}, {}));
+      REQUIRE(LayerEndChainTakes(attention, o_proj, residual, post_norm, gate_up_proj, down_proj,
+                                 next_norm, next_qkv));
+      for (int launch = 0; launch < 2; ++launch) {
+        const LayerEnd alone = LayerEndChain(attention, o_proj, residual, post_norm, gate_up_proj,
+                                             down_proj, 1e-6, {}, {});
+        CHECK(SameBits(alone.sum, mlp.sum));
+        CHECK(SameBits(alone.down, down));
+        CHECK_FALSE(alone.next_qkv.defined());
+        const LayerEnd joined = LayerEndChain(attention, o_proj, residual, post_norm, gate_up_proj,
+                                              down_proj, 1e-6, next_norm, next_qkv);
+        CHECK(SameBits(joined.sum, mlp.sum));
+        CHECK(SameBits(joined.next_sum, next.sum));
+        CHECK(SameBits(joined.next_qkv, next.out));
+      }
+      at::cuda::CUDAGraph graph;
+      LayerEnd replayed;
+      {
+        const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
+        graph.capture_begin();
+        replayed = LayerEndChain(attention, o_proj, residual, post_norm, gate_up_proj, down_proj,
+                                 1e-6, next_norm, next_qkv);
+        graph.capture_end();
+      }
+      for (int replay = 0; replay < 2; ++replay) {
+        replayed.next_qkv.zero_();
+        graph.replay();
+        c10::cuda::device_synchronize();
+        CHECK(SameBits(replayed.next_qkv, next.out));
+        CHECK(SameBits(replayed.next_sum, next.sum));
+      }
+    }
+  }
+  // Not taken: weights past shared memory (fp32 at Qwen3-0.6B's widths), or with the scope off.
+  const at::Tensor attention = at::randn({1, 1, 2048}, On(at::kFloat));
+  const at::Tensor residual = at::randn({1, 1, 1024}, On(at::kFloat));
+  const at::Tensor o_proj = at::randn({1024, 2048}, On(at::kFloat));
+  const at::Tensor norm = at::randn({1024}, On(at::kFloat));
+  CHECK_FALSE(LayerEndChainTakes(attention, o_proj, residual, norm,
+                                 at::randn({6144, 1024}, On(at::kFloat)),
+                                 at::randn({1024, 3072}, On(at::kFloat)), {}, {}));
+  const PersistentLinearChain off(false);
+  const at::Tensor small = at::randn({1, 1, 1024}, On(at::kBFloat16));
+  CHECK_FALSE(LayerEndChainTakes(small, at::randn({1024, 1024}, On(at::kBFloat16)), small,
+                                 at::randn({1024}, On(at::kBFloat16)),
+                                 at::randn({2048, 1024}, On(at::kBFloat16)),
+                                 at::randn({1024, 1024}, On(at::kBFloat16)), {}, {}));
+}
+
 // Note [Small linear with weights in shared memory]: each form of SmallLinear gives the same bits
 // with the weights in shared memory as in registers: at Qwen3-0.6B's projections and others that
 // fit (a last block short of features, one feature a block, rows ending within a lane's vectors,
