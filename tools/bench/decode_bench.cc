@@ -232,10 +232,6 @@ int Run(int argc, char** argv) {
   app.add_flag("--shared-weight-linear,!--no-shared-weight-linear", shared_weight_linear,
                "projections of 1 or 2 rows with their weights in shared memory where they fit "
                "(default; the same bits as in registers)");
-  bool linear_chain = false;
-  app.add_flag("--linear-chain,!--no-linear-chain", linear_chain,
-               "a dense layer of 1 or 2 rows ends in one persistent kernel: its o, gate/up and "
-               "down projections and the next layer's q/k/v (the same bits)");
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   bool step_time = false;
@@ -259,7 +255,6 @@ int Run(int argc, char** argv) {
   }
 
   const rl::kernels::SharedWeightLinear weights_in_shared(shared_weight_linear);
-  const rl::kernels::PersistentLinearChain persistent_chain(linear_chain);
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   rl::json::Value architecture;

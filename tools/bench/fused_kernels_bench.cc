@@ -31,7 +31,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
@@ -304,57 +303,6 @@ void ProjectionChain(const at::Device& device) {
   const auto micros_per_layer = [&](const std::vector<Layer>& layers) {
     return MicrosPerCall([&] { chain(layers); }, 1) / kLayers;
   };
-  // The same projections as one LinearChain (Note [Persistent linear chain]): each phase writes
-  // memory of its own, and the last phase's output must equal the chain's bit for bit.
-  const at::Tensor barrier = at::zeros({2}, at::TensorOptions().dtype(at::kInt).device(device));
-  const auto persistent = [&](const std::vector<Layer>& layers, int layers_per_kernel) {
-    std::vector<at::Tensor> outputs;  // keeps every phase's memory alive
-    const auto out = [&](int64_t n) { return outputs.emplace_back(at::empty({1, n}, bf16)); };
-    std::vector<rl::kernels::LinearPhase> phases;
-    at::Tensor h = x, residual = x;
-    for (const Layer& l : layers) {
-      const at::Tensor sum1 = out(1024), qkv = out(4096), o = out(1024);
-      const at::Tensor sum2 = out(1024), gate_up = out(6144), down = out(1024);
-      phases.push_back({h.data_ptr(), residual.data_ptr(), norm.data_ptr(), sum1.data_ptr(),
-                        l.qkv.data_ptr(), qkv.data_ptr(), 4096, 1024, 1024, 1});
-      phases.push_back({qkv.data_ptr(), nullptr, nullptr, nullptr, l.o.data_ptr(), o.data_ptr(),
-                        1024, 2048, 4096, 0});
-      phases.push_back({o.data_ptr(), sum1.data_ptr(), norm.data_ptr(), sum2.data_ptr(),
-                        l.gate_up.data_ptr(), gate_up.data_ptr(), 6144, 1024, 1024, 1});
-      phases.push_back({gate_up.data_ptr(), nullptr, nullptr, nullptr, l.down.data_ptr(),
-                        down.data_ptr(), 1024, 3072, 6144, 2});
-      h = down;
-      residual = sum2;
-    }
-    const rl::kernels::ProgrammaticLaunch programmatic(true);
-    const int per_kernel = 4 * layers_per_kernel;
-    const auto run = [&] {
-      for (size_t first = 0; first < phases.size(); first += per_kernel) {
-        const cudaError_t status = rl::kernels::LinearChain(
-            phases.data() + first, per_kernel, 1, 1e-6f, rl::kernels::kBFloat16,
-            static_cast<unsigned*>(barrier.data_ptr()), c10::cuda::getCurrentCUDAStream());
-        if (status != cudaSuccess) {
-          std::printf("LinearChain failed: %s\n", cudaGetErrorString(status));
-          std::exit(1);
-        }
-      }
-    };
-    run();
-    const bool same = at::equal(h, chain(layers));
-    const double micros = MicrosPerCall(run, 1) / kLayers;
-    return std::make_pair(micros, same);
-  };
-  for (const int layers_per_kernel : {1, 2}) {
-    const rl::kernels::SharedWeightLinear weights(true);
-    const auto [hbm, hbm_same] = persistent(own, layers_per_kernel);
-    const auto [l2, l2_same] = persistent(shared, layers_per_kernel);
-    std::printf(
-        "batch-1 projection chain, a persistent kernel per %d layer(s): %.2f us a layer from HBM "
-        "(%.2f TB/s), %.2f us from the L2; output %s the chain's\n",
-        layers_per_kernel, hbm, bytes / hbm * 1e-6, l2,
-        hbm_same && l2_same ? "bit-identical to" : "DIFFERENT from");
-    if (!hbm_same || !l2_same) std::exit(1);
-  }
   for (const bool in_shared : {true, false}) {
     for (const bool chained : {true, false}) {
       const rl::kernels::SharedWeightLinear weights(in_shared);

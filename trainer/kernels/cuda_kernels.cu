@@ -262,7 +262,6 @@ cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, vo
 
 thread_local bool programmatic_launch = false;
 thread_local bool shared_weight_linear = true;
-thread_local bool persistent_linear_chain = false;
 std::atomic<bool> programmatic_refused{false};
 
 }  // namespace
@@ -291,14 +290,6 @@ SharedWeightLinear::SharedWeightLinear(bool on) : previous_(shared_weight_linear
 SharedWeightLinear::~SharedWeightLinear() { shared_weight_linear = previous_; }
 
 bool SharedWeightLinear::On() { return shared_weight_linear; }
-
-PersistentLinearChain::PersistentLinearChain(bool on) : previous_(persistent_linear_chain) {
-  persistent_linear_chain = on;
-}
-
-PersistentLinearChain::~PersistentLinearChain() { persistent_linear_chain = previous_; }
-
-bool PersistentLinearChain::On() { return persistent_linear_chain; }
 
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {

@@ -53,22 +53,6 @@ class SharedWeightLinear {
   bool previous_;
 };
 
-// While one lives on a thread and is on, a dense decode layer of one or two rows runs its o,
-// gate/up and down projections (and the next layer's q/k/v) as one LinearChain (Note [Persistent
-// linear chain] in decode_kernels.cu); off (the default), as a kernel each. The bits are the
-// same. Scopes nest; each restores what it found.
-class PersistentLinearChain {
- public:
-  explicit PersistentLinearChain(bool on);
-  ~PersistentLinearChain();
-  PersistentLinearChain(const PersistentLinearChain&) = delete;
-  PersistentLinearChain& operator=(const PersistentLinearChain&) = delete;
-  static bool On();
-
- private:
-  bool previous_;
-};
-
 // transformers' RMSNorm of each row of x [rows, cols] (contiguous), with the rounding it has:
 // r = rsqrt(mean(x^2) + eps), h = x * r in fp32, h rounded to the dtype, out = weight * h rounded
 // to the dtype. x, weight and out share `dtype`; inv_rms [rows] receives r unless null.
@@ -136,36 +120,6 @@ cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y,
 constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                          int64_t n_out, int64_t k_in, cudaStream_t stream);
-
-// One projection of a LinearChain (Note [Persistent linear chain] in decode_kernels.cu):
-// y [rows, n_out] = input w^T for w [n_out, k_in], the input staged by `mode` from x:
-//   0: x itself, its rows x_stride elements apart;
-//   1: RmsNorm(x + add) with norm_weight [k_in] (of x alone where add is null), x + add written
-//      to `sum` (where add is given);
-//   2: silu(gate) * up of x [rows, 2 k_in].
-// Every pointer 16-byte aligned; a phase reads only what the phases before it wrote or what
-// existed before the chain, and no two phases write the same memory.
-struct LinearPhase {
-  const void* x;
-  const void* add;
-  const void* norm_weight;
-  void* sum;
-  const void* w;
-  void* y;
-  int64_t n_out, k_in, x_stride;
-  int32_t mode;
-};
-
-// Runs `count` (at most kMaxLinearChainPhases) LinearPhases one after another as one kernel of a
-// block per SM, the phases meeting at a grid barrier (Note [Persistent linear chain]); rows <=
-// kSmallLinearMaxRows; `barrier` two unsigned ints in device memory, zero before the first launch
-// and left zero by each (consecutive chains in a stream may share them). Each projection gives
-// the bits SmallLinear and its staged forms give. LinearChainFits: whether the weights of two
-// consecutive phases fit a block's shared memory (else LinearChain returns cudaErrorInvalidValue).
-constexpr int kMaxLinearChainPhases = 8;
-bool LinearChainFits(const LinearPhase* phases, int count, int64_t rows, DtypeCode dtype);
-cudaError_t LinearChain(const LinearPhase* phases, int count, int64_t rows, float eps,
-                        DtypeCode dtype, unsigned* barrier, cudaStream_t stream);
 
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;

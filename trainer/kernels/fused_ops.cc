@@ -7,10 +7,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <vector>
 
 #include "launch/check.h"
@@ -366,137 +364,6 @@ at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, co
                                             y.data_ptr(), in.numel() / (2 * inner), w.size(0),
                                             inner, CodeOf(in), c10::cuda::getCurrentCUDAStream()));
   return y;
-}
-
-namespace {
-
-// LayerEndChain's grid barrier on `device` (Note [Persistent linear chain]): two zeroed unsigned
-// ints, allocated at the first use outside a graph capture (the engine's first decode step runs
-// eagerly) and kept; null where a capture is under way and none exists yet.
-unsigned* ChainBarrier(const at::Device& device) {
-  static std::mutex mutex;
-  static std::array<unsigned*, 64> barriers{};
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto index = static_cast<size_t>(device.index());
-  if (index >= barriers.size()) return nullptr;
-  if (barriers[index] == nullptr) {
-    const c10::cuda::CUDAGuard guard(device);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    void* memory = nullptr;
-    RL_CHECK_CUDA(cudaMalloc(&memory, 2 * sizeof(unsigned)));
-    RL_CHECK_CUDA(cudaMemset(memory, 0, 2 * sizeof(unsigned)));
-    barriers[index] = static_cast<unsigned*>(memory);
-  }
-  return barriers[index];
-}
-
-// LayerEndChain's outputs; undefined ones give null pointers (a plan to check the fit with).
-struct LayerEndOutputs {
-  at::Tensor o, sum, gate_up, down, next_sum, next_qkv;
-};
-
-std::vector<LinearPhase> LayerEndPhases(const at::Tensor& attention, const at::Tensor& o_proj,
-                                        const at::Tensor& residual, const at::Tensor& post_norm,
-                                        const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-                                        const at::Tensor& next_norm,
-                                        const at::Tensor& next_qkv_proj,
-                                        const LayerEndOutputs& out) {
-  const auto at = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
-  const int64_t hidden = o_proj.size(0);
-  const int64_t heads = o_proj.size(1);
-  const int64_t inner = down_proj.size(1);
-  std::vector<LinearPhase> phases = {
-      {at(attention), nullptr, nullptr, nullptr, o_proj.data_ptr(), at(out.o), hidden, heads, heads,
-       0},
-      {at(out.o), residual.data_ptr(), post_norm.data_ptr(), at(out.sum), gate_up_proj.data_ptr(),
-       at(out.gate_up), 2 * inner, hidden, hidden, 1},
-      {at(out.gate_up), nullptr, nullptr, nullptr, down_proj.data_ptr(), at(out.down), hidden,
-       inner, 2 * inner, 2}};
-  if (next_qkv_proj.defined()) {
-    phases.push_back({at(out.down), at(out.sum), next_norm.data_ptr(), at(out.next_sum),
-                      next_qkv_proj.data_ptr(), at(out.next_qkv), next_qkv_proj.size(0), hidden,
-                      hidden, 1});
-  }
-  return phases;
-}
-
-}  // namespace
-
-bool LayerEndChainTakes(const at::Tensor& attention, const at::Tensor& o_proj,
-                        const at::Tensor& residual, const at::Tensor& post_norm,
-                        const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-                        const at::Tensor& next_norm, const at::Tensor& next_qkv_proj) {
-  if (!PersistentLinearChain::On() || !Supported(attention) || attention.dim() == 0 ||
-      next_norm.defined() != next_qkv_proj.defined()) {
-    return false;
-  }
-  const auto fits = [&](const at::Tensor& t, bool weight) {
-    return t.defined() && t.device() == attention.device() &&
-           t.scalar_type() == attention.scalar_type() && !t.requires_grad() && t.is_contiguous() &&
-           Aligned(t, 16 / t.element_size()) && (!weight || t.dim() == 2);
-  };
-  if (!fits(attention, false) || !fits(residual, false) || !fits(o_proj, true) ||
-      !fits(gate_up_proj, true) || !fits(down_proj, true) || !fits(post_norm, false) ||
-      (next_qkv_proj.defined() && (!fits(next_qkv_proj, true) || !fits(next_norm, false)))) {
-    return false;
-  }
-  const int64_t hidden = o_proj.size(0);
-  const int64_t heads = o_proj.size(1);
-  const int64_t inner = down_proj.size(1);
-  const int64_t rows = attention.size(-1) == heads ? attention.numel() / heads : 0;
-  if (rows < 1 || rows > kSmallLinearMaxRows || residual.size(-1) != hidden ||
-      residual.numel() != rows * hidden || post_norm.numel() != hidden ||
-      gate_up_proj.size(0) != 2 * inner || gate_up_proj.size(1) != hidden ||
-      down_proj.size(0) != hidden ||
-      (next_qkv_proj.defined() &&
-       (next_qkv_proj.size(1) != hidden || next_norm.numel() != hidden))) {
-    return false;
-  }
-  const std::vector<LinearPhase> plan =
-      LayerEndPhases(attention, o_proj, residual, post_norm, gate_up_proj, down_proj, next_norm,
-                     next_qkv_proj, LayerEndOutputs{});
-  return LinearChainFits(plan.data(), static_cast<int>(plan.size()), rows, CodeOf(attention)) &&
-         ChainBarrier(attention.device()) != nullptr;
-}
-
-LayerEnd LayerEndChain(const at::Tensor& attention, const at::Tensor& o_proj,
-                       const at::Tensor& residual, const at::Tensor& post_norm,
-                       const at::Tensor& gate_up_proj, const at::Tensor& down_proj, double eps,
-                       const at::Tensor& next_norm, const at::Tensor& next_qkv_proj) {
-  RL_CHECK(LayerEndChainTakes(attention, o_proj, residual, post_norm, gate_up_proj, down_proj,
-                              next_norm, next_qkv_proj),
-           Error,
-           "LayerEndChain: attention [{}], o_proj [{}], gate_up_proj [{}] and down_proj [{}] "
-           "do not fit the kernel",
-           fmt::join(attention.sizes(), ", "), fmt::join(o_proj.sizes(), ", "),
-           fmt::join(gate_up_proj.sizes(), ", "), fmt::join(down_proj.sizes(), ", "));
-  const int64_t hidden = o_proj.size(0);
-  const int64_t rows = residual.numel() / hidden;
-  const at::TensorOptions options = attention.options();
-  LayerEndOutputs out;
-  out.o = at::empty({rows, hidden}, options);
-  out.sum = at::empty(residual.sizes(), options);
-  out.gate_up = at::empty({rows, gate_up_proj.size(0)}, options);
-  out.down = at::empty(residual.sizes(), options);
-  if (next_qkv_proj.defined()) {
-    std::vector<int64_t> shape = residual.sizes().vec();
-    shape.back() = next_qkv_proj.size(0);
-    out.next_sum = at::empty(residual.sizes(), options);
-    out.next_qkv = at::empty(shape, options);
-  }
-  const std::vector<LinearPhase> phases =
-      LayerEndPhases(attention, o_proj, residual, post_norm, gate_up_proj, down_proj, next_norm,
-                     next_qkv_proj, out);
-  const c10::cuda::CUDAGuard guard(attention.device());
-  RL_CHECK_CUDA(kernels::LinearChain(
-      phases.data(), static_cast<int>(phases.size()), rows, static_cast<float>(eps),
-      CodeOf(attention), ChainBarrier(attention.device()), c10::cuda::getCurrentCUDAStream()));
-  return {out.sum, out.down, out.next_sum, out.next_qkv};
 }
 
 at::Tensor SiluMul(const at::Tensor& gate_up) {

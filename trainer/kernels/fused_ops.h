@@ -108,28 +108,6 @@ SummedLinear SmallLinearAddRmsNorm(const at::Tensor& x, const at::Tensor& add,
 // Linear(SiluMul(gate_up), w, b): the activation folded into the down projection.
 at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b);
 
-// The rest of a dense decode layer of one or two rows after its attention as one kernel (Note
-// [Persistent linear chain] in decode_kernels.cu), bit for bit SmallLinear(attention, o_proj),
-// SmallLinearAddRmsNorm(residual, that, post_norm, eps, gate_up_proj), SmallLinearSiluMul(that,
-// down_proj) and, where next_qkv_proj is defined, SmallLinearAddRmsNorm(sum, down, next_norm,
-// eps, next_qkv_proj): `sum` is residual + o, `down` the MLP's output, and with the next layer
-// `next_sum` = sum + down and `next_qkv` its q/k/v projection (both undefined without it).
-// LayerEndChainTakes: whether it applies (a PersistentLinearChain scope on, every tensor on one
-// GPU in one Supported dtype outside autograd, no biases, weights contiguous, the shapes of a
-// gated MLP, the weights of two consecutive projections within an SM's shared memory). One
-// chain at a time on a device: the kernel's grid barrier is one per device.
-struct LayerEnd {
-  at::Tensor sum, down, next_sum, next_qkv;
-};
-bool LayerEndChainTakes(const at::Tensor& attention, const at::Tensor& o_proj,
-                        const at::Tensor& residual, const at::Tensor& post_norm,
-                        const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
-                        const at::Tensor& next_norm, const at::Tensor& next_qkv_proj);
-LayerEnd LayerEndChain(const at::Tensor& attention, const at::Tensor& o_proj,
-                       const at::Tensor& residual, const at::Tensor& post_norm,
-                       const at::Tensor& gate_up_proj, const at::Tensor& down_proj, double eps,
-                       const at::Tensor& next_norm, const at::Tensor& next_qkv_proj);
-
 // silu(gate_up[..., :inner]) * gate_up[..., inner:] for gate_up [..., 2 inner] (Supported), in
 // one kernel, bit for bit what at::silu and the product give.
 at::Tensor SiluMul(const at::Tensor& gate_up);

@@ -352,15 +352,12 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
     if (pending.defined()) x = x + pending;
     return RmsNorm(x, weight, config_.rms_norm_eps);
   };
-  at::Tensor topk;       // DSA selection of the last full indexer layer
-  at::Tensor pending;    // the last block's output, not yet added to x
-  at::Tensor qkv_ahead;  // this layer's q/k/v projection, computed by the layer before
+  at::Tensor topk;     // DSA selection of the last full indexer layer
+  at::Tensor pending;  // the last block's output, not yet added to x
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     ctx.cache = cache != nullptr ? &cache->layer(static_cast<int64_t>(l)) : nullptr;
-    const Layer* next = l + 1 < layers_.size() ? &layers_[l + 1] : nullptr;
-    if (SmallDecodeLayer(layer, next, ctx, x, pending, qkv_ahead)) continue;
-    qkv_ahead = at::Tensor();  // x holds the whole sum (pending undefined): computed again below
+    if (SmallDecodeLayer(layer, ctx, x, pending)) continue;
     at::Tensor h = add_norm(x, pending, layer.input_norm);
     if (config_.attention_kind() == AttentionKind::kGqa) {
       h = tensor_group_ != nullptr  // Note [Tensor-parallel attention]
@@ -415,8 +412,8 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
   return add_norm(x, pending, final_norm_);
 }
 
-bool Decoder::SmallDecodeLayer(const Layer& layer, const Layer* next, const AttentionContext& ctx,
-                               at::Tensor& x, at::Tensor& pending, at::Tensor& qkv_ahead) const {
+bool Decoder::SmallDecodeLayer(const Layer& layer, const AttentionContext& ctx, at::Tensor& x,
+                               at::Tensor& pending) const {
   const GqaWeights& w = layer.gqa;
   const MlpWeights& mlp = layer.mlp;
   const int64_t hidden = config_.hidden_size;
@@ -431,30 +428,9 @@ bool Decoder::SmallDecodeLayer(const Layer& layer, const Layer* next, const Atte
   }
   const double eps = config_.rms_norm_eps;
   const kernels::SummedLinear qkv =
-      qkv_ahead.defined() ? kernels::SummedLinear{x, std::exchange(qkv_ahead, at::Tensor())}
-                          : kernels::SmallLinearAddRmsNorm(x, pending, layer.input_norm, eps,
-                                                           w.qkv_proj, w.qkv_bias);
-  const at::Tensor heads = GqaDecodeAttention(w, qkv.out, ctx);
-  if (!w.o_bias.defined()) {  // Note [Persistent linear chain] in trainer/kernels/decode_kernels.cu
-    // The next layer's q/k/v joins the chain where that layer will run here too (a layer that
-    // does not drops qkv_ahead and normalises x again: the same values).
-    const bool ahead = next != nullptr && next->mlp_type == MlpType::kDense &&
-                       !next->gqa.qkv_bias.defined() && next->gqa.qkv_proj.defined() &&
-                       kernels::SmallLinearStagedTakes(x, hidden, next->gqa.qkv_proj, {});
-    const at::Tensor& next_norm = ahead ? next->input_norm : at::Tensor();
-    const at::Tensor& next_qkv = ahead ? next->gqa.qkv_proj : at::Tensor();
-    if (kernels::LayerEndChainTakes(heads, w.o_proj, qkv.sum, layer.post_norm, mlp.gate_up_proj,
-                                    mlp.down_proj, next_norm, next_qkv)) {
-      kernels::LayerEnd end =
-          kernels::LayerEndChain(heads, w.o_proj, qkv.sum, layer.post_norm, mlp.gate_up_proj,
-                                 mlp.down_proj, eps, next_norm, next_qkv);
-      x = ahead ? std::move(end.next_sum) : std::move(end.sum);
-      pending = ahead ? at::Tensor() : std::move(end.down);
-      qkv_ahead = std::move(end.next_qkv);
-      return true;
-    }
-  }
-  const at::Tensor attention = Linear(heads, w.o_proj, w.o_bias, kernels_);
+      kernels::SmallLinearAddRmsNorm(x, pending, layer.input_norm, eps, w.qkv_proj, w.qkv_bias);
+  const at::Tensor attention =
+      Linear(GqaDecodeAttention(w, qkv.out, ctx), w.o_proj, w.o_bias, kernels_);
   const kernels::SummedLinear gate_up =
       kernels::SmallLinearAddRmsNorm(qkv.sum, attention, layer.post_norm, eps, mlp.gate_up_proj, {});
   pending = kernels::SmallLinearSiluMul(gate_up.out, mlp.down_proj, {});

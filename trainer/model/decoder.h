@@ -219,12 +219,9 @@ class Decoder {
   // Note [Decode kernels] (layers.cc): a dense GQA layer of a decode step of one or two rows with
   // its norms folded into the projections after them and the activation into the down
   // projection: x += pending, then pending = the attention and MLP blocks' output with x
-  // updated in between. False (nothing done) where the kernels do not apply. Where the layer's end
-  // runs as one kernel (kernels::LayerEndChain) and `next` (the layer after) takes it, the chain
-  // also adds pending to x and computes the next layer's q/k/v projection into `qkv_ahead`
-  // (pending then undefined), which the next call takes instead of computing it.
-  bool SmallDecodeLayer(const Layer& layer, const Layer* next, const AttentionContext& ctx,
-                        at::Tensor& x, at::Tensor& pending, at::Tensor& qkv_ahead) const;
+  // updated in between. False (nothing done) where the kernels do not apply.
+  bool SmallDecodeLayer(const Layer& layer, const AttentionContext& ctx, at::Tensor& x,
+                        at::Tensor& pending) const;
   // The layers and the final norm over embedded tokens x [batch, seq, hidden]; `ctx` without
   // its per-layer cache, which comes from `cache` when given.
   // `batch`: the batch size, which the tensor-parallel attention needs under sequence
