@@ -28,6 +28,7 @@
 // wait.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "trainer/kernels/cuda_kernels.h"
@@ -162,6 +163,231 @@ cudaError_t DispatchSkinnyWarps(const void* x, const void* w, const void* bias, 
   return LaunchSkinnyLinear<kGroups, 16>(x, w, bias, y, rows, n_out, k_in, stream);
 }
 
+// Note [Split-k linear kernel]
+// From 33 to 64 rows cuBLAS keeps the decode step's projections (SkinnyLinear reads all of x per
+// 16 features, 32 MB of L2 reads for Qwen3-0.6B's q/k/v at 64 rows), and cuBLAS's kernels take
+// no part in programmatic launch: each reads its weights only once the kernel ahead has ended,
+// and its own start ends the chain of the kernels behind it (docs/decode-performance.md: 5.5 to
+// 7.6 us a GEMM at 64 rows on an H100, from HBM or from the L2 alike). SplitKLinearKernel gives a
+// block kTiles tiles of 16 output features and one of `splits` slices of K (`chunk` dims), sized
+// so that the grid is at most a block per SM:
+//   - before the wait its slice of the weights [16 kTiles, chunk] goes to shared memory by
+//     cp.async (the weights do not depend on the kernel ahead), after it x's rows [64, chunk];
+//   - warp w takes feature tile w % kTiles and half w / kTiles of the chunk, and per piece of 32
+//     dims adds two m16n8k16 mmas per 8 rows, Y^T += W X^T, with the lane's dims assigned to the
+//     mma's k-slots as in Note [Skinny linear kernel] (rows past `rows` read the last row and are
+//     not written);
+//   - the second half's sums are added to the first's in shared memory, then, with one slice,
+//     rounded once (with the bias) and written; with several, written as fp32 to `partial`,
+//     and the last block of the feature tile to finish (a counter per tile, set back to 0 by it)
+//     adds the slices in slice order, then rounds and writes.
+// Every sum has a fixed order: the same inputs give the same bits (graph replays equal eager
+// steps), which differ from cuBLAS's by the order of the fp32 sums.
+// An mbarrier in shared memory for one arrival (the thread that announces the bytes), visible to
+// the block's threads and the SM's bulk copies once the block has passed a barrier after it.
+__device__ __forceinline__ void InitBarrier(uint64_t* barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SharedAddress(barrier)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// The arrival, announcing the bytes the copies counted on `barrier` will bring.
+__device__ __forceinline__ void ExpectBytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SharedAddress(barrier)),
+      "r"(bytes)
+      : "memory");
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
+// SM's copy engine, counted on `barrier`.
+__device__ __forceinline__ void BulkCopy(void* shared, const void* global, uint32_t bytes,
+                                         uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(SharedAddress(shared)),
+      "l"(global), "r"(bytes), "r"(SharedAddress(barrier))
+      : "memory");
+}
+// Until the phase `parity` of `barrier` has completed (every announced byte landed).
+__device__ __forceinline__ void WaitBarrier(uint64_t* barrier, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(SharedAddress(barrier)),
+      "r"(parity)
+      : "memory");
+}
+
+constexpr int kSplitRows = 64;  // x's rows a block stages (fewer are read again)
+constexpr int kSplitPad = 8;    // elements after each staged row: rows 16 bytes apart in banks
+constexpr int64_t kMaxSplitTiles = 1 << 14;
+__device__ unsigned int g_splitk_counters[2 * kMaxSplitTiles];
+
+template <int kTiles>
+__global__ void __launch_bounds__(kTiles * 64)
+    SplitKLinearKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w,
+                       const Bf16* __restrict__ bias, Bf16* __restrict__ y,
+                       float* __restrict__ partial, int64_t rows, int64_t n_out, int64_t k_in,
+                       int64_t chunk, int splits) {
+  constexpr int kFeatures = 16 * kTiles;
+  constexpr int kThreadsHere = kTiles * 64;
+  extern __shared__ __align__(16) unsigned char split_bytes[];
+  const int64_t pitch = chunk + kSplitPad;
+  Bf16* const w_tile = reinterpret_cast<Bf16*>(split_bytes);  // [kFeatures][pitch]
+  Bf16* const x_tile = w_tile + kFeatures * pitch;            // [kSplitRows][pitch]
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int64_t group = blockIdx.x;  // the block's kFeatures features
+  const int split = blockIdx.y;
+  const int64_t first_feature = group * kFeatures;
+  const int64_t k0 = split * chunk;
+  // The tiles by the SM's bulk copies, a row each, counted on two mbarriers: per-thread cp.async
+  // of 16 bytes left an SM of one block far from its share of the bandwidth.
+  __shared__ __align__(8) uint64_t landed[2];  // the weights, x
+  const auto row_bytes = static_cast<uint32_t>(chunk * sizeof(Bf16));
+  if (threadIdx.x == 0) {
+    InitBarrier(&landed[0]);
+    InitBarrier(&landed[1]);
+  }
+  __syncthreads();
+  // The weights, by warp 0: before the kernel ahead has finished, under programmatic launch.
+  if (warp == 0) {
+    if (lane == 0) ExpectBytes(&landed[0], row_bytes * kFeatures);
+    __syncwarp();
+    for (int f = lane; f < kFeatures; f += 32) {
+      const int64_t feature = first_feature + f < n_out ? first_feature + f : n_out - 1;
+      BulkCopy(w_tile + f * pitch, w + feature * k_in + k0, row_bytes, &landed[0]);
+    }
+  }
+  PrecedingKernelsDone();
+  if (warp == 0) {
+    if (lane == 0) ExpectBytes(&landed[1], row_bytes * kSplitRows);
+    __syncwarp();
+    for (int r = lane; r < kSplitRows; r += 32) {
+      const int64_t row = r < rows ? r : rows - 1;
+      BulkCopy(x_tile + r * pitch, x + row * k_in + k0, row_bytes, &landed[1]);
+    }
+  }
+  WaitBarrier(&landed[0], 0);
+  WaitBarrier(&landed[1], 0);
+  const int tile = warp % kTiles;
+  const int half = warp / kTiles;
+  const int64_t span = chunk / 2;  // dims of a half
+  const Bf16* a_rows[2] = {w_tile + (16 * tile + g) * pitch + half * span + 8 * t,
+                           w_tile + (16 * tile + g + 8) * pitch + half * span + 8 * t};
+  // acc[j]: (feature g, row 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1).
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  }
+#pragma unroll 4
+  for (int64_t s = 0; s < span / 32; ++s) {
+    const uint4 a0 = *reinterpret_cast<const uint4*>(a_rows[0] + 32 * s);
+    const uint4 a1 = *reinterpret_cast<const uint4*>(a_rows[1] + 32 * s);
+    const uint32_t even[4] = {a0.x, a1.x, a0.y, a1.y};
+    const uint32_t odd[4] = {a0.z, a1.z, a0.w, a1.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint4 in = *reinterpret_cast<const uint4*>(x_tile + (8 * j + g) * pitch + half * span +
+                                                       8 * t + 32 * s);
+      Mma16816(acc[j], even, in.x, in.y);
+      Mma16816(acc[j], odd, in.z, in.w);
+    }
+  }
+  // The halves meet in shared memory (the staged tiles are read no more), lane-minor:
+  // element (tile, j, i, lane) at ((tile 8 + j) 4 + i) 32 + lane.
+  float* const sums = reinterpret_cast<float*>(split_bytes);
+  __syncthreads();
+  if (half == 1) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sums[((tile * 8 + j) * 4 + i) * 32 + lane] = acc[j][i];
+    }
+  }
+  __syncthreads();
+  const auto feature_of = [&](int e) {
+    return first_feature + 16 * (e / 1024) + (e % 32) / 4 + (e / 32 % 4 >= 2 ? 8 : 0);
+  };
+  const auto row_of = [&](int e) { return 8 * (e / 128 % 8) + 2 * (e % 4) + (e / 32 % 2); };
+  const auto store = [&](int64_t feature, int64_t row, float sum) {
+    if (bias != nullptr) sum += __bfloat162float(bias[feature]);
+    y[row * n_out + feature] = __float2bfloat16_rn(sum);
+  };
+  constexpr int kElements = kTiles * 1024;  // the block's sums
+  float* const mine = partial + (group * splits + split) * static_cast<int64_t>(kElements);
+  if (half == 0) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = ((tile * 8 + j) * 4 + i) * 32 + lane;
+        const float sum = acc[j][i] + sums[e];
+        if (splits == 1) {
+          if (feature_of(e) < n_out && row_of(e) < rows) store(feature_of(e), row_of(e), sum);
+        } else {
+          mine[e] = sum;
+        }
+      }
+    }
+  }
+  if (splits == 1) return;
+  // The group's blocks meet (all resident: the grid has at most a block per SM, and the kernel
+  // behind starts only once every block has passed PrecedingKernelsDone); block `split` then
+  // adds the slices of its share of the sums in slice order. The last block to leave sets the
+  // group's two counts back to 0.
+  unsigned* const counts = g_splitk_counters + 2 * group;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicAdd(&counts[0], 1u);
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(counts) : "memory");
+    } while (seen < static_cast<unsigned>(splits));
+    __threadfence();
+  }
+  __syncthreads();
+  const float* slices = partial + group * splits * static_cast<int64_t>(kElements);
+  const int share = kElements / splits;
+  for (int e = split * share + threadIdx.x; e < (split + 1) * share; e += kThreadsHere) {
+    if (feature_of(e) >= n_out || row_of(e) >= rows) continue;
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s)
+      sum += __ldcg(slices + s * static_cast<int64_t>(kElements) + e);
+    store(feature_of(e), row_of(e), sum);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(&counts[1], 1u) == static_cast<unsigned>(splits - 1)) {
+    counts[0] = 0;
+    counts[1] = 0;
+  }
+}
+
+template <int kTiles>
+cudaError_t LaunchSplitKLinear(const void* x, const void* w, const void* bias, void* y,
+                               float* partial, int64_t rows, int64_t n_out, int64_t k_in,
+                               const SplitKPlan& plan, cudaStream_t stream) {
+  const auto kernel = SplitKLinearKernel<kTiles>;
+  // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
+  // up to kSplitKMaxSharedBytes.
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSplitKMaxSharedBytes));
+  if (opt_in != cudaSuccess) return opt_in;
+  const dim3 grid(static_cast<unsigned>((n_out + 16 * kTiles - 1) / (16 * kTiles)),
+                  static_cast<unsigned>(plan.splits));
+  return Launch(kernel, grid, kTiles * 64, static_cast<size_t>(plan.shared_bytes), stream,
+                static_cast<const Bf16*>(x), static_cast<const Bf16*>(w),
+                static_cast<const Bf16*>(bias), static_cast<Bf16*>(y), partial, rows, n_out, k_in,
+                k_in / plan.splits, plan.splits);
+}
+
 }  // namespace
 
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
@@ -174,6 +400,46 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
   if (rows <= 16) return DispatchSkinnyWarps<2>(x, w, bias, y, rows, n_out, k_in, stream);
   if (rows <= 32) return DispatchSkinnyWarps<4>(x, w, bias, y, rows, n_out, k_in, stream);
   return DispatchSkinnyWarps<8>(x, w, bias, y, rows, n_out, k_in, stream);
+}
+
+SplitKPlan PlanSplitKLinear(int64_t rows, int64_t n_out, int64_t k_in) {
+  // Of 4, 6 and 8 feature tiles a block and 1 to 8 slices of K: the grid with the most blocks up
+  // to one per SM, each slice a multiple of 64 dims, the block's weights and x within
+  // kSplitKMaxSharedBytes; on a tie the fewer tiles.
+  SplitKPlan best;
+  if (rows < 1 || rows > kSplitKLinearMaxRows || n_out < 1 || k_in < 64) return best;
+  const int64_t sms = MultiprocessorCount();
+  int64_t best_blocks = 0;
+  for (const int tiles : {4, 6, 8}) {
+    const int64_t groups = (n_out + 16 * tiles - 1) / (16 * tiles);
+    if (groups > kMaxSplitTiles) continue;
+    for (int splits = 1; splits <= 8; splits *= 2) {
+      const int64_t blocks = groups * splits;
+      if (k_in % (64 * splits) != 0 || blocks > sms) continue;
+      const int64_t bytes = (16 * tiles + kSplitRows) * (k_in / splits + kSplitPad) * 2;
+      // The halves' sums reuse the staged tiles: at least 4 KiB a feature tile.
+      const int64_t shared = std::max<int64_t>(bytes, int64_t{4096} * tiles);
+      if (shared > kSplitKMaxSharedBytes || blocks <= best_blocks) continue;
+      best_blocks = blocks;
+      best = SplitKPlan{tiles, splits, shared};
+    }
+  }
+  return best;
+}
+
+cudaError_t SplitKLinear(const void* x, const void* w, const void* bias, void* y, float* partial,
+                         int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
+  const SplitKPlan plan = PlanSplitKLinear(rows, n_out, k_in);
+  switch (plan.tiles) {
+    case 4:
+      return LaunchSplitKLinear<4>(x, w, bias, y, partial, rows, n_out, k_in, plan, stream);
+    case 6:
+      return LaunchSplitKLinear<6>(x, w, bias, y, partial, rows, n_out, k_in, plan, stream);
+    case 8:
+      return LaunchSplitKLinear<8>(x, w, bias, y, partial, rows, n_out, k_in, plan, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace rl::kernels
