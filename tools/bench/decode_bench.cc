@@ -232,10 +232,6 @@ int Run(int argc, char** argv) {
   app.add_flag("--shared-weight-linear,!--no-shared-weight-linear", shared_weight_linear,
                "projections of 1 or 2 rows with their weights in shared memory where they fit "
                "(default; the same bits as in registers)");
-  bool split_k_linear = true;
-  app.add_flag("--split-k-linear,!--no-split-k-linear", split_k_linear,
-               "projections of 33 to 64 rows by our split-k kernel where it takes them "
-               "(default), else cuBLAS");
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   bool step_time = false;
@@ -259,7 +255,6 @@ int Run(int argc, char** argv) {
   }
 
   const rl::kernels::SharedWeightLinear weights_in_shared(shared_weight_linear);
-  const rl::kernels::SplitKProjections split_k(split_k_linear);
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   rl::json::Value architecture;

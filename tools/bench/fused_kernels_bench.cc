@@ -254,30 +254,7 @@ void DecodeKernelSpeeds(const at::Device& device) {
       std::printf(
           "; SkinnyLinear %.1f us (%.2f TB/s, %.2fx), by programmatic launch %.1f us (%.2fx)",
           alone, bytes / alone * 1e-6, cublas / alone, overlapped, cublas / overlapped);
-      std::printf("%s", rl::kernels::SkinnyLinearPays(x, w, {}) ? "" : " (cuBLAS's shape)");
-      // SplitKLinear (Note [Split-k linear kernel]) where it takes the shape.
-      const rl::kernels::SplitKPlan plan = rl::kernels::PlanSplitKLinear(rows, n, k);
-      if (plan.tiles > 0) {
-        const at::Tensor partial =
-            at::empty({std::max<int64_t>(1, plan.partial_elements(n))}, on(at::kFloat));
-        const auto split = [&] {
-          rl::kernels::SplitKLinear(x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr(),
-                                    partial.data_ptr<float>(), rows, n, k,
-                                    c10::cuda::getCurrentCUDAStream());
-        };
-        const double split_alone = MicrosPerCall(split);
-        double split_overlapped = 0;
-        {
-          const rl::kernels::ProgrammaticLaunch programmatic(true);
-          split_overlapped = MicrosPerCall(split);
-        }
-        std::printf(
-            "; SplitKLinear (%d tiles, %d splits) %.1f us (%.2fx), by programmatic "
-            "launch %.1f us (%.2fx)",
-            plan.tiles, plan.splits, split_alone, cublas / split_alone, split_overlapped,
-            cublas / split_overlapped);
-      }
-      std::printf("\n");
+      std::printf("%s\n", rl::kernels::SkinnyLinearPays(x, w, {}) ? "" : " (cuBLAS's shape)");
     }
   }
 }

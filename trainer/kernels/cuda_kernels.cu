@@ -262,7 +262,6 @@ cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, vo
 
 thread_local bool programmatic_launch = false;
 thread_local bool shared_weight_linear = true;
-thread_local bool split_k_projections = true;
 std::atomic<bool> programmatic_refused{false};
 
 }  // namespace
@@ -291,14 +290,6 @@ SharedWeightLinear::SharedWeightLinear(bool on) : previous_(shared_weight_linear
 SharedWeightLinear::~SharedWeightLinear() { shared_weight_linear = previous_; }
 
 bool SharedWeightLinear::On() { return shared_weight_linear; }
-
-SplitKProjections::SplitKProjections(bool on) : previous_(split_k_projections) {
-  split_k_projections = on;
-}
-
-SplitKProjections::~SplitKProjections() { split_k_projections = previous_; }
-
-bool SplitKProjections::On() { return split_k_projections; }
 
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {

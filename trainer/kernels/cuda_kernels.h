@@ -121,42 +121,6 @@ constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                          int64_t n_out, int64_t k_in, cudaStream_t stream);
 
-// y [rows, n_out] = x [rows, k_in] w^T + bias for rows <= kSplitKLinearMaxRows on tensor cores,
-// bf16, k split over blocks (linear_kernels.cu, Note [Split-k linear kernel]): x, w [n_out, k_in]
-// and y contiguous and 16-byte aligned, bias [n_out] or null, `partial` fp32 scratch of
-// SplitKPlan::partial_elements(n_out) elements; fp32 sums in a fixed order, rounded once.
-// PlanSplitKLinear: the block shape a launch takes, tiles 0 where the kernel does not take the
-// sizes (k_in not split into multiples of 64 dims within a grid of a block per SM, or past
-// kSplitKMaxSharedBytes).
-constexpr int64_t kSplitKLinearMaxRows = 64;
-constexpr int64_t kSplitKMaxSharedBytes = 200 * 1024;
-struct SplitKPlan {
-  int tiles = 0;   // tiles of 16 features a block
-  int splits = 0;  // slices of k_in
-  int64_t shared_bytes = 0;
-  int64_t partial_elements(int64_t n_out) const {
-    return splits <= 1 ? 0 : (n_out + 16 * tiles - 1) / (16 * tiles) * splits * tiles * 1024;
-  }
-};
-SplitKPlan PlanSplitKLinear(int64_t rows, int64_t n_out, int64_t k_in);
-cudaError_t SplitKLinear(const void* x, const void* w, const void* bias, void* y, float* partial,
-                         int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream);
-
-// While one lives on a thread and is off, the decode projections SplitKLinear would take keep
-// cuBLAS; on (the default), SplitKLinearPays decides (fused_ops.h). Scopes nest; each restores
-// what it found. For benchmarks.
-class SplitKProjections {
- public:
-  explicit SplitKProjections(bool on);
-  ~SplitKProjections();
-  SplitKProjections(const SplitKProjections&) = delete;
-  SplitKProjections& operator=(const SplitKProjections&) = delete;
-  static bool On();
-
- private:
-  bool previous_;
-};
-
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;
 // A block's weights, norm weight and staged input, where SmallLinear holds them in shared memory

@@ -3,7 +3,6 @@
 // DsaIndexScores within fp32 rounding of one.
 // Skipped loudly without a CUDA device (CI has none; the GPU machine runs it).
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -195,56 +194,6 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
   CHECK_FALSE(SkinnyLinearPays(at::randn({33, 1024}, On(at::kBFloat16)), o, {}));
   CHECK_FALSE(SkinnyLinearPays(at::randn({8, 1024}, On(at::kBFloat16)),
                                at::randn({2049, 1024}, On(at::kBFloat16)), {}));
-}
-
-// Note [Split-k linear kernel]: within one bf16 rounding of an fp64 reference, the same bits
-// again, at Qwen3-0.6B's projections (whose block shapes it states) and others (a last feature
-// group short of features, a bias, rows past every 8), from 3 to 64 rows.
-TEST_CASE("SplitKLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(23);
-  struct LinearCase {
-    bool with_bias;
-    int64_t n, k;
-  };
-  for (const int64_t rows : {3, 17, 33, 64}) {
-    for (const LinearCase& c : {LinearCase{false, 4096, 1024}, LinearCase{false, 6144, 1024},
-                                LinearCase{false, 1024, 2048}, LinearCase{false, 1024, 3072},
-                                LinearCase{true, 1000, 2048}, LinearCase{true, 130, 512}}) {
-      INFO(rows << " rows, n " << c.n << ", k " << c.k << ", bias " << c.with_bias);
-      const at::Tensor x = at::randn({rows, 1, c.k}, On(at::kBFloat16));
-      const at::Tensor w = at::randn({c.n, c.k}, On(at::kBFloat16)) / std::sqrt(double(c.k));
-      const at::Tensor b = c.with_bias ? at::randn({c.n}, On(at::kBFloat16)) : at::Tensor();
-      REQUIRE(SplitKLinearTakes(x, w, b));
-      at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
-      if (c.with_bias) expected = expected + b.to(at::kDouble);
-      const at::Tensor y = SplitKLinear(x, w, b);
-      REQUIRE(y.sizes() == expected.sizes());
-      // |y| < 8: one bf16 rounding is below 3.2e-2.
-      CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
-      CHECK(SameBits(y, SplitKLinear(x, w, b)));
-    }
-  }
-  // Qwen3-0.6B at 64 rows on a GPU of 132 SMs: a grid of 128 blocks each.
-  if (c10::cuda::device_count() > 0 &&
-      at::cuda::getCurrentDeviceProperties()->multiProcessorCount == 132) {
-    CHECK(PlanSplitKLinear(64, 4096, 1024).tiles == 4);
-    CHECK(PlanSplitKLinear(64, 4096, 1024).splits == 2);
-    CHECK(PlanSplitKLinear(64, 6144, 1024).tiles == 6);
-    CHECK(PlanSplitKLinear(64, 6144, 1024).splits == 2);
-    CHECK(PlanSplitKLinear(64, 1024, 2048).splits == 8);
-    CHECK(PlanSplitKLinear(64, 1024, 3072).splits == 8);
-  }
-  const at::Tensor w = at::randn({64, 1000}, On(at::kBFloat16));
-  CHECK_FALSE(SplitKLinearTakes(at::randn({8, 1000}, On(at::kBFloat16)), w, {}));  // k % 64
-  CHECK_FALSE(SplitKLinearTakes(at::randn({65, 1024}, On(at::kBFloat16)),
-                                at::randn({64, 1024}, On(at::kBFloat16)), {}));  // cuBLAS's
-  // Where the engine takes it: from 33 rows, unless a scope turned it off.
-  const at::Tensor o = at::randn({1024, 2048}, On(at::kBFloat16));
-  CHECK_FALSE(SplitKLinearPays(at::randn({32, 2048}, On(at::kBFloat16)), o, {}));
-  CHECK(SplitKLinearPays(at::randn({33, 2048}, On(at::kBFloat16)), o, {}));
-  const SplitKProjections off(false);
-  CHECK_FALSE(SplitKLinearPays(at::randn({33, 2048}, On(at::kBFloat16)), o, {}));
 }
 
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {

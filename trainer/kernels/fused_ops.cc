@@ -316,33 +316,6 @@ at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tens
       });
 }
 
-bool SplitKLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return x.defined() && x.dim() > 0 && x.scalar_type() == at::kBFloat16 &&
-         LinearFits(x, x.size(-1), w, b, kSmallLinearMaxRows + 1, kSplitKLinearMaxRows) &&
-         PlanSplitKLinear(x.numel() / x.size(-1), w.size(0), w.size(1)).tiles > 0;
-}
-
-bool SplitKLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return SplitKProjections::On() && SplitKLinearTakes(x, w, b) &&
-         x.numel() / x.size(-1) >= kSplitKLinearPaysMinRows;
-}
-
-at::Tensor SplitKLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  RL_CHECK(SplitKLinearTakes(x, w, b), Error,
-           "SplitKLinear: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
-           fmt::join(w.sizes(), ", "));
-  const int64_t rows = x.numel() / x.size(-1);
-  const int64_t elements = PlanSplitKLinear(rows, w.size(0), w.size(1)).partial_elements(w.size(0));
-  const at::Tensor partial =
-      at::empty({elements}, x.options().dtype(at::kFloat));  // Note [Split-k linear kernel]
-  return RunLinear(
-      x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t n) {
-        return kernels::SplitKLinear(in, weight, bias, y,
-                                     elements > 0 ? partial.data_ptr<float>() : nullptr, n,
-                                     w.size(0), w.size(1), c10::cuda::getCurrentCUDAStream());
-      });
-}
-
 bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,
                             const at::Tensor& b) {
   return SmallLinearFits(x, k, w, b) &&

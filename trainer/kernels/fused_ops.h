@@ -90,16 +90,6 @@ bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
-// The same for 3 to kSplitKLinearMaxRows (64) rows of bf16 x with k split over blocks (Note
-// [Split-k linear kernel] in linear_kernels.cu): SplitKLinearTakes says whether the kernel takes
-// the shapes (PlanSplitKLinear in cuda_kernels.h), SplitKLinearPays whether the engine takes it
-// (a SplitKProjections scope on, and from kSplitKLinearPaysMinRows rows, where SkinnyLinear
-// leaves a projection to cuBLAS).
-constexpr int64_t kSplitKLinearPaysMinRows = 33;
-bool SplitKLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-bool SplitKLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-at::Tensor SplitKLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-
 // The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
 // one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
 // apply to an input x whose staged rows have k elements (x [..., k] for the norm, gate_up
