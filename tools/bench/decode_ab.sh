@@ -15,12 +15,13 @@ if [ $# -ne 3 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
 fi
 rounds="$1"
 commands=("$2" "$3")
+labels=(A B)
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
 
 for ((round = 1; round <= rounds; round++)); do
   for side in 0 1; do
-    label=$([ "$side" = 0 ] && echo A || echo B)
+    label="${labels[$side]}"
     # shellcheck disable=SC2086  # the command is a command line, split into its words
     if ! line=$(${commands[$side]} --step-time | tail -n 1); then
       echo "decode_ab: run $round of $label failed: ${commands[$side]}" >&2
