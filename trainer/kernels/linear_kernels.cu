@@ -162,6 +162,180 @@ cudaError_t DispatchSkinnyWarps(const void* x, const void* w, const void* bias, 
   return LaunchSkinnyLinear<kGroups, 16>(x, w, bias, y, rows, n_out, k_in, stream);
 }
 
+// Note [Staged skinny linear kernel]
+// From 33 to 64 rows SkinnyLinearKernel reads all of x (up to 384 KiB) per 16 features, from the
+// L2: 32 MB for Qwen3-0.6B's q/k/v at 64 rows, four times its weights. StagedSkinnyKernel gives a
+// block kTiles tiles of 16 features (the fewest that keep the grid within a wave of one block per
+// SM), so that x is read once per 16 kTiles features, and keeps both operands in shared memory:
+//   - the block's whole slice of the weights [16 kTiles, k_in], copied by cp.async before the
+//     wait: under programmatic launch they stream in while the kernel ahead finishes;
+//   - x's rows in pieces of kStagedChunk dims through a ring of kStagedRing stages, copied by all
+//     the block's threads (a first version loaded x straight into each warp's registers, one
+//     piece of 32 dims ahead, and waited for the L2 once per piece: twice cuBLAS's time);
+//   - per piece of the ring, warp w takes its 32 dims 32 w to + 32 and adds, per tile and group of
+//     8 rows, two m16n8k16 mmas with the lane-to-dim mapping of Note [Skinny linear kernel].
+// Rows of both are padded so that a quarter warp's 16-byte reads fall on distinct banks; rows past
+// `rows` are not copied (their sums are not written: a column of an mma depends on its own
+// inputs only). The warps' sums meet in shared memory and are added in warp order, then rounded
+// once with the bias: the same inputs give the same bits.
+constexpr int kStagedWarps = 8;
+constexpr int kStagedMaxTiles = 3;
+constexpr int kStagedChunk = 32 * kStagedWarps;  // dims of a stage of x: a piece of 32 per warp
+constexpr int kStagedRing = 3;
+// Pad after each staged row, in elements: rows of a multiple of 128 bytes would put the lanes of
+// a quarter warp (rows g and g + 1) on the same banks.
+inline int StagedPad(int64_t k) { return k % 64 == 0 ? 32 : 0; }
+constexpr int kStagedXPitch = kStagedChunk + 32;
+constexpr int64_t kStagedRingBytes = int64_t{kStagedRing} * 64 * kStagedXPitch * 2;
+
+inline int64_t StagedSharedBytes(int tiles, int64_t k_in) {
+  const int64_t operands = int64_t{16} * tiles * (k_in + StagedPad(k_in)) * 2 + kStagedRingBytes;
+  const int64_t sums = int64_t{kStagedWarps} * tiles * 1024 * 4;
+  return operands > sums ? operands : sums;
+}
+
+// The shared memory a block may opt in to on this device (0 if it cannot be read).
+int64_t StagedSharedCap() {
+  static const int64_t cap = [] {
+    int device = 0, per_block = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      return int64_t{0};
+    }
+    return static_cast<int64_t>(per_block);
+  }();
+  return cap;
+}
+
+template <int kTiles>
+__global__ void __launch_bounds__(kStagedWarps * 32, 1)
+    StagedSkinnyKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w,
+                       const Bf16* __restrict__ bias, Bf16* __restrict__ y, int rows, int64_t n_out,
+                       int k_in, int pitch) {
+  extern __shared__ __align__(16) unsigned char staged_bytes[];
+  Bf16* const slice = reinterpret_cast<Bf16*>(staged_bytes);  // [16 kTiles][pitch]
+  Bf16* const ring = slice + 16 * kTiles * pitch;             // [kStagedRing][64][x pitch]
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int64_t first_feature = static_cast<int64_t>(blockIdx.x) * 16 * kTiles;
+  // The weights, 32 bytes a copy: before the kernel ahead has finished, under programmatic launch.
+  const int per_row = k_in / 16;
+  for (int v = threadIdx.x; v < 16 * kTiles * per_row; v += kStagedWarps * 32) {
+    const int r = v / per_row;
+    const int c = v - r * per_row;
+    const int64_t feature = first_feature + r < n_out ? first_feature + r : n_out - 1;
+    CopyAsync<32>(slice + r * pitch + 16 * c, w + feature * k_in + 16 * c);
+  }
+  CommitCopies();
+  PrecedingKernelsDone();
+  const int chunks = (k_in + kStagedChunk - 1) / kStagedChunk;
+  // Stage `stage` <- x's rows, dims kStagedChunk c to the chunk's end, 16 bytes a copy.
+  const auto copy = [&](int c, int stage) {
+    const int first = c * kStagedChunk;
+    const int vectors = (k_in - first < kStagedChunk ? k_in - first : kStagedChunk) / 8;
+    Bf16* const to = ring + stage * 64 * kStagedXPitch;
+    for (int v = threadIdx.x; v < rows * vectors; v += kStagedWarps * 32) {
+      const int r = v / vectors;
+      const int col = 8 * (v - r * vectors);
+      CopyAsync<16>(to + r * kStagedXPitch + col, x + static_cast<int64_t>(r) * k_in + first + col);
+    }
+  };
+#pragma unroll
+  for (int c = 0; c + 1 < kStagedRing; ++c) {
+    if (c < chunks) copy(c, c);
+    CommitCopies();
+  }
+  // acc[tile][j]: (feature 16 tile + g, row 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t),
+  // (g + 8, 8j + 2t + 1).
+  float acc[kTiles][8][4];
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[tile][j][i] = 0.0f;
+    }
+  }
+  for (int c = 0, stage = 0; c < chunks; ++c, stage = stage + 1 == kStagedRing ? 0 : stage + 1) {
+    const int ahead = c + kStagedRing - 1;
+    if (ahead < chunks) copy(ahead, stage == 0 ? kStagedRing - 1 : stage - 1);
+    CommitCopies();
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStagedRing - 1) : "memory");
+    __syncthreads();  // every thread's copies of the stage (and of the weights) have landed
+    const int dim = c * kStagedChunk + 32 * warp;
+    if (dim < k_in) {
+      const Bf16* x_piece =
+          ring + stage * 64 * kStagedXPitch + g * kStagedXPitch + 32 * warp + 8 * t;
+      uint4 in[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        in[j] = *reinterpret_cast<const uint4*>(x_piece + 8 * j * kStagedXPitch);
+      }
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+        const Bf16* a_row = slice + (16 * tile + g) * pitch + dim + 8 * t;
+        const uint4 a0 = *reinterpret_cast<const uint4*>(a_row);
+        const uint4 a1 = *reinterpret_cast<const uint4*>(a_row + 8 * pitch);
+        const uint32_t even[4] = {a0.x, a1.x, a0.y, a1.y};
+        const uint32_t odd[4] = {a0.z, a1.z, a0.w, a1.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          Mma16816(acc[tile][j], even, in[j].x, in[j].y);
+          Mma16816(acc[tile][j], odd, in[j].z, in[j].w);
+        }
+      }
+    }
+    __syncthreads();  // the stage is refilled next iteration
+  }
+  // The warps' sums, [warp][tile][j][register][lane], over the operands (read no more).
+  constexpr int kPerWarp = kTiles * 1024;
+  float* const partial = reinterpret_cast<float*>(staged_bytes);
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        partial[warp * kPerWarp + ((tile * 8 + j) * 4 + i) * 32 + lane] = acc[tile][j][i];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kPerWarp; e += kStagedWarps * 32) {
+    const int tile = e / 1024;
+    const int j = e / 128 % 8;
+    const int i = e / 32 % 4;
+    const int l = e % 32;
+    const int64_t feature = first_feature + 16 * tile + l / 4 + (i >= 2 ? 8 : 0);
+    const int row = 8 * j + 2 * (l % 4) + (i & 1);
+    if (feature >= n_out || row >= rows) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kStagedWarps; ++v) sum += partial[v * kPerWarp + e];
+    if (bias != nullptr) sum += __bfloat162float(bias[feature]);
+    y[row * n_out + feature] = __float2bfloat16_rn(sum);
+  }
+}
+
+template <int kTiles>
+cudaError_t LaunchStagedSkinny(const void* x, const void* w, const void* bias, void* y,
+                               int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
+  const auto kernel = StagedSkinnyKernel<kTiles>;
+  // Once per kernel, before any capture (the engine's first step runs eagerly).
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(StagedSharedCap()));
+  if (opt_in != cudaSuccess) return opt_in;
+  const auto blocks = static_cast<unsigned>((n_out + 16 * kTiles - 1) / (16 * kTiles));
+  return Launch(kernel, blocks, kStagedWarps * 32,
+                static_cast<size_t>(StagedSharedBytes(kTiles, k_in)), stream,
+                static_cast<const Bf16*>(x), static_cast<const Bf16*>(w),
+                static_cast<const Bf16*>(bias), static_cast<Bf16*>(y), static_cast<int>(rows),
+                n_out, static_cast<int>(k_in), static_cast<int>(k_in + StagedPad(k_in)));
+}
+
 }  // namespace
 
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
@@ -173,7 +347,21 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
   if (rows <= 8) return DispatchSkinnyWarps<1>(x, w, bias, y, rows, n_out, k_in, stream);
   if (rows <= 16) return DispatchSkinnyWarps<2>(x, w, bias, y, rows, n_out, k_in, stream);
   if (rows <= 32) return DispatchSkinnyWarps<4>(x, w, bias, y, rows, n_out, k_in, stream);
+  const int tiles = StagedSkinnyTiles(n_out, k_in);
+  if (tiles == 1) return LaunchStagedSkinny<1>(x, w, bias, y, rows, n_out, k_in, stream);
+  if (tiles == 2) return LaunchStagedSkinny<2>(x, w, bias, y, rows, n_out, k_in, stream);
+  if (tiles == 3) return LaunchStagedSkinny<3>(x, w, bias, y, rows, n_out, k_in, stream);
   return DispatchSkinnyWarps<8>(x, w, bias, y, rows, n_out, k_in, stream);
+}
+
+int StagedSkinnyTiles(int64_t n_out, int64_t k_in) {
+  if (k_in > 65536) return 0;
+  const int64_t sms = MultiprocessorCount();
+  int tiles = 1;
+  while (tiles < kStagedMaxTiles && (n_out + 16 * tiles - 1) / (16 * tiles) > sms) ++tiles;
+  if ((n_out + 16 * tiles - 1) / (16 * tiles) > sms) return 0;
+  while (tiles > 0 && StagedSharedBytes(tiles, k_in) > StagedSharedCap()) --tiles;
+  return tiles;
 }
 
 }  // namespace rl::kernels
