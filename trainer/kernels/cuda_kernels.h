@@ -120,11 +120,6 @@ cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y,
 constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                          int64_t n_out, int64_t k_in, cudaStream_t stream);
-// Past 32 rows SkinnyLinear stages each block's weights and x in shared memory (Note [Staged
-// skinny linear kernel]), 16 x StagedSkinnyTiles(n_out, k_in) features a block; 0 where even one
-// tile does not fit the device's shared memory or 3 tiles a block take more than a block per SM
-// (the register kernel then takes the rows).
-int StagedSkinnyTiles(int64_t n_out, int64_t k_in);
 
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;

@@ -301,10 +301,8 @@ bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 }
 
 bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (!SkinnyLinearTakes(x, w, b)) return false;
-  const int64_t rows = x.numel() / x.size(-1);
-  if (rows > kSkinnyLinearPaysMaxRows) return kernels::StagedSkinnyTiles(w.size(0), w.size(1)) > 0;
-  return w.size(0) <= kSkinnyLinearPaysMaxFeatures;
+  return SkinnyLinearTakes(x, w, b) && x.numel() / x.size(-1) <= kSkinnyLinearPaysMaxRows &&
+         w.size(0) <= kSkinnyLinearPaysMaxFeatures;
 }
 
 at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
