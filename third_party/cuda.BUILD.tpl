@@ -20,3 +20,9 @@ cc_library(
     linkopts = ["-L%{NCCL_LIB_DIR}", "-lnccl"],
     deps = [":cuda_headers"],
 )
+
+cc_library(
+    name = "cublaslt",
+    linkopts = ["-L%{CUDA_HOME}/lib64", "-lcublasLt"],
+    deps = [":cuda_headers"],
+)

@@ -458,19 +458,16 @@ struct AttentionCase {
 TEST_CASE("DecodeAttention is softmax attention over the positions up to the step's") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(4);
-  // Batch 1 splits the keys over many blocks, batch 64 over few; 96 / 8 and 24 / 4 heads take 4
-  // and 2 query heads per block.
-  for (const AttentionCase& c : {AttentionCase{1, 16, 8, 128, 256, 130},
-                                 AttentionCase{64, 16, 8, 128, 256, 200},
-                                 AttentionCase{3, 32, 4, 128, 512, 0},
-                                 AttentionCase{2, 8, 8, 64, 64, 63},
-                                 AttentionCase{4, 16, 2, 256, 1024, 700},
-                                 AttentionCase{2, 96, 8, 128, 256, 77},
-                                 AttentionCase{1, 24, 4, 64, 512, 511},
-                                 // The last key of a split and the first of the next (200 keys:
-                                 // 3 splits of 67 at batch 1).
-                                 AttentionCase{1, 16, 8, 128, 200, 66},
-                                 AttentionCase{1, 16, 8, 128, 200, 67}}) {
+  // Batch 1 splits the keys over many blocks (on tensor cores from 512 keys), batch 64 over few;
+  // 96 / 8 and 24 / 4 heads take 4 and 2 query heads per block.
+  for (const AttentionCase& c :
+       {AttentionCase{1, 16, 8, 128, 256, 130}, AttentionCase{64, 16, 8, 128, 256, 200},
+        AttentionCase{3, 32, 4, 128, 512, 0}, AttentionCase{2, 8, 8, 64, 64, 63},
+        AttentionCase{4, 16, 2, 256, 1024, 700}, AttentionCase{2, 96, 8, 128, 256, 77},
+        AttentionCase{1, 24, 4, 64, 512, 511},
+        // The last key of a split and the first of the next (768 keys: 3 splits of 256 at
+        // batch 1 on tensor cores).
+        AttentionCase{1, 16, 8, 128, 768, 255}, AttentionCase{1, 16, 8, 128, 768, 256}}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
       at::Tensor key = at::randn({c.batch + 1, c.kv_heads, c.key_length + 8, c.dim}, On(dtype));
       at::Tensor value = at::randn_like(key);
@@ -513,12 +510,11 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
                              FusedCase{2, 4, 2, 256, 128, true, false, 96}}) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
       // The first position, one in the middle, the last, and both sides of where a warp's first
-      // ring copies go out before the preparation (FillRingAround in decode_kernels.cu):
-      // 16-key tiles on tensor cores (79 / 80: split 1 of 64 keys at batch 1), three iterations
-      // of 4 keys 16 apart on CUDA cores (35 / 36).
-      for (const int64_t position :
-           {int64_t{0}, int64_t{16}, int64_t{35}, int64_t{36}, int64_t{79}, int64_t{80},
-            c.key_length / 2 + 3, c.key_length - 1}) {
+      // ring copies go out before the preparation (StartRing in decode_kernels.cu):
+      // 16-key tiles on tensor cores (63 / 64: the last warp's first tile, at batch 1 in one
+      // split), three iterations of 4 keys 16 apart on CUDA cores (35 / 36).
+      for (const int64_t position : {int64_t{0}, int64_t{16}, int64_t{35}, int64_t{36}, int64_t{63},
+                                     int64_t{64}, c.key_length / 2 + 3, c.key_length - 1}) {
         if (position >= c.key_length) continue;
         const int64_t width = (c.q_heads + 2 * c.kv_heads) * c.dim;
         const at::Tensor qkv = at::randn({c.batch, 1, width}, On(dtype)) * 2;

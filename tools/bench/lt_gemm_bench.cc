@@ -1,0 +1,201 @@
+// lt_gemm_bench: whether another of cuBLASLt's algorithms beats the one LibTorch's GEMM takes,
+// for the decode step's projections of 33 to 64 rows (Qwen3-0.6B's q/k/v, o, gate/up and down at
+// 64, 48 and 33 rows; bf16, fp32 sums). For each shape it times at::mm and every candidate of
+// cuBLASLt's heuristic (up to 64) as a CUDA graph over 28 weights of their own (880 MB at most,
+// past the L2, as a decode step reads them), and prints each candidate's time, configuration
+// (tile, split-k, stages, reduction), largest difference from at::mm and whether a second call
+// gives the same bits, then per shape at::mm, the heuristic's first choice and the best. Needs a
+// GPU. docs/decode-performance.md has its figures.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// `calls` issues `count` calls; captured once as a CUDA graph, the best of 5 replays (after one
+// to warm up), in us per call.
+double MicrosPerCall(const std::function<void()>& calls, int count) {
+  at::cuda::CUDAGraph graph;
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
+    calls();
+    c10::cuda::device_synchronize();
+    graph.capture_begin();
+    calls();
+    graph.capture_end();
+  }
+  double best = 1e30;
+  for (int r = 0; r < 6; ++r) {
+    c10::cuda::device_synchronize();
+    const auto start = Clock::now();
+    graph.replay();
+    c10::cuda::device_synchronize();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (r > 0) best = std::min(best, seconds);
+  }
+  return 1e6 * best / count;
+}
+
+// Exits with the status where a cuBLASLt call fails.
+void Check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "lt_gemm_bench: %s failed: status %d\n", what, static_cast<int>(status));
+    std::exit(1);
+  }
+}
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kMaxCandidates = 64;
+
+// y [rows, n] = x [rows, k] w^T in bf16 with fp32 sums as cuBLASLt sees it (column-major: y^T =
+// w x^T, w transposed), and its heuristic's candidates for that GEMM.
+class LtGemm {
+ public:
+  LtGemm(cublasLtHandle_t handle, int64_t rows, int64_t n, int64_t k) : handle_(handle) {
+    Check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+          "cublasLtMatmulDescCreate");
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                         sizeof(transpose)),
+          "cublasLtMatmulDescSetAttribute");
+    Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)),
+          "cublasLtMatmulDescSetAttribute");
+    Check(cublasLtMatrixLayoutCreate(&w_, CUDA_R_16BF, k, n, k), "cublasLtMatrixLayoutCreate");
+    Check(cublasLtMatrixLayoutCreate(&x_, CUDA_R_16BF, k, rows, k), "cublasLtMatrixLayoutCreate");
+    Check(cublasLtMatrixLayoutCreate(&y_, CUDA_R_16BF, n, rows, n), "cublasLtMatrixLayoutCreate");
+    cublasLtMatmulPreference_t preference;
+    Check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    Check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &kWorkspaceBytes, sizeof(kWorkspaceBytes)),
+          "cublasLtMatmulPreferenceSetAttribute");
+    candidates_.resize(kMaxCandidates);
+    int found = 0;
+    Check(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, w_, x_, y_, y_, preference, kMaxCandidates,
+                                         candidates_.data(), &found),
+          "cublasLtMatmulAlgoGetHeuristic");
+    candidates_.resize(static_cast<size_t>(found));
+    cublasLtMatmulPreferenceDestroy(preference);
+  }
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+  ~LtGemm() {
+    cublasLtMatrixLayoutDestroy(w_);
+    cublasLtMatrixLayoutDestroy(x_);
+    cublasLtMatrixLayoutDestroy(y_);
+    cublasLtMatmulDescDestroy(desc_);
+  }
+
+  int candidates() const { return static_cast<int>(candidates_.size()); }
+
+  // y = x w^T by candidate `i`, on the current stream.
+  void Run(int i, const at::Tensor& w, const at::Tensor& x, at::Tensor& y,
+           at::Tensor& workspace) const {
+    const float one = 1.0f, zero = 0.0f;
+    Check(cublasLtMatmul(handle_, desc_, &one, w.data_ptr(), w_, x.data_ptr(), x_, &zero,
+                         y.data_ptr(), y_, y.data_ptr(), y_, &candidates_[i].algo,
+                         workspace.data_ptr(), kWorkspaceBytes, c10::cuda::getCurrentCUDAStream()),
+          "cublasLtMatmul");
+  }
+
+  // Candidate `i`'s tile, split-k, stages and reduction scheme (cuBLASLt's enum values).
+  std::string Config(int i) const {
+    const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attribute) {
+      int32_t value = 0;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&candidates_[i].algo, attribute, &value, sizeof(value),
+                                           &written);
+      return std::to_string(value);
+    };
+    return "tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID) + ", split-k " +
+           get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) + ", stages " +
+           get(CUBLASLT_ALGO_CONFIG_STAGES_ID) + ", reduction " +
+           get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+  }
+
+ private:
+  cublasLtHandle_t handle_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t w_ = nullptr, x_ = nullptr, y_ = nullptr;
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates_;
+};
+
+// at::mm and each candidate for one shape, over kLayers weights of their own.
+void CompareShape(cublasLtHandle_t handle, at::Tensor& workspace, int64_t rows, int64_t n,
+                  int64_t k) {
+  constexpr int kLayers = 28;
+  const auto options = workspace.options().dtype(at::kBFloat16);
+  std::vector<at::Tensor> w;
+  for (int l = 0; l < kLayers; ++l) w.push_back(at::randn({n, k}, options) / 32);
+  const at::Tensor x = at::randn({rows, k}, options);
+  at::Tensor y = at::empty({rows, n}, options);
+  const double base = MicrosPerCall(
+      [&] {
+        for (int l = 0; l < kLayers; ++l) at::mm_out(y, x, w[l].t());
+      },
+      kLayers);
+  const at::Tensor reference = at::mm(x, w.back().t());
+  const LtGemm gemm(handle, rows, n, k);
+  const auto shape = [&] {
+    return std::to_string(rows) + " rows x [" + std::to_string(n) + ", " + std::to_string(k) + "]";
+  };
+  double best = 1e30, first = 0;
+  int best_i = -1;
+  for (int i = 0; i < gemm.candidates(); ++i) {
+    gemm.Run(i, w.back(), x, y, workspace);
+    const double diff = (y.to(at::kFloat) - reference.to(at::kFloat)).abs().max().item<double>();
+    const at::Tensor once = y.clone();
+    gemm.Run(i, w.back(), x, y, workspace);
+    const bool same = at::equal(once, y);
+    const double us = MicrosPerCall(
+        [&] {
+          for (int l = 0; l < kLayers; ++l) gemm.Run(i, w[l], x, y, workspace);
+        },
+        kLayers);
+    std::printf(
+        "  %s candidate %d: %.2f us, largest difference from at::mm %.3g, same bits "
+        "again: %s; %s\n",
+        shape().c_str(), i, us, diff, same ? "yes" : "no", gemm.Config(i).c_str());
+    if (i == 0) first = us;
+    if (us < best) {
+      best = us;
+      best_i = i;
+    }
+  }
+  std::printf(
+      "%s: at::mm %.2f us (%.2f TB/s), the heuristic's first %.2f us, the best (%d) %.2f "
+      "us (%.2fx at::mm), %d candidates\n",
+      shape().c_str(), base, static_cast<double>(n * k * 2) / base * 1e-6, first, best_i, best,
+      base / best, gemm.candidates());
+}
+
+}  // namespace
+
+int main() {
+  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, 0);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, options);
+  c10::cuda::device_synchronize();  // the device's context, before LibTorch's cuBLASLt handle
+  const cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  for (const int64_t rows : {64, 48, 33}) {
+    // Qwen3-0.6B's q/k/v, o, gate/up and down projections.
+    for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+             {4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}}) {
+      CompareShape(handle, workspace, rows, n, k);
+    }
+  }
+  return 0;
+}
