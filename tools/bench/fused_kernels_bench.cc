@@ -20,9 +20,7 @@
 //     from the L2 (Note [Projection chain benchmark]).
 // Exit status 1 when an agreement check fails. Needs a GPU.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -31,7 +29,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -39,6 +36,7 @@
 #include <vector>
 
 #include "launch/device.h"
+#include "tools/bench/profiling.h"
 #include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/fused_ops.h"
 #include "trainer/model/layers.h"
@@ -81,28 +79,7 @@ LossHead Run(const at::Tensor& logits_in, const at::Tensor& targets, const at::T
   return out;
 }
 
-// Microseconds per call of `call`, from replays of a CUDA graph of `calls` calls (best of 3).
-double MicrosPerCall(const std::function<void()>& call, int calls = 100) {
-  at::cuda::CUDAGraph graph;
-  {
-    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
-    call();  // warm-up outside the capture
-    c10::cuda::device_synchronize();
-    graph.capture_begin();
-    for (int i = 0; i < calls; ++i) call();
-    graph.capture_end();
-  }
-  double best = 1e30;
-  for (int r = 0; r < 4; ++r) {
-    c10::cuda::device_synchronize();
-    const auto start = Clock::now();
-    graph.replay();
-    c10::cuda::device_synchronize();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (r > 0) best = std::min(best, seconds);  // replay 0 warms up
-  }
-  return 1e6 * best / calls;
-}
+using rl::bench::GraphMicrosPerCall;
 
 void DecodeKernelSpeeds(const at::Device& device) {
   const auto on = [&](at::ScalarType dtype) {
@@ -117,7 +94,7 @@ void DecodeKernelSpeeds(const at::Device& device) {
     const at::Tensor q = at::randn({batch, q_heads, dim}, on(at::kBFloat16));
     const rl::kernels::DecodeCache cache{key, value, at::full({1}, position, on(at::kLong))};
     const at::Tensor mask = (at::arange(keys, on(at::kLong)) <= position).view({1, keys});
-    const double sdpa = MicrosPerCall([&] {
+    const double sdpa = GraphMicrosPerCall([&] {
       at::scaled_dot_product_attention(q.view({batch, kv_heads, q_heads / kv_heads, dim}), key,
                                        value, mask, 0.0, false, 0.088);
     });
@@ -125,7 +102,7 @@ void DecodeKernelSpeeds(const at::Device& device) {
                 static_cast<long long>(batch), static_cast<long long>(q_heads),
                 static_cast<long long>(kv_heads), sdpa);
     for (const int blocks_per_sm : {1, 2, 4, 8, 16, 32}) {
-      std::printf(", %d blocks/SM %.1f us", blocks_per_sm, MicrosPerCall([&] {
+      std::printf(", %d blocks/SM %.1f us", blocks_per_sm, GraphMicrosPerCall([&] {
                     rl::kernels::DecodeAttention(q, cache, keys, 0.088, blocks_per_sm);
                   }));
     }
@@ -134,13 +111,13 @@ void DecodeKernelSpeeds(const at::Device& device) {
           at::randn({batch, kv_heads, keys + 8, dim}, on(at::kBFloat16)).narrow(2, 0, keys);
       const at::Tensor padded_value = at::randn_like(padded_key);
       const rl::kernels::DecodeCache padded{padded_key, padded_value, cache.position};
-      std::printf(", cache rows padded %.1f us", MicrosPerCall([&] {
+      std::printf(", cache rows padded %.1f us", GraphMicrosPerCall([&] {
                     rl::kernels::DecodeAttention(q, padded, keys, 0.088);
                   }));
     }
     std::printf(" (default %.1f us; CUDA cores %.1f us)\n",
-                MicrosPerCall([&] { rl::kernels::DecodeAttention(q, cache, keys, 0.088); }),
-                MicrosPerCall([&] {
+                GraphMicrosPerCall([&] { rl::kernels::DecodeAttention(q, cache, keys, 0.088); }),
+                GraphMicrosPerCall([&] {
                   rl::kernels::DecodeAttention(q, cache, keys, 0.088, 0, /*tensor_cores=*/false);
                 }));
   }
@@ -156,11 +133,11 @@ void DecodeKernelSpeeds(const at::Device& device) {
     const at::Tensor norm = at::randn({dim}, on(at::kBFloat16));
     const at::Tensor cos = at::randn({1, dim / 2}, on(at::kBFloat16));
     const at::Tensor sin = at::randn({1, dim / 2}, on(at::kBFloat16));
-    const double fused = MicrosPerCall([&] {
+    const double fused = GraphMicrosPerCall([&] {
       rl::kernels::DecodeQkvAttention(qkv, norm, norm, 1e-6, cos, sin, false, q_heads, kv_heads,
                                       dim, cache, keys, 0.088);
     });
-    const double two = MicrosPerCall([&] {
+    const double two = GraphMicrosPerCall([&] {
       const at::Tensor q = rl::kernels::DecodeQkvPrep(qkv, norm, norm, 1e-6, cos, sin, false,
                                                       q_heads, kv_heads, dim, cache);
       rl::kernels::DecodeAttention(q, cache, keys, 0.088);
@@ -198,9 +175,9 @@ void DecodeKernelSpeeds(const at::Device& device) {
       };
       const at::Tensor want = ops().view({batch, length});
       const double diff = MaxAbs(kernel(), want) / want.abs().max().item<double>();
-      const double by_ops = MicrosPerCall([&] { ops(); });
-      const double by_kernel = MicrosPerCall([&] { kernel(); });
-      const double select = MicrosPerCall([&] { want.topk(2048, -1); });
+      const double by_ops = GraphMicrosPerCall([&] { ops(); });
+      const double by_kernel = GraphMicrosPerCall([&] { kernel(); });
+      const double select = GraphMicrosPerCall([&] { want.topk(2048, -1); });
       const double bytes = static_cast<double>(batch * length * index_dim * 2);
       std::printf(
           "DSA index scores batch %lld, %lld keys: LibTorch ops %.1f us, DsaIndexScores "
@@ -217,8 +194,8 @@ void DecodeKernelSpeeds(const at::Device& device) {
     for (const auto& [n, k] : shapes) {
       const at::Tensor x = at::randn({rows, k}, on(at::kBFloat16));
       const at::Tensor w = at::randn({n, k}, on(at::kBFloat16));
-      const double cublas = MicrosPerCall([&] { at::linear(x, w); });
-      const double small = MicrosPerCall([&] { rl::kernels::SmallLinear(x, w, {}); });
+      const double cublas = GraphMicrosPerCall([&] { at::linear(x, w); });
+      const double small = GraphMicrosPerCall([&] { rl::kernels::SmallLinear(x, w, {}); });
       const double bytes = static_cast<double>(n * k * 2);
       std::printf("linear %lld x [%lld, %lld]: at::linear %.1f us (%.2f TB/s), SmallLinear %.1f us "
                   "(%.2f TB/s), %.2fx\n",
@@ -233,7 +210,7 @@ void DecodeKernelSpeeds(const at::Device& device) {
     for (const auto& [n, k] : shapes) {
       const at::Tensor x = at::randn({rows, k}, on(at::kBFloat16));
       const at::Tensor w = at::randn({n, k}, on(at::kBFloat16));
-      const double cublas = MicrosPerCall([&] { at::linear(x, w); });
+      const double cublas = GraphMicrosPerCall([&] { at::linear(x, w); });
       const double bytes = static_cast<double>(n * k * 2);
       std::printf("linear %lld x [%lld, %lld]: at::linear %.1f us (%.2f TB/s)",
                   static_cast<long long>(rows), static_cast<long long>(n),
@@ -245,11 +222,11 @@ void DecodeKernelSpeeds(const at::Device& device) {
         rl::kernels::SkinnyLinear(x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr(), rows, n, k,
                                   c10::cuda::getCurrentCUDAStream());
       };
-      const double alone = MicrosPerCall(skinny);
+      const double alone = GraphMicrosPerCall(skinny);
       double overlapped = 0;
       {
         const rl::kernels::ProgrammaticLaunch programmatic(true);
-        overlapped = MicrosPerCall(skinny);
+        overlapped = GraphMicrosPerCall(skinny);
       }
       std::printf(
           "; SkinnyLinear %.1f us (%.2f TB/s, %.2fx), by programmatic launch %.1f us (%.2fx)",
@@ -301,7 +278,7 @@ void ProjectionChain(const at::Device& device) {
   };
   // The whole chain captured once (a graph of 112 kernels), per layer.
   const auto micros_per_layer = [&](const std::vector<Layer>& layers) {
-    return MicrosPerCall([&] { chain(layers); }, 1) / kLayers;
+    return GraphMicrosPerCall([&] { chain(layers); }, 1) / kLayers;
   };
   for (const bool in_shared : {true, false}) {
     for (const bool chained : {true, false}) {

@@ -8,48 +8,21 @@
 // GPU. docs/decode-performance.md has its figures.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContextLight.h>
-#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cublasLt.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tools/bench/profiling.h"
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// `calls` issues `count` calls; captured once as a CUDA graph, the best of 5 replays (after one
-// to warm up), in us per call.
-double MicrosPerCall(const std::function<void()>& calls, int count) {
-  at::cuda::CUDAGraph graph;
-  {
-    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
-    calls();
-    c10::cuda::device_synchronize();
-    graph.capture_begin();
-    calls();
-    graph.capture_end();
-  }
-  double best = 1e30;
-  for (int r = 0; r < 6; ++r) {
-    c10::cuda::device_synchronize();
-    const auto start = Clock::now();
-    graph.replay();
-    c10::cuda::device_synchronize();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (r > 0) best = std::min(best, seconds);
-  }
-  return 1e6 * best / count;
-}
+using rl::bench::GraphMicrosPerCall;
 
 // Exits with the status where a cuBLASLt call fails.
 void Check(cublasStatus_t status, const char* what) {
@@ -143,11 +116,12 @@ void CompareShape(cublasLtHandle_t handle, at::Tensor& workspace, int64_t rows, 
   for (int l = 0; l < kLayers; ++l) w.push_back(at::randn({n, k}, options) / 32);
   const at::Tensor x = at::randn({rows, k}, options);
   at::Tensor y = at::empty({rows, n}, options);
-  const double base = MicrosPerCall(
-      [&] {
-        for (int l = 0; l < kLayers; ++l) at::mm_out(y, x, w[l].t());
-      },
-      kLayers);
+  const double base = GraphMicrosPerCall(
+                          [&] {
+                            for (int l = 0; l < kLayers; ++l) at::mm_out(y, x, w[l].t());
+                          },
+                          1) /
+                      kLayers;
   const at::Tensor reference = at::mm(x, w.back().t());
   const LtGemm gemm(handle, rows, n, k);
   const auto shape = [&] {
@@ -161,11 +135,12 @@ void CompareShape(cublasLtHandle_t handle, at::Tensor& workspace, int64_t rows, 
     const at::Tensor once = y.clone();
     gemm.Run(i, w.back(), x, y, workspace);
     const bool same = at::equal(once, y);
-    const double us = MicrosPerCall(
-        [&] {
-          for (int l = 0; l < kLayers; ++l) gemm.Run(i, w[l], x, y, workspace);
-        },
-        kLayers);
+    const double us = GraphMicrosPerCall(
+                          [&] {
+                            for (int l = 0; l < kLayers; ++l) gemm.Run(i, w[l], x, y, workspace);
+                          },
+                          1) /
+                      kLayers;
     std::printf(
         "  %s candidate %d: %.2f us, largest difference from at::mm %.3g, same bits "
         "again: %s; %s\n",
