@@ -455,6 +455,27 @@ struct AttentionCase {
   int64_t batch, q_heads, kv_heads, dim, key_length, position;
 };
 
+// PlanDecodeAttention is host code: this case runs without a GPU too. On tensor cores each split
+// holds at least four tiles of 16 keys for every warp of its block (256 keys), so a cache of
+// fewer than 512 positions is one split at any batch; the CUDA-core kernel's splits stay as short
+// as one iteration of every warp.
+TEST_CASE("A decode attention split on tensor cores holds at least 256 keys") {
+  for (const int64_t batch : {1, 2, 8, 64}) {
+    for (const int64_t key_length : {64, 256, 511, 4096, 32768}) {
+      const DecodeAttentionShape p = PlanDecodeAttention(batch, 16, 8, key_length, 0.1f, 0, true);
+      INFO("batch " << batch << ", " << key_length << " keys: " << p.splits << " splits of "
+                    << p.chunk);
+      CHECK(p.splits >= 1);
+      CHECK(p.chunk * p.splits >= key_length);
+      CHECK((p.splits - 1) * p.chunk < key_length);  // no split past the keys
+      if (p.splits > 1) CHECK(p.chunk >= 256);
+      if (key_length < 512) CHECK(p.splits == 1);
+    }
+  }
+  CHECK(PlanDecodeAttention(1, 16, 8, 32768, 0.1f, 0, true).splits > 1);
+  CHECK(PlanDecodeAttention(1, 16, 8, 256, 0.1f, 0, false).splits > 1);
+}
+
 TEST_CASE("DecodeAttention is softmax attention over the positions up to the step's") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(4);
