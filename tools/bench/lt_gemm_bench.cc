@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -116,17 +117,20 @@ void CompareShape(cublasLtHandle_t handle, at::Tensor& workspace, int64_t rows, 
   for (int l = 0; l < kLayers; ++l) w.push_back(at::randn({n, k}, options) / 32);
   const at::Tensor x = at::randn({rows, k}, options);
   at::Tensor y = at::empty({rows, n}, options);
-  const double base = GraphMicrosPerCall(
-                          [&] {
-                            for (int l = 0; l < kLayers; ++l) at::mm_out(y, x, w[l].t());
-                          },
-                          1) /
-                      kLayers;
+  // Microseconds per layer of `gemm(weight)` run for every layer's weight, captured as one graph.
+  const auto per_layer = [&](const std::function<void(const at::Tensor&)>& gemm) {
+    return GraphMicrosPerCall(
+               [&] {
+                 for (const at::Tensor& weight : w) gemm(weight);
+               },
+               1) /
+           kLayers;
+  };
+  const double base = per_layer([&](const at::Tensor& weight) { at::mm_out(y, x, weight.t()); });
   const at::Tensor reference = at::mm(x, w.back().t());
   const LtGemm gemm(handle, rows, n, k);
-  const auto shape = [&] {
-    return std::to_string(rows) + " rows x [" + std::to_string(n) + ", " + std::to_string(k) + "]";
-  };
+  const std::string shape =
+      std::to_string(rows) + " rows x [" + std::to_string(n) + ", " + std::to_string(k) + "]";
   double best = 1e30, first = 0;
   int best_i = -1;
   for (int i = 0; i < gemm.candidates(); ++i) {
@@ -135,16 +139,12 @@ void CompareShape(cublasLtHandle_t handle, at::Tensor& workspace, int64_t rows, 
     const at::Tensor once = y.clone();
     gemm.Run(i, w.back(), x, y, workspace);
     const bool same = at::equal(once, y);
-    const double us = GraphMicrosPerCall(
-                          [&] {
-                            for (int l = 0; l < kLayers; ++l) gemm.Run(i, w[l], x, y, workspace);
-                          },
-                          1) /
-                      kLayers;
+    const double us =
+        per_layer([&](const at::Tensor& weight) { gemm.Run(i, weight, x, y, workspace); });
     std::printf(
         "  %s candidate %d: %.2f us, largest difference from at::mm %.3g, same bits "
         "again: %s; %s\n",
-        shape().c_str(), i, us, diff, same ? "yes" : "no", gemm.Config(i).c_str());
+        shape.c_str(), i, us, diff, same ? "yes" : "no", gemm.Config(i).c_str());
     if (i == 0) first = us;
     if (us < best) {
       best = us;
@@ -154,7 +154,7 @@ void CompareShape(cublasLtHandle_t handle, at::Tensor& workspace, int64_t rows, 
   std::printf(
       "%s: at::mm %.2f us (%.2f TB/s), the heuristic's first %.2f us, the best (%d) %.2f "
       "us (%.2fx at::mm), %d candidates\n",
-      shape().c_str(), base, static_cast<double>(n * k * 2) / base * 1e-6, first, best_i, best,
+      shape.c_str(), base, static_cast<double>(n * k * 2) / base * 1e-6, first, best_i, best,
       base / best, gemm.candidates());
 }
 
