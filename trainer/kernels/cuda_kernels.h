@@ -195,9 +195,6 @@ struct DecodeAttentionShape {
   // attention] in decode_kernels.cu), whose softmax weights pass to the second product as two
   // bf16 parts (about 16 bits); fp32 weights in the other kernel.
   bool tensor_cores = false;
-  // The tiles of keys each warp of the tensor-core kernel stages in its ring, one fewer in flight
-  // (2, or 5 where the grid is about a block per SM: Note [Tensor-core decode attention]).
-  int ring_stages = 2;
 };
 
 // True when DecodeAttention takes this head layout: dim 64, 128 or 256, and q_heads a multiple

@@ -154,39 +154,36 @@ __device__ __forceinline__ void LoadRow(const T* __restrict__ src, float (&dst)[
 // newest kRing - 1 groups waits for the current iteration's. `copy(t0, stage)` issues the copies
 // of the iteration at t0 into `stage`.
 
-// The iterations t0 + stage stride into stages [from, to) of 0 to kRing - 2, those that start
-// before `limit`, a group of copies per stage.
+// The iterations t0, t0 + stride, ... into stages 0 to kRing - 2, those that start before
+// `limit`. The copies do not wait for anything this step writes.
 template <int kRing, typename Copy>
 __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t limit,
-                                         const Copy& copy, int from = 0, int to = kRing - 1) {
+                                         const Copy& copy) {
 #pragma unroll
   for (int stage = 0; stage + 1 < kRing; ++stage) {
-    if (stage < from || stage >= to) continue;
     if (t0 + stage * stride < limit) copy(t0 + stage * stride, stage);
     CommitCopies();
   }
 }
 
 // The start of a DecodeQkvAttention block (kPrep): FillRing (iterations of `keys` rows) and the
-// block's preparation `prepare()`, which writes the step's key and value at `pos`. The fill's
-// stages that read only rows before the position (all of them where the split ends before it,
-// and its block writes nothing) are copied first, before PrecedingKernelsDone(): the rows before
-// a step's position were written by earlier steps and the position by the copy from the host
+// block's preparation `prepare()`, which writes the step's key and value at `pos`. Where the
+// fill's copies read only rows before the position (or the split ends before it, and its block
+// writes nothing), they are issued first, before PrecedingKernelsDone(): the rows before a
+// step's position were written by earlier steps and the position by the copy from the host
 // before the step, neither by a kernel of this step, so under programmatic launch they stream in
-// while the q/k/v projection ahead finishes. The rest follow the preparation. Returns false,
-// having prepared nothing, for a split past the position (no part in the merge; it copies
-// nothing either, since its first stage starts past the position).
+// while the q/k/v projection ahead finishes. Otherwise they follow the preparation. Returns false,
+// having copied and prepared nothing, for a split past the position (no part in the merge).
 template <int kRing, typename Copy, typename Prepare>
 __device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride, int64_t keys,
                                           int64_t chunk_end, int64_t pos, const Copy& copy,
                                           const Prepare& prepare) {
-  int before = 0;  // stages [0, before) read rows before the position alone
-  while (before + 1 < kRing && (pos >= chunk_end || t0 + before * stride + keys <= pos)) ++before;
-  FillRing<kRing>(t0, stride, chunk_end, copy, 0, before);
+  const bool before = pos >= chunk_end || t0 + (kRing - 2) * stride + keys <= pos;
+  if (before) FillRing<kRing>(t0, stride, chunk_end, copy);
   PrecedingKernelsDone();
   if (begin > pos) return false;
   prepare();
-  FillRing<kRing>(t0, stride, chunk_end, copy, before);
+  if (!before) FillRing<kRing>(t0, stride, chunk_end, copy);
   return true;
 }
 
@@ -444,8 +441,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 // products on the tensor cores instead (m16n8k16 mma, fp32 sums): 9.8 us there. (With 2 query
 // heads per key/value head both kernels read the cache at about 2.4 TB/s.) The block is the same
 // (split, head group, row) with kMmaWarps warps; warp w takes the tiles of 16 keys
-// begin + 16 (w + kMmaWarps j), copied into a ring of kRing tiles in shared memory by
-// cp.async (kRing - 1 of them in flight; the ring's depth below). Per tile:
+// begin + 16 (w + kMmaWarps j), copied into a ring of kMmaStages tiles in shared memory by
+// cp.async. Per tile:
 //   S^T [16 keys, 8 heads] = K Q^T: K from the ring (ldmatrix), the query heads (padded with
 //     zeros to 8) held in registers;
 //   an online softmax per head: the tile's maximum over its 16 keys takes 3 shuffles; keys past
@@ -457,26 +454,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 //     train/rollout log-prob mismatch on the H200 within run-to-run noise of this).
 // The warps and splits are merged as in DecodeAttentionKernel (MergeWarpsAndSplits), in a fixed
 // order: graphs and eager steps give the same bits.
-//
-// The ring's depth (DecodeAttentionShape::ring_stages, by PlanDecodeAttention): where the grid
-// has more blocks than there are SMs (batch 64 of Qwen3-0.6B: 512), kMmaStages; a deeper ring
-// there left fewer blocks an SM and the step slower (2.32-2.46 against 2.07-2.18 ms, H100). Where
-// the grid is about a block per SM (small batches), kDeepMmaStages: a split of the minimum 256 keys
-// is four tiles a warp, so the whole split streams in before the wait (StartRing) instead of one
-// tile a warp, each later tile waiting a memory round trip.
 constexpr int kMmaWarps = 4;
 constexpr int kTileKeys = 16;
 constexpr int kMmaStages = 2;
-constexpr int kDeepMmaStages = 5;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
 
-template <int kDim, int kGroup, bool kPrep, int kRing>
+template <int kDim, int kGroup, bool kPrep>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q, QkvPrepInputs prep,
                              __nv_bfloat16* k, __nv_bfloat16* v,
-                             const int64_t* __restrict__ position, __nv_bfloat16* __restrict__ out,
-                             float* __restrict__ partial_out, float* __restrict__ partial_stats,
-                             DecodeAttentionShape p) {
+                             const int64_t* __restrict__ position,
+                             __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out,
+                             float* __restrict__ partial_stats, DecodeAttentionShape p) {
   using T = __nv_bfloat16;
   constexpr int kRow = kDim + kRowPad;             // a staged key row, elements
   constexpr int kTile = kTileKeys * kRow;          // a staged tile of K or V
@@ -501,8 +490,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int t = lane % 4;
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
-  // The warp's ring [kRing][K, V][kTileKeys][kRow].
-  T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kRing * 2 * kTile);
+  // The warp's ring [kMmaStages][K, V][kTileKeys][kRow].
+  T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kMmaStages * 2 * kTile);
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h;
   constexpr int64_t kStride = kMmaWarps * kTileKeys;
@@ -520,14 +509,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   int64_t t0 = begin + warp * kTileKeys;
   if constexpr (kPrep) {
     const int64_t pos = position[b * p.position_stride];
-    if (!StartRing<kRing>(begin, t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
+    if (!StartRing<kMmaStages>(begin, t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
           PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
                                                    pos < chunk_end, prepared_q, normed);
         })) {
       return;
     }
   } else {
-    FillRing<kRing>(t0, kStride, chunk_end, copy);
+    FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
   }
   // Q^T as the B operand of S^T = K Q^T, per k16 step over the dims: column g is head g (zero
   // past the group), rows 2t, 2t + 1 and 2t + 8, 2t + 9 are its dims.
@@ -551,8 +540,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   float acc[kSteps][4];
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-  for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kRing ? 0 : stage + 1) {
-    AdvanceRing<kRing>(t0, kStride, end, stage, copy);
+  for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kMmaStages ? 0 : stage + 1) {
+    AdvanceRing<kMmaStages>(t0, kStride, end, stage, copy);
     __syncwarp();  // every lane's copies of the tile have landed
     const T* keys = ring + stage * 2 * kTile;
     T* values = ring + stage * 2 * kTile + kTile;
@@ -1001,11 +990,9 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const bool mma = kBf16 && p.tensor_cores;
   const auto kernel = DecodeAttentionKernel<T, kVec, kGroup, kPrep>;
-  const auto mma_kernel = DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaStages>;
-  const auto deep_kernel = DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kDeepMmaStages>;
+  const auto mma_kernel = DecodeAttentionMmaKernel<kDim, kGroup, kPrep>;
   constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * kDim * sizeof(T);
   constexpr int mma_ring = kMmaWarps * kMmaStages * 2 * kTileKeys * (kDim + kRowPad) * 2;
-  constexpr int deep_ring = mma_ring / kMmaStages * kDeepMmaStages;
   // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
   // past the default 48 KiB (up to 128 KiB, for fp32 heads of 256).
   static const cudaError_t opt_in =
@@ -1016,21 +1003,15 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
                                    mma_ring)
             : cudaSuccess;
   if (mma_opt_in != cudaSuccess) return mma_opt_in;
-  static const cudaError_t deep_opt_in =
-      kBf16 ? cudaFuncSetAttribute(deep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   deep_ring)
-            : cudaSuccess;
-  if (deep_opt_in != cudaSuccess) return deep_opt_in;
   // DecodeAttention's caches are only read; DecodeQkvAttention's are written too (kPrep).
   const QkvPrepInputs prep = a.prep != nullptr ? *a.prep : QkvPrepInputs{};
   T* k = static_cast<T*>(a.k);
   T* v = static_cast<T*>(a.v);
   if constexpr (kBf16) {
     if (mma) {
-      const bool deep = p.ring_stages == kDeepMmaStages;
-      return Launch(deep ? deep_kernel : mma_kernel, grid, kMmaWarps * 32,
-                    deep ? deep_ring : mma_ring, stream, static_cast<const T*>(a.q), prep, k, v,
-                    a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats, p);
+      return Launch(mma_kernel, grid, kMmaWarps * 32, mma_ring, stream, static_cast<const T*>(a.q),
+                    prep, k, v, a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats,
+                    p);
     }
   }
   return Launch(kernel, grid, kDecodeWarps * 32, ring, stream, static_cast<const T*>(a.q), prep, k,
@@ -1175,10 +1156,6 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
   if (blocks > kMaxMergeSlots) splits = 1;
   p.chunk = (key_length + splits - 1) / splits;
   p.splits = static_cast<int>((key_length + p.chunk - 1) / p.chunk);
-  // The deep ring where the grid is about a block per SM (the splits no more than that takes).
-  const int64_t one_per_sm = (MultiprocessorCount() + blocks - 1) / blocks;
-  const bool deep = blocks <= MultiprocessorCount() && p.splits <= one_per_sm;
-  p.ring_stages = tensor_cores && deep ? kDeepMmaStages : kMmaStages;
   return p;
 }
 

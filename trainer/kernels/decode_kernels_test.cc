@@ -476,34 +476,6 @@ TEST_CASE("A decode attention split on tensor cores holds at least 256 keys") {
   CHECK(PlanDecodeAttention(1, 16, 8, 256, 0.1f, 0, false).splits > 1);
 }
 
-// Host code too. Where the grid is about a block per SM, each warp of the tensor-core kernel
-// stages a whole split of the minimum 256 keys (four tiles) in its ring before the wait; a larger
-// grid keeps the shallow ring that leaves room for more blocks an SM.
-TEST_CASE("A decode attention grid that fits the SMs takes the deep ring") {
-  const DecodeAttentionShape small = PlanDecodeAttention(8, 16, 8, 256, 0.1f, 0, true);
-  CHECK(small.splits == 1);
-  CHECK(small.ring_stages == 5);
-  CHECK(PlanDecodeAttention(1, 16, 8, 32768, 0.1f, 0, true).ring_stages == 5);
-  CHECK(PlanDecodeAttention(64, 16, 8, 256, 0.1f, 0, true).ring_stages == 2);
-  CHECK(PlanDecodeAttention(1, 16, 8, 256, 0.1f, 0, false).ring_stages == 2);
-}
-
-TEST_CASE("A decode attention row gives the same bits at batch 8 (deep ring) and 64 (shallow)") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(12);
-  const at::Tensor key = at::randn({64, 8, 256, 128}, On(at::kBFloat16));
-  const at::Tensor value = at::randn_like(key);
-  const at::Tensor q = at::randn({64, 16, 128}, On(at::kBFloat16));
-  for (const int64_t position : {int64_t{5}, int64_t{100}, int64_t{255}}) {
-    const DecodeCache cache{key, value, at::full({1}, position, On(at::kLong))};
-    const at::Tensor all = DecodeAttention(q, cache, 256, 0.088, 0, true);
-    const at::Tensor first =
-        DecodeAttention(q.narrow(0, 0, 8).contiguous(), cache, 256, 0.088, 0, true);
-    INFO("position " << position);
-    CHECK(SameBits(first, all.narrow(0, 0, 8)));
-  }
-}
-
 TEST_CASE("DecodeAttention is softmax attention over the positions up to the step's") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(4);
