@@ -37,10 +37,13 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kMaxCandidates = 64;
 
 // y [rows, n] = x [rows, k] w^T in bf16 with fp32 sums as cuBLASLt sees it (column-major: y^T =
-// w x^T, w transposed), and its heuristic's candidates for that GEMM.
+// w x^T, w transposed), and its heuristic's candidates for that GEMM. With `splits` > 1, k is
+// split in that many slices and the GEMM is a batch of one per slice, each writing its fp32
+// partial sums: y [splits, rows, n] fp32, whose slices a kernel after would add.
 class LtGemm {
  public:
-  LtGemm(cublasLtHandle_t handle, int64_t rows, int64_t n, int64_t k) : handle_(handle) {
+  LtGemm(cublasLtHandle_t handle, int64_t rows, int64_t n, int64_t k, int64_t splits = 1)
+      : handle_(handle) {
     Check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
           "cublasLtMatmulDescCreate");
     const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
@@ -49,9 +52,25 @@ class LtGemm {
           "cublasLtMatmulDescSetAttribute");
     Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)),
           "cublasLtMatmulDescSetAttribute");
-    Check(cublasLtMatrixLayoutCreate(&w_, CUDA_R_16BF, k, n, k), "cublasLtMatrixLayoutCreate");
-    Check(cublasLtMatrixLayoutCreate(&x_, CUDA_R_16BF, k, rows, k), "cublasLtMatrixLayoutCreate");
-    Check(cublasLtMatrixLayoutCreate(&y_, CUDA_R_16BF, n, rows, n), "cublasLtMatrixLayoutCreate");
+    const int64_t slice = k / splits;
+    Check(cublasLtMatrixLayoutCreate(&w_, CUDA_R_16BF, slice, n, k), "cublasLtMatrixLayoutCreate");
+    Check(cublasLtMatrixLayoutCreate(&x_, CUDA_R_16BF, slice, rows, k),
+          "cublasLtMatrixLayoutCreate");
+    Check(cublasLtMatrixLayoutCreate(&y_, splits > 1 ? CUDA_R_32F : CUDA_R_16BF, n, rows, n),
+          "cublasLtMatrixLayoutCreate");
+    if (splits > 1) {
+      const int32_t count = static_cast<int32_t>(splits);
+      const int64_t y_stride = n * rows;
+      for (cublasLtMatrixLayout_t layout : {w_, x_, y_}) {
+        Check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                               sizeof(count)),
+              "cublasLtMatrixLayoutSetAttribute");
+        const int64_t& stride = layout == y_ ? y_stride : slice;
+        Check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                               &stride, sizeof(stride)),
+              "cublasLtMatrixLayoutSetAttribute");
+      }
+    }
     cublasLtMatmulPreference_t preference;
     Check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
     Check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -156,6 +175,46 @@ void CompareShape(cublasLtHandle_t handle, at::Tensor& workspace, int64_t rows, 
       "us (%.2fx at::mm), %d candidates\n",
       shape.c_str(), base, static_cast<double>(n * k * 2) / base * 1e-6, first, best_i, best,
       base / best, gemm.candidates());
+  // k split into slices, a batch of GEMMs writing fp32 partial sums: whether more blocks reading
+  // the weights beat at::mm's kernel (its sums alone: the partials' addition would go to the
+  // kernel after the GEMM, which reads its output anyway). Each slice's sums are checked against
+  // the same slice by at::mm in fp32.
+  for (const int64_t splits : {2, 3, 4, 6, 8}) {
+    if (k % splits != 0 || (k / splits) % 8 != 0) continue;
+    const LtGemm split(handle, rows, n, k, splits);
+    at::Tensor partial = at::empty({splits, rows, n}, options.dtype(at::kFloat));
+    double split_best = 1e30;
+    int split_best_i = -1;
+    for (int i = 0; i < split.candidates(); ++i) {
+      split.Run(i, w.back(), x, partial, workspace);
+      const double diff = (partial.sum(0) - reference.to(at::kFloat)).abs().max().item<double>();
+      if (diff > 0.1) {
+        std::printf("  %s, %ld slices, candidate %d: wrong sums (%.3g off)\n", shape.c_str(),
+                    static_cast<long>(splits), i, diff);
+        continue;
+      }
+      const double us =
+          per_layer([&](const at::Tensor& weight) { split.Run(i, weight, x, partial, workspace); });
+      if (us < split_best) {
+        split_best = us;
+        split_best_i = i;
+      }
+    }
+    // The same batch by at::bmm with fp32 outputs, over views of x and w (the engine's
+    // kernels::SplitKPartials).
+    const int64_t slice = k / splits;
+    const at::Tensor x_slices = x.view({rows, splits, slice}).transpose(0, 1);
+    const double bmm = per_layer([&](const at::Tensor& weight) {
+      at::bmm_out(partial, x_slices, weight.view({n, splits, slice}).permute({1, 2, 0}),
+                  at::kFloat);
+    });
+    std::printf(
+        "%s, k in %ld slices: the best (%d of %d) %.2f us (%.2fx at::mm); %s; at::bmm %.2f us "
+        "(%.2fx)\n",
+        shape.c_str(), static_cast<long>(splits), split_best_i, split.candidates(), split_best,
+        base / split_best, split_best_i >= 0 ? split.Config(split_best_i).c_str() : "none", bmm,
+        base / bmm);
+  }
 }
 
 }  // namespace

@@ -70,29 +70,55 @@ __device__ SoftmaxStats BlockMerge(SoftmaxStats v, SoftmaxStats* scratch) {
 }
 
 // With `add` (and `sum`): the row is x + add, rounded to the dtype as LibTorch's add rounds it,
-// and is written to `sum`. Thread i takes elements i, i + kThreads, ... of the row; with kPerThread
-// > 0 (cols <= kPerThread * kThreads) it holds them in registers between the passes, which then
-// read the row once (in a decode step the passes' round trips to memory were most of its time),
-// with 0 it reads them again each pass. The sums are the same either way.
-template <typename T, int kPerThread>
+// and is written to `sum`. With kPartials (and kPerThread > 0), `partials` stands for add: a GEMM's
+// fp32 partial sums over kPartialSlices slices of k, [kPartialSlices, rows, cols], of which add is
+// the sum in slice order rounded to the dtype, as the GEMM rounds its output (each thread loads
+// all its slices' elements at once, one round trip). Thread i takes elements i, i + kThreads, ...
+// of the row; with kPerThread > 0 (cols <= kPerThread * kThreads) it holds them in registers
+// between the passes, which then read the row once (in a decode step the passes' round trips to
+// memory were most of its time), with 0 it reads them again each pass. The sums are the same
+// either way.
+template <typename T, int kPerThread, bool kPartials = false>
 __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add,
-                              const T* __restrict__ weight, T* __restrict__ out,
-                              T* __restrict__ sum, float* __restrict__ inv_rms, int64_t cols,
-                              float eps) {
+                              const float* __restrict__ partials, const T* __restrict__ weight,
+                              T* __restrict__ out, T* __restrict__ sum, float* __restrict__ inv_rms,
+                              int64_t cols, float eps) {
+  static_assert(!kPartials || kPerThread > 0);
   __shared__ float scratch[kWarps];
   PrecedingKernelsDone();
   const int64_t offset = blockIdx.x * cols;
   T* out_row = out + offset;
   if constexpr (kPerThread > 0) {
     float v[kPerThread], w[kPerThread];
+    float addend[kPerThread];  // with kPartials
+    if constexpr (kPartials) {
+      // Every load first, predicated rather than branched around, so that they all go out at once.
+      const int64_t stride = gridDim.x * cols;  // between the slices
+      float part[kPartialSlices][kPerThread];
+#pragma unroll
+      for (int s = 0; s < kPartialSlices; ++s) {
+#pragma unroll
+        for (int j = 0; j < kPerThread; ++j) {
+          const int64_t i = threadIdx.x + j * static_cast<int64_t>(kThreads);
+          part[s][j] = i < cols ? partials[s * stride + offset + i] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        addend[j] = part[0][j];
+#pragma unroll
+        for (int s = 1; s < kPartialSlices; ++s) addend[j] = __fadd_rn(addend[j], part[s][j]);
+      }
+    }
     float squares = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int64_t i = threadIdx.x + j * static_cast<int64_t>(kThreads);
       if (i >= cols) break;
       w[j] = ToFloat(weight[i]);
-      if (add != nullptr) {
-        const T rounded = AddRounded<T>(ToFloat(x[offset + i]), ToFloat(add[offset + i]));
+      if (kPartials || add != nullptr) {
+        const float added = kPartials ? ToFloat(FromFloat<T>(addend[j])) : ToFloat(add[offset + i]);
+        const T rounded = AddRounded<T>(ToFloat(x[offset + i]), added);
         sum[offset + i] = rounded;
         v[j] = ToFloat(rounded);
       } else {
@@ -247,17 +273,22 @@ __global__ void TokenLogProbsBackwardKernel(const T* __restrict__ logits,
 namespace {
 
 template <typename T>
-cudaError_t LaunchRmsNorm(const void* x, const void* add, const void* weight, void* out, void* sum,
-                          float* inv_rms, int64_t rows, int64_t cols, float eps,
-                          cudaStream_t stream) {
+cudaError_t LaunchRmsNorm(const void* x, const void* add, const float* partials, const void* weight,
+                          void* out, void* sum, float* inv_rms, int64_t rows, int64_t cols,
+                          float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  const auto kernel = cols <= 4 * kThreads    ? RmsNormKernel<T, 4>
-                      : cols <= 8 * kThreads  ? RmsNormKernel<T, 8>
-                      : cols <= 32 * kThreads ? RmsNormKernel<T, 32>
-                                              : RmsNormKernel<T, 0>;
+  static_assert(kAddPartialsMaxCols == 8 * kThreads, "the partial sums' loads in registers");
+  if (partials != nullptr && cols > kAddPartialsMaxCols) return cudaErrorInvalidValue;
+  const auto kernel =
+      partials != nullptr
+          ? (cols <= 4 * kThreads ? RmsNormKernel<T, 4, true> : RmsNormKernel<T, 8, true>)
+      : cols <= 4 * kThreads  ? RmsNormKernel<T, 4>
+      : cols <= 8 * kThreads  ? RmsNormKernel<T, 8>
+      : cols <= 32 * kThreads ? RmsNormKernel<T, 32>
+                              : RmsNormKernel<T, 0>;
   return Launch(kernel, rows, kThreads, 0, stream, static_cast<const T*>(x),
-                static_cast<const T*>(add), static_cast<const T*>(weight), static_cast<T*>(out),
-                static_cast<T*>(sum), inv_rms, cols, eps);
+                static_cast<const T*>(add), partials, static_cast<const T*>(weight),
+                static_cast<T*>(out), static_cast<T*>(sum), inv_rms, cols, eps);
 }
 
 thread_local bool programmatic_launch = false;
@@ -293,19 +324,30 @@ bool SharedWeightLinear::On() { return shared_weight_linear; }
 
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {
-  return dtype == kBFloat16 ? LaunchRmsNorm<__nv_bfloat16>(x, nullptr, weight, out, nullptr,
-                                                            inv_rms, rows, cols, eps, stream)
-                            : LaunchRmsNorm<float>(x, nullptr, weight, out, nullptr, inv_rms,
-                                                   rows, cols, eps, stream);
+  return dtype == kBFloat16
+             ? LaunchRmsNorm<__nv_bfloat16>(x, nullptr, nullptr, weight, out, nullptr, inv_rms,
+                                            rows, cols, eps, stream)
+             : LaunchRmsNorm<float>(x, nullptr, nullptr, weight, out, nullptr, inv_rms, rows, cols,
+                                    eps, stream);
 }
 
 cudaError_t AddRmsNorm(const void* x, const void* add, const void* weight, void* sum, void* out,
                        int64_t rows, int64_t cols, float eps, DtypeCode dtype,
                        cudaStream_t stream) {
-  return dtype == kBFloat16 ? LaunchRmsNorm<__nv_bfloat16>(x, add, weight, out, sum, nullptr,
-                                                            rows, cols, eps, stream)
-                            : LaunchRmsNorm<float>(x, add, weight, out, sum, nullptr, rows, cols,
-                                                   eps, stream);
+  return dtype == kBFloat16 ? LaunchRmsNorm<__nv_bfloat16>(x, add, nullptr, weight, out, sum,
+                                                           nullptr, rows, cols, eps, stream)
+                            : LaunchRmsNorm<float>(x, add, nullptr, weight, out, sum, nullptr, rows,
+                                                   cols, eps, stream);
+}
+
+cudaError_t AddPartialsRmsNorm(const void* x, const float* partials, const void* weight, void* sum,
+                               void* out, int64_t rows, int64_t cols, float eps, DtypeCode dtype,
+                               cudaStream_t stream) {
+  if (partials == nullptr) return cudaErrorInvalidValue;
+  return dtype == kBFloat16 ? LaunchRmsNorm<__nv_bfloat16>(x, nullptr, partials, weight, out, sum,
+                                                           nullptr, rows, cols, eps, stream)
+                            : LaunchRmsNorm<float>(x, nullptr, partials, weight, out, sum, nullptr,
+                                                   rows, cols, eps, stream);
 }
 
 cudaError_t RmsNormBackward(const void* x, const void* weight, const float* inv_rms,

@@ -66,6 +66,15 @@ cudaError_t AddRmsNorm(const void* x, const void* add, const void* weight, void*
                        int64_t rows, int64_t cols, float eps, DtypeCode dtype,
                        cudaStream_t stream);
 
+// AddRmsNorm with `add` given as a GEMM's fp32 partial sums over kPartialSlices slices of k,
+// partials [kPartialSlices, rows, cols] (contiguous): add is their sum in slice order, rounded to
+// the dtype, as the GEMM rounds its output. cols <= kAddPartialsMaxCols.
+constexpr int kPartialSlices = 4;
+constexpr int64_t kAddPartialsMaxCols = 2048;
+cudaError_t AddPartialsRmsNorm(const void* x, const float* partials, const void* weight, void* sum,
+                               void* out, int64_t rows, int64_t cols, float eps, DtypeCode dtype,
+                               cudaStream_t stream);
+
 // The gradient of RmsNorm given grad_out [rows, cols] (contiguous, `dtype`) and the forward's
 // inv_rms: with g = grad_out * weight rounded to the dtype (what the weight product passes back),
 // grad_x = r g - x r^3 mean(g x) (rounded to the dtype), and the weight's gradient as fp32

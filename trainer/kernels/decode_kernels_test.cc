@@ -14,6 +14,7 @@
 #include <limits>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "trainer/kernels/cuda_kernels.h"
 #include "trainer/kernels/fused_ops.h"
@@ -98,6 +99,66 @@ TEST_CASE("AddRmsNorm is the add and FusedRmsNorm, bit for bit") {
       CHECK(SameBits(fused.normed, FusedRmsNorm(sum, weight, 1e-6)));
     }
   }
+}
+
+TEST_CASE("AddPartialsRmsNorm is AddRmsNorm of the partial sums added in slice order") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(2);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    // 1024 and 2000 columns: 4 and 8 elements a thread, the last ones of 2000 past the row.
+    for (const int64_t cols : {1024, 2000}) {
+      const at::Tensor x = at::randn({64, 1, cols}, On(dtype)) * 4;
+      const at::Tensor partials = at::randn({kPartialSlices, 64, 1, cols}, On(at::kFloat));
+      const at::Tensor weight = at::randn({cols}, On(dtype));
+      at::Tensor total = partials[0].clone();
+      for (int64_t s = 1; s < kPartialSlices; ++s) total = total + partials[s];  // in slice order
+      const AddNormed fused = AddPartialsRmsNorm(x, partials, weight, 1e-6);
+      const AddNormed want = AddRmsNorm(x, total.to(dtype), weight, 1e-6);
+      INFO(cols << " columns, " << c10::toString(dtype));
+      CHECK(SameBits(fused.sum, want.sum));
+      CHECK(SameBits(fused.normed, want.normed));
+    }
+  }
+  // Partial sums that do not match x's shape are refused, not broadcast.
+  const at::Tensor x = at::randn({8, 1024}, On(at::kBFloat16));
+  const at::Tensor w = at::randn({1024}, On(at::kBFloat16));
+  CHECK_FALSE(ArePartialSums(at::randn({kPartialSlices, 8, 512}, On(at::kFloat)), x));
+  CHECK_FALSE(ArePartialSums(at::randn({3, 8, 1024}, On(at::kFloat)), x));
+  CHECK_THROWS(AddPartialsRmsNorm(x, at::randn({kPartialSlices, 8, 512}, On(at::kFloat)), w, 1e-6));
+}
+
+TEST_CASE("SplitKPartials add up to x w^T, for 33 to 64 rows of narrow, deep projections") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(3);
+  for (const int64_t rows : {33, 48, 64}) {
+    for (const auto& [n, k] :
+         {std::pair<int64_t, int64_t>{1024, 2048}, {1024, 3072}, {2048, 4096}}) {
+      INFO(rows << " rows, n " << n << ", k " << k);
+      const at::Tensor x = at::randn({rows, 1, k}, On(at::kBFloat16));
+      const at::Tensor w = at::randn({n, k}, On(at::kBFloat16)) / std::sqrt(double(k));
+      REQUIRE(SplitKPartialsPay(x, w, {}));
+      const at::Tensor partials = SplitKPartials(x, w);
+      REQUIRE(partials.sizes() == at::IntArrayRef({kPartialSlices, rows, 1, n}));
+      REQUIRE(ArePartialSums(partials, at::empty({rows, 1, n}, On(at::kBFloat16))));
+      // Each slice is its own product, within fp32 rounding.
+      const int64_t width = k / kPartialSlices;
+      for (int64_t s = 0; s < kPartialSlices; ++s) {
+        const at::Tensor slice = at::matmul(x.narrow(-1, s * width, width).to(at::kDouble),
+                                            w.narrow(1, s * width, width).to(at::kDouble).t());
+        CHECK((partials[s].to(at::kDouble) - slice).abs().max().item<double>() < 1e-4);
+      }
+      CHECK(SameBits(partials, SplitKPartials(x, w)));
+    }
+  }
+  const at::Tensor o = at::randn({1024, 2048}, On(at::kBFloat16));
+  CHECK_FALSE(
+      SplitKPartialsPay(at::randn({32, 2048}, On(at::kBFloat16)), o, {}));  // SkinnyLinear's
+  CHECK_FALSE(SplitKPartialsPay(at::randn({65, 2048}, On(at::kBFloat16)), o, {}));
+  CHECK_FALSE(SplitKPartialsPay(at::randn({64, 2048}, On(at::kBFloat16)), o,
+                                at::randn({1024}, On(at::kBFloat16))));  // a bias
+  CHECK_FALSE(SplitKPartialsPay(at::randn({64, 1024}, On(at::kBFloat16)),
+                                at::randn({4096, 1024}, On(at::kBFloat16)), {}));  // q/k/v's
+  CHECK_FALSE(SplitKPartialsPay(at::randn({64, 2048}, On(at::kFloat)), o.to(at::kFloat), {}));
 }
 
 TEST_CASE("SiluMul is at::silu of the gate times the up half, bit for bit") {

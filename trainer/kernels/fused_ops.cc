@@ -281,6 +281,66 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
   return out;
 }
 
+bool SplitKPartialsPay(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!x.defined() || x.dim() == 0 || !w.defined() || w.dim() != 2 || b.defined()) return false;
+  const int64_t k = x.size(-1);
+  const int64_t rows = k == 0 ? 0 : x.numel() / k;
+  return x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == x.scalar_type() &&
+         w.device() == x.device() && !x.requires_grad() && !w.requires_grad() &&
+         x.is_contiguous() && w.is_contiguous() && w.size(1) == k &&
+         rows > kSkinnyLinearPaysMaxRows && rows <= kSkinnyLinearMaxRows &&
+         w.size(0) <= kSkinnyLinearPaysMaxFeatures && w.size(0) <= kAddPartialsMaxCols &&
+         k >= 2048 && k % (kPartialSlices * 8) == 0;
+}
+
+at::Tensor SplitKPartials(const at::Tensor& x, const at::Tensor& w) {
+  RL_CHECK(SplitKPartialsPay(x, w, {}), Error,
+           "SplitKPartials: x [{}] and w [{}] do not fit (Note [Split-k partial sums])",
+           fmt::join(x.sizes(), ", "), fmt::join(w.sizes(), ", "));
+  const int64_t k = x.size(-1);
+  const int64_t n = w.size(0);
+  const int64_t rows = x.numel() / k;
+  const int64_t slice = k / kPartialSlices;
+  // Views, no copies: x's slices [kPartialSlices, rows, slice] (row stride k) and w's transposed
+  // [kPartialSlices, slice, n] (column stride k), a strided batch for cuBLAS with fp32 outputs.
+  const at::Tensor x_slices = x.view({rows, kPartialSlices, slice}).transpose(0, 1);
+  const at::Tensor w_slices = w.view({n, kPartialSlices, slice}).permute({1, 2, 0});
+  std::vector<int64_t> shape{kPartialSlices};
+  shape.insert(shape.end(), x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return at::bmm(x_slices, w_slices, at::kFloat).view(shape);
+}
+
+bool ArePartialSums(const at::Tensor& pending, const at::Tensor& x) {
+  return pending.defined() && x.defined() && pending.scalar_type() == at::kFloat &&
+         pending.dim() == x.dim() + 1 && pending.size(0) == kPartialSlices &&
+         pending.sizes().slice(1) == x.sizes();
+}
+
+AddNormed AddPartialsRmsNorm(const at::Tensor& x, const at::Tensor& partials,
+                             const at::Tensor& weight, double eps) {
+  CheckNoGrad({&x, &partials, &weight}, "AddPartialsRmsNorm");
+  const int64_t cols = x.size(-1);
+  RL_CHECK(ArePartialSums(partials, x) && partials.device() == x.device() && weight.dim() == 1 &&
+               weight.size(0) == cols && weight.scalar_type() == x.scalar_type() &&
+               weight.device() == x.device() && cols <= kAddPartialsMaxCols,
+           Error,
+           "AddPartialsRmsNorm: partial sums [{}] must be fp32 [{}, ...] over x [{}] (at most "
+           "{} columns), with weight [{}] of x's dtype",
+           fmt::join(partials.sizes(), ", "), kPartialSlices, fmt::join(x.sizes(), ", "),
+           kAddPartialsMaxCols, fmt::join(weight.sizes(), ", "));
+  const at::Tensor a = x.contiguous();
+  const at::Tensor p = partials.contiguous();
+  const at::Tensor w = weight.contiguous();
+  AddNormed out{at::empty_like(a), at::empty_like(a)};
+  const int64_t rows = cols == 0 ? 0 : a.numel() / cols;
+  const c10::cuda::CUDAGuard guard(a.device());
+  RL_CHECK_CUDA(kernels::AddPartialsRmsNorm(
+      a.data_ptr(), p.data_ptr<float>(), w.data_ptr(), out.sum.data_ptr(), out.normed.data_ptr(),
+      rows, cols, static_cast<float>(eps), CodeOf(a), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return x.defined() && x.dim() > 0 && SmallLinearFits(x, x.size(-1), w, b);
 }

@@ -72,6 +72,30 @@ struct AddNormed {
 AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
                      double eps);
 
+// Note [Split-k partial sums]
+// cuBLAS runs a projection of 33 to 64 rows with few output features and a long k (Qwen3-0.6B's
+// o projection [1024, 2048] and down projection [1024, 3072]) as one GEMM of few tiles, the down
+// projection with a split-k reduction kernel after it: 6.2 and 8.3 us on an H100, 0.68 and 0.76
+// TB/s. The same GEMM as a batch over kPartialSlices (4) slices of k, each slice writing its
+// fp32 partial sums, runs more blocks: 4.6 and 5.4 us (tools/bench/lt_gemm_bench, "k in 4
+// slices"). The partial sums' addition goes to the kernel after, the residual add and the next
+// norm, which reads the projection's output anyway (AddPartialsRmsNorm): so the reduction kernel
+// goes too. SplitKPartialsPay says where this applies (bf16, no autograd, 33 to 64 rows, at most
+// 2048 features, k at least 2048 in slices of whole 16-byte pieces, no bias); SplitKPartials
+// gives the partial sums [kPartialSlices, ..., n] of Linear(x, w); added in slice order and
+// rounded they are Linear(x, w) up to the order of its sums.
+bool SplitKPartialsPay(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor SplitKPartials(const at::Tensor& x, const at::Tensor& w);
+
+// True where `pending` is the partial sums of SplitKPartials for an addend of x's shape.
+bool ArePartialSums(const at::Tensor& pending, const at::Tensor& x);
+
+// AddRmsNorm(x, add, weight, eps) with add given as SplitKPartials's partial sums [splits, ...x's
+// shape] (ArePartialSums): add is their sum in slice order rounded to x's dtype, bit for bit
+// AddRmsNorm of that add.
+AddNormed AddPartialsRmsNorm(const at::Tensor& x, const at::Tensor& partials,
+                             const at::Tensor& weight, double eps);
+
 // x [..., k] w^T + b as at::linear computes it up to the order of its sums, for at most
 // kSmallLinearMaxRows (2) rows of x, by our kernel: SmallLinearTakes says whether it applies
 // (Supported x of w's dtype, no autograd, w [n, k] contiguous, 16-byte aligned rows, b undefined

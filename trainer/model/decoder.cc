@@ -339,9 +339,18 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
                            const ExpertDispatch* dispatch, int64_t batch) const {
   ctx.kernels = kernels_;
   ctx.latent_mla_decode = latent_mla_decode_;
+  const bool partial_sums = tensor_group_ == nullptr;  // blocks may leave their sums to add_norm
+  ctx.partial_sums = partial_sums;
   // x += pending (a block's output, when defined) and the next norm of x; one kernel where the
-  // engine's kernels apply (Note [Decode kernels] in layers.cc), the same bits.
+  // engine's kernels apply (Note [Decode kernels] in layers.cc), the same bits. `pending` may be
+  // the block's split-k partial sums (Note [Split-k partial sums] in fused_ops.h).
   const auto add_norm = [&](at::Tensor& x, const at::Tensor& pending, const at::Tensor& weight) {
+    if (kernels::ArePartialSums(pending, x)) {
+      kernels::AddNormed out =
+          kernels::AddPartialsRmsNorm(x, pending, weight, config_.rms_norm_eps);
+      x = std::move(out.sum);
+      return std::move(out.normed);
+    }
     if (pending.defined() && kernels_ == Kernels::kFused && kernels::Supported(x) &&
         !x.requires_grad() && !pending.requires_grad() && pending.sizes() == x.sizes() &&
         pending.scalar_type() == x.scalar_type() && weight.scalar_type() == x.scalar_type()) {
@@ -389,7 +398,7 @@ at::Tensor Decoder::Layers(at::Tensor x, AttentionContext ctx, KvCache* cache,
       h = tensor_group_ != nullptr
               ? TensorParallelMlp(layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, h,
                                   *tensor_group_, sequence_parallel_)
-              : DenseMlp(layer.mlp, h, kernels_);
+              : DenseMlp(layer.mlp, h, kernels_, partial_sums);
     } else {
       at::Tensor chosen;
       at::Tensor replay =

@@ -59,6 +59,17 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
 
 namespace {
 
+// The last projection of a block, whose output the caller adds to the residual: its split-k
+// partial sums where `partial_sums` allows them and they pay (Note [Split-k partial sums] in
+// trainer/kernels/fused_ops.h), else Linear's output.
+at::Tensor BlockOutputLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                             Kernels impl, bool partial_sums) {
+  if (impl == Kernels::kFused && partial_sums && kernels::SplitKPartialsPay(x, w, b)) {
+    return kernels::SplitKPartials(x, w);
+  }
+  return Linear(x, w, b, impl);
+}
+
 constexpr double kMlaLatentNormEps = 1e-6;  // transformers builds q_a/kv_a norms with the default
 constexpr double kIndexerNormEps = 1e-6;
 // The indexer's [B, chunk, heads, T] fp32 score block is bounded to about this many elements.
@@ -410,13 +421,17 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // the down projection (each block of those computes its input rows itself): 5 kernels. From 3 to
 // 32 bf16 rows the projections of up to 2048 features are SkinnyLinear (Note [Skinny linear
 // kernel] in trainer/kernels/linear_kernels.cu: 16 features a block on tensor cores, where it
-// beat cuBLAS); the rest keep cuBLAS. All but the attention, SmallLinear and SkinnyLinear
-// compute bit for bit what the ops computed, and the fused kernels what the unfused ones compute
-// (trainer/kernels/fused_ops.h); the attention reads only the positions up to the step's (SDPA
-// read the whole key block under a mask), and those three sum in another order than SDPA and
-// cuBLAS, so they differ from them by rounding. Graph replays and eager steps
-// run the same kernels, so they stay bit-identical. trainer/kernels/decode_kernels_test.cc checks
-// each kernel on the GPU.
+// beat cuBLAS); the rest keep cuBLAS. From 33 to 64 rows the o and down projections of up to 2048
+// features over k >= 2048 leave their sums to the AddRmsNorm after them (Note [Split-k partial
+// sums] in trainer/kernels/fused_ops.h: a batch of cuBLAS GEMMs over 4 slices of k writes fp32
+// partial sums, which AddPartialsRmsNorm adds up; the block's output is those partial sums, and
+// Decoder::Layers's add_norm takes them). All but the attention, SmallLinear, SkinnyLinear and
+// the split-k sums compute bit for bit what the ops computed, and the fused kernels what the
+// unfused ones compute (trainer/kernels/fused_ops.h); the attention reads only the positions up
+// to the step's (SDPA read the whole key block under a mask), and those four sum in another order
+// than SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps run
+// the same kernels, so they stay bit-identical. trainer/kernels/decode_kernels_test.cc checks each
+// kernel on the GPU.
 bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x) {
   return ctx.kernels == Kernels::kFused && ctx.position.defined() && ctx.cache != nullptr &&
          x.dim() == 3 && x.size(1) == 1 && kernels::Supported(x) && !x.requires_grad() &&
@@ -459,7 +474,8 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
   if (w.qkv_proj.defined()) {
     const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias, ctx.kernels);
     if (GqaDecodeKernelsApply(w, ctx, x)) {  // Note [Decode kernels]
-      return Linear(GqaDecodeAttention(w, qkv, ctx), w.o_proj, w.o_bias, ctx.kernels);
+      return BlockOutputLinear(GqaDecodeAttention(w, qkv, ctx), w.o_proj, w.o_bias, ctx.kernels,
+                               ctx.partial_sums);
     }
     q = qkv.narrow(-1, 0, heads * d).view({b, s, heads, d});
     k = qkv.narrow(-1, heads * d, kv_heads * d).view({b, s, kv_heads, d});
@@ -625,11 +641,12 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
   return Linear(out, w.o_proj, w.o_bias);
 }
 
-at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl) {
+at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl, bool partial_sums) {
   if (w.gate_up_proj.defined()) {
     const at::Tensor gate_up = Linear(x, w.gate_up_proj, {}, impl);
     if (impl == Kernels::kFused && kernels::Supported(gate_up) && !gate_up.requires_grad()) {
-      return Linear(kernels::SiluMul(gate_up), w.down_proj, {}, impl);  // Note [Decode kernels]
+      // Note [Decode kernels]
+      return BlockOutputLinear(kernels::SiluMul(gate_up), w.down_proj, {}, impl, partial_sums);
     }
     const int64_t inner = w.down_proj.size(1);
     return Linear(at::silu(gate_up.narrow(-1, 0, inner)) * gate_up.narrow(-1, inner, inner),

@@ -156,6 +156,11 @@ struct AttentionContext {
   // With Kernels::kFused: MLA decode steps attend in the latent space (Note [MLA decode in the
   // latent space] in layers.cc); false keeps the expanded keys and values of training.
   bool latent_mla_decode = true;
+  // With Kernels::kFused: the caller adds the attention's output to the residual by
+  // kernels::AddPartialsRmsNorm, so the o projection may return its split-k partial sums
+  // (Note [Split-k partial sums] in trainer/kernels/fused_ops.h) where they pay. Decoder::Layers
+  // sets it without tensor parallelism, whose all-reduce takes whole outputs.
+  bool partial_sums = false;
 };
 
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
@@ -186,7 +191,9 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
 
 // With Kernels::kFused on CUDA, outside autograd, silu(gate) * up runs as one kernel (the same
 // bits; Note [Decode kernels] in layers.cc).
-at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl = Kernels::kLibTorch);
+// `partial_sums`: as AttentionContext::partial_sums, for the down projection.
+at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl = Kernels::kLibTorch,
+                    bool partial_sums = false);
 
 struct Routing {
   at::Tensor indices;  // [tokens, k] int64
