@@ -232,11 +232,6 @@ int Run(int argc, char** argv) {
   app.add_flag("--shared-weight-linear,!--no-shared-weight-linear", shared_weight_linear,
                "projections of 1 or 2 rows with their weights in shared memory where they fit "
                "(default; the same bits as in registers)");
-  int64_t cache_prefetch_mb = 0;
-  app.add_option("--cache-prefetch-mb", cache_prefetch_mb,
-                 "MiB of each GQA layer's cache prefetched into the L2 beside the q/k/v GEMM at "
-                 "33 or more rows (0: none; the same bits)")
-      ->check(CLI::NonNegativeNumber);
   std::string profile;
   app.add_option("--profile", profile, "also write a Chrome trace of one Generate here");
   bool step_time = false;
@@ -260,7 +255,6 @@ int Run(int argc, char** argv) {
   }
 
   const rl::kernels::SharedWeightLinear weights_in_shared(shared_weight_linear);
-  const rl::kernels::CachePrefetchBudget prefetch_budget(cache_prefetch_mb << 20);
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   rl::json::Value architecture;

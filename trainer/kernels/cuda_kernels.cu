@@ -293,7 +293,6 @@ cudaError_t LaunchRmsNorm(const void* x, const void* add, const float* partials,
 
 thread_local bool programmatic_launch = false;
 thread_local bool shared_weight_linear = true;
-thread_local int64_t cache_prefetch_bytes = 0;
 std::atomic<bool> programmatic_refused{false};
 
 }  // namespace
@@ -322,14 +321,6 @@ SharedWeightLinear::SharedWeightLinear(bool on) : previous_(shared_weight_linear
 SharedWeightLinear::~SharedWeightLinear() { shared_weight_linear = previous_; }
 
 bool SharedWeightLinear::On() { return shared_weight_linear; }
-
-CachePrefetchBudget::CachePrefetchBudget(int64_t bytes) : previous_(cache_prefetch_bytes) {
-  cache_prefetch_bytes = bytes;
-}
-
-CachePrefetchBudget::~CachePrefetchBudget() { cache_prefetch_bytes = previous_; }
-
-int64_t CachePrefetchBudget::Bytes() { return cache_prefetch_bytes; }
 
 cudaError_t RmsNorm(const void* x, const void* weight, void* out, float* inv_rms, int64_t rows,
                     int64_t cols, float eps, DtypeCode dtype, cudaStream_t stream) {

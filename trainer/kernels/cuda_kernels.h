@@ -53,31 +53,6 @@ class SharedWeightLinear {
   bool previous_;
 };
 
-// While one lives on a thread, a decode step of 33 or more rows prefetches up to `bytes` of each
-// GQA layer's key/value cache into the L2 beside its q/k/v GEMM (Note [Cache prefetch beside the
-// q/k/v GEMM] in trainer/kernels/fused_ops.h); 0 turns it off. The bits are the same either way.
-// Scopes nest; each restores what it found.
-class CachePrefetchBudget {
- public:
-  explicit CachePrefetchBudget(int64_t bytes);
-  ~CachePrefetchBudget();
-  CachePrefetchBudget(const CachePrefetchBudget&) = delete;
-  CachePrefetchBudget& operator=(const CachePrefetchBudget&) = delete;
-  static int64_t Bytes();
-
- private:
-  int64_t previous_;
-};
-
-// Prefetches into the L2 (cp.async.bulk.prefetch) the cached keys and values at positions before
-// each row's, of caches whose (row, head) holds its positions contiguously, rows_bytes each: the
-// (row, head) pairs in order, row 0's heads first, keys and values side by side, until `bytes` are
-// covered. Strides in bytes; position[b position_stride] is row b's position. Reads nothing back.
-cudaError_t PrefetchCache(const void* k, const void* v, int64_t k_stride_b, int64_t k_stride_h,
-                          int64_t v_stride_b, int64_t v_stride_h, int64_t row_bytes,
-                          const int64_t* position, int64_t position_stride, int64_t batch,
-                          int64_t kv_heads, int64_t bytes, cudaStream_t stream);
-
 // transformers' RMSNorm of each row of x [rows, cols] (contiguous), with the rounding it has:
 // r = rsqrt(mean(x^2) + eps), h = x * r in fp32, h rounded to the dtype, out = weight * h rounded
 // to the dtype. x, weight and out share `dtype`; inv_rms [rows] receives r unless null.

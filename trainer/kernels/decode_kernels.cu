@@ -642,40 +642,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
                                                   split, pos, out, partial_out, partial_stats, p);
 }
 
-// PrefetchCache: a block per (row, head), in order. Each block finds the bytes the pairs ahead of
-// it take (their rows before their positions, keys and values) and prefetches its own up to the
-// budget, in pieces of kPrefetchPiece by its threads.
-struct CachePrefetchShape {
-  int64_t k_stride_b, k_stride_h, v_stride_b, v_stride_h, row_bytes, position_stride, kv_heads;
-};
-constexpr int64_t kPrefetchPiece = 4096;
-
-__global__ void PrefetchCacheKernel(const char* k, const char* v, const int64_t* position,
-                                    CachePrefetchShape s, int64_t bytes) {
-  const int64_t b = blockIdx.x / s.kv_heads;
-  const int64_t h = blockIdx.x % s.kv_heads;
-  int64_t ahead = 0;  // cached rows of the pairs ahead of this one
-  for (int64_t r = 0; r < b; ++r) ahead += position[r * s.position_stride] * s.kv_heads;
-  const int64_t rows = position[b * s.position_stride];
-  ahead += rows * h;
-  const int64_t start = 2 * ahead * s.row_bytes;  // keys and values
-  if (start >= bytes) return;
-  int64_t span = rows * s.row_bytes;
-  if (2 * span > bytes - start) span = (bytes - start) / 2;
-  span -= span % 16;
-  const char* key = k + b * s.k_stride_b + h * s.k_stride_h;
-  const char* value = v + b * s.v_stride_b + h * s.v_stride_h;
-  for (int64_t at = threadIdx.x * kPrefetchPiece; at < span;
-       at += static_cast<int64_t>(blockDim.x) * kPrefetchPiece) {
-    const uint32_t size =
-        static_cast<uint32_t>(span - at < kPrefetchPiece ? span - at : kPrefetchPiece);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(key + at), "r"(size)
-                 : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(value + at), "r"(size)
-                 : "memory");
-  }
-}
-
 // How SmallLinearKernel gets its input rows x [rows, k_in].
 enum class SmallInput {
   kPlain,    // x itself (global memory; small, it stays in L1/L2)
@@ -1162,22 +1128,6 @@ cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_nor
                 static_cast<const float*>(k_norm), static_cast<const float*>(cos),
                 static_cast<const float*>(sin), position, static_cast<float*>(q_out),
                 static_cast<float*>(k_cache), static_cast<float*>(v_cache), batch, shape);
-}
-
-cudaError_t PrefetchCache(const void* k, const void* v, int64_t k_stride_b, int64_t k_stride_h,
-                          int64_t v_stride_b, int64_t v_stride_h, int64_t row_bytes,
-                          const int64_t* position, int64_t position_stride, int64_t batch,
-                          int64_t kv_heads, int64_t bytes, cudaStream_t stream) {
-  if (batch == 0 || kv_heads == 0 || bytes <= 0) return cudaSuccess;
-  if (row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(k) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(v) % 16 != 0) {
-    return cudaErrorInvalidValue;
-  }
-  const CachePrefetchShape shape{k_stride_b, k_stride_h,      v_stride_b, v_stride_h,
-                                 row_bytes,  position_stride, kv_heads};
-  PrefetchCacheKernel<<<static_cast<unsigned>(batch * kv_heads), 128, 0, stream>>>(
-      static_cast<const char*>(k), static_cast<const char*>(v), position, shape, bytes);
-  return cudaGetLastError();
 }
 
 DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t kv_heads,

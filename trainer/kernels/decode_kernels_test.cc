@@ -714,37 +714,6 @@ TEST_CASE("DecodeAttention reads its position on the device, so a graph replay f
   }
 }
 
-// Note [Cache prefetch beside the q/k/v GEMM]: the prefetch forked to a side stream and joined
-// inside a capture, with budgets short of, within and past the cache (rows at their own
-// positions), replays the attention's bits; past the cache it must not fault either.
-TEST_CASE("A graph with the cache prefetch forked and joined replays the attention's bits") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(6);
-  const at::Tensor key = at::randn({40, 8, 256, 128}, On(at::kBFloat16));
-  const at::Tensor value = at::randn_like(key);
-  const at::Tensor q = at::randn({40, 16, 128}, On(at::kBFloat16));
-  const at::Tensor position = at::arange(200, 240, On(at::kLong));
-  const DecodeCache cache{key, value, position};
-  const at::Tensor expected = DecodeAttention(q, cache, 256, 0.1);
-  for (const int64_t megabytes : {1, 16, 1024}) {
-    INFO(megabytes << " MiB");
-    const CachePrefetchBudget budget(megabytes << 20);
-    at::cuda::CUDAGraph graph;
-    at::Tensor out;
-    {
-      const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool());
-      graph.capture_begin();
-      CachePrefetch prefetch(cache, 40);
-      prefetch.Join();
-      out = DecodeAttention(q, cache, 256, 0.1);
-      graph.capture_end();
-    }
-    graph.replay();
-    c10::cuda::device_synchronize();
-    CHECK(SameBits(out, expected));
-  }
-}
-
 // The rows of DsaIndexScores' `scores` [B, T] against the fp64 sum of the same bf16 inputs up to
 // each row's position (within 1e-5 of the row's largest), -inf past it.
 void CheckDsaScores(const at::Tensor& scores, const at::Tensor& q, const at::Tensor& weights,

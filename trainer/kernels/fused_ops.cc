@@ -1,6 +1,5 @@
 #include "trainer/kernels/fused_ops.h"
 
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
@@ -557,41 +556,6 @@ AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& c
 }
 
 }  // namespace
-
-struct CachePrefetch::Fork {
-  c10::cuda::CUDAStream side;
-  at::cuda::CUDAEvent done;
-};
-
-CachePrefetch::CachePrefetch(const DecodeCache& cache, int64_t batch) {
-  const int64_t bytes = CachePrefetchBudget::Bytes();
-  const at::Tensor& k = cache.key;
-  const at::Tensor& v = cache.value;
-  if (bytes <= 0 || batch <= kSkinnyLinearPaysMaxRows || !k.is_cuda() || k.dim() != 4 ||
-      v.sizes() != k.sizes() || k.stride(3) != 1 || k.stride(2) != k.size(3) || v.stride(3) != 1 ||
-      v.stride(2) != v.size(3) || k.size(0) < batch) {
-    return;
-  }
-  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
-  fork_ = std::make_unique<Fork>(Fork{c10::cuda::getStreamFromPool(false, k.device().index()), {}});
-  at::cuda::CUDAEvent forked;
-  forked.record(current);
-  forked.block(fork_->side);
-  const int64_t size = k.element_size();
-  RL_CHECK_CUDA(kernels::PrefetchCache(
-      k.data_ptr(), v.data_ptr(), k.stride(0) * size, k.stride(1) * size, v.stride(0) * size,
-      v.stride(1) * size, k.size(3) * size, cache.position.data_ptr<int64_t>(),
-      RowStride(cache.position, batch, 1), batch, k.size(1), bytes, fork_->side.stream()));
-  fork_->done.record(fork_->side);
-}
-
-CachePrefetch::~CachePrefetch() { Join(); }
-
-void CachePrefetch::Join() {
-  if (fork_ == nullptr) return;
-  fork_->done.block(c10::cuda::getCurrentCUDAStream());
-  fork_.reset();
-}
 
 at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
                          double eps, const at::Tensor& cos, const at::Tensor& sin,

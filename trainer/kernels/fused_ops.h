@@ -10,8 +10,6 @@
 
 #include <ATen/ATen.h>
 
-#include <memory>
-
 namespace rl::kernels {
 
 // True when `t` is on a CUDA device and fp32 or bf16.
@@ -145,28 +143,6 @@ struct DecodeCache {
   at::Tensor key;
   at::Tensor value;
   at::Tensor position;
-};
-
-// Note [Cache prefetch beside the q/k/v GEMM]
-// At 33 to 64 rows a GQA layer's attention reads the cache (Qwen3-0.6B at 192 positions: 50 MB a
-// layer) only once cuBLAS's q/k/v GEMM has ended, which runs on fewer than half the SMs and
-// leaves most of HBM's bandwidth idle. The cached rows before each row's position do not depend
-// on the step, so a side stream forked before the GEMM prefetches the first of them into the L2
-// (up to CachePrefetchBudget::Bytes(), rows in order, as the attention's first blocks read them),
-// and the attention waits for it too. The data read is the same: so are the bits.
-// CachePrefetch forks and launches (nothing where the budget is 0, the batch under 33 rows, or
-// the caches' (row, head) pairs not contiguous); Join() makes the current stream wait for it.
-class CachePrefetch {
- public:
-  CachePrefetch(const DecodeCache& cache, int64_t batch);
-  ~CachePrefetch();
-  CachePrefetch(const CachePrefetch&) = delete;
-  CachePrefetch& operator=(const CachePrefetch&) = delete;
-  void Join();
-
- private:
-  struct Fork;
-  std::unique_ptr<Fork> fork_;  // null where nothing was launched
 };
 
 // DecodeQkvPrep (cuda_kernels.h): q/k norms (q_norm and k_norm both defined, or both not), RoPE

@@ -472,15 +472,11 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const Attentio
   const int64_t d = c.head_dim;
   at::Tensor q, k, v;
   if (w.qkv_proj.defined()) {
+    const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias, ctx.kernels);
     if (GqaDecodeKernelsApply(w, ctx, x)) {  // Note [Decode kernels]
-      // Note [Cache prefetch beside the q/k/v GEMM] in trainer/kernels/fused_ops.h
-      kernels::CachePrefetch prefetch({ctx.cache->key, ctx.cache->value, ctx.position}, b);
-      const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias, ctx.kernels);
-      prefetch.Join();
       return BlockOutputLinear(GqaDecodeAttention(w, qkv, ctx), w.o_proj, w.o_bias, ctx.kernels,
                                ctx.partial_sums);
     }
-    const at::Tensor qkv = Linear(x, w.qkv_proj, w.qkv_bias, ctx.kernels);
     q = qkv.narrow(-1, 0, heads * d).view({b, s, heads, d});
     k = qkv.narrow(-1, heads * d, kv_heads * d).view({b, s, kv_heads, d});
     v = qkv.narrow(-1, (heads + kv_heads) * d, kv_heads * d).view({b, s, kv_heads, d});
