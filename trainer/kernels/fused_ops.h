@@ -80,10 +80,12 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
 // fp32 partial sums, runs more blocks: 4.6 and 5.4 us (tools/bench/lt_gemm_bench, "k in 4
 // slices"). The partial sums' addition goes to the kernel after, the residual add and the next
 // norm, which reads the projection's output anyway (AddPartialsRmsNorm): so the reduction kernel
-// goes too. SplitKPartialsPay says where this applies (bf16, no autograd, 33 to 64 rows, at most
-// 2048 features, k at least 2048 in slices of whole 16-byte pieces, no bias); SplitKPartials
-// gives the partial sums [kPartialSlices, ..., n] of Linear(x, w); added in slice order and
-// rounded they are Linear(x, w) up to the order of its sums.
+// goes too. The decoder takes them for the o projection of GQA and latent-space MLA decode steps
+// and for the dense MLP's down projection (AttentionContext::partial_sums in
+// trainer/model/layers.h). SplitKPartialsPay says where this applies (bf16, no autograd, 33 to 64
+// rows, at most 2048 features, k at least 2048 in slices of whole 16-byte pieces, no bias);
+// SplitKPartials gives the partial sums [kPartialSlices, ..., n] of Linear(x, w); added in slice
+// order and rounded they are Linear(x, w) up to the order of its sums.
 bool SplitKPartialsPay(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SplitKPartials(const at::Tensor& x, const at::Tensor& w);
 

@@ -638,7 +638,8 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
     out = AttentionCore(query, key, v, c.attention_scale(), visible, selected);
     out = out.transpose(1, 2).reshape({b, s, heads * vd});
   }
-  return Linear(out, w.o_proj, w.o_bias);
+  return latent_decode ? BlockOutputLinear(out, w.o_proj, w.o_bias, ctx.kernels, ctx.partial_sums)
+                       : Linear(out, w.o_proj, w.o_bias);
 }
 
 at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl, bool partial_sums) {

@@ -157,9 +157,10 @@ struct AttentionContext {
   // latent space] in layers.cc); false keeps the expanded keys and values of training.
   bool latent_mla_decode = true;
   // With Kernels::kFused: the caller adds the attention's output to the residual by
-  // kernels::AddPartialsRmsNorm, so the o projection may return its split-k partial sums
-  // (Note [Split-k partial sums] in trainer/kernels/fused_ops.h) where they pay. Decoder::Layers
-  // sets it without tensor parallelism, whose all-reduce takes whole outputs.
+  // kernels::AddPartialsRmsNorm, so the o projection of a GQA or latent-space MLA decode step may
+  // return its split-k partial sums (Note [Split-k partial sums] in trainer/kernels/fused_ops.h)
+  // where they pay. Decoder::Layers sets it without tensor parallelism, whose all-reduce takes
+  // whole outputs.
   bool partial_sums = false;
 };
 
