@@ -256,6 +256,20 @@ bool CacheRowsAligned(const at::Tensor& t, int64_t elements) {
          t.stride(1) % elements == 0 && t.stride(2) % elements == 0;
 }
 
+// AddRmsNorm's and AddPartialsRmsNorm's outputs for x and weight (contiguous), by `launch(x,
+// weight, out, rows, cols, stream)`, the kernel's launch.
+template <typename Launch>
+AddNormed RunAddNorm(const at::Tensor& x, const at::Tensor& weight, const Launch& launch) {
+  const at::Tensor a = x.contiguous();
+  const at::Tensor w = weight.contiguous();
+  AddNormed out{at::empty_like(a), at::empty_like(a)};
+  const int64_t cols = a.size(-1);
+  const int64_t rows = cols == 0 ? 0 : a.numel() / cols;
+  const c10::cuda::CUDAGuard guard(a.device());
+  RL_CHECK_CUDA(launch(a, w, out, rows, cols, c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 }  // namespace
 
 AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tensor& weight,
@@ -268,17 +282,14 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
            Error, "AddRmsNorm: x [{}] and add [{}] must match, with weight [{}] of their dtype",
            fmt::join(x.sizes(), ", "), fmt::join(add.sizes(), ", "),
            fmt::join(weight.sizes(), ", "));
-  const at::Tensor a = x.contiguous();
   const at::Tensor b = add.contiguous();
-  const at::Tensor w = weight.contiguous();
-  AddNormed out{at::empty_like(a), at::empty_like(a)};
-  const int64_t rows = cols == 0 ? 0 : a.numel() / cols;
-  const c10::cuda::CUDAGuard guard(a.device());
-  RL_CHECK_CUDA(kernels::AddRmsNorm(a.data_ptr(), b.data_ptr(), w.data_ptr(),
-                                    out.sum.data_ptr(), out.normed.data_ptr(), rows, cols,
-                                    static_cast<float>(eps), CodeOf(a),
-                                    c10::cuda::getCurrentCUDAStream()));
-  return out;
+  return RunAddNorm(x, weight,
+                    [&](const at::Tensor& a, const at::Tensor& w, AddNormed& out, int64_t rows,
+                        int64_t cols, cudaStream_t stream) {
+                      return kernels::AddRmsNorm(a.data_ptr(), b.data_ptr(), w.data_ptr(),
+                                                 out.sum.data_ptr(), out.normed.data_ptr(), rows,
+                                                 cols, static_cast<float>(eps), CodeOf(a), stream);
+                    });
 }
 
 bool SplitKPartialsPay(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
@@ -290,7 +301,7 @@ bool SplitKPartialsPay(const at::Tensor& x, const at::Tensor& w, const at::Tenso
          x.is_contiguous() && w.is_contiguous() && w.size(1) == k &&
          rows > kSkinnyLinearPaysMaxRows && rows <= kSkinnyLinearMaxRows &&
          w.size(0) <= kSkinnyLinearPaysMaxFeatures && w.size(0) <= kAddPartialsMaxCols &&
-         k >= 2048 && k % (kPartialSlices * 8) == 0;
+         k >= kSplitKMinDepth && k % (kPartialSlices * 8) == 0;
 }
 
 at::Tensor SplitKPartials(const at::Tensor& x, const at::Tensor& w) {
@@ -329,16 +340,15 @@ AddNormed AddPartialsRmsNorm(const at::Tensor& x, const at::Tensor& partials,
            "{} columns), with weight [{}] of x's dtype",
            fmt::join(partials.sizes(), ", "), kPartialSlices, fmt::join(x.sizes(), ", "),
            kAddPartialsMaxCols, fmt::join(weight.sizes(), ", "));
-  const at::Tensor a = x.contiguous();
   const at::Tensor p = partials.contiguous();
-  const at::Tensor w = weight.contiguous();
-  AddNormed out{at::empty_like(a), at::empty_like(a)};
-  const int64_t rows = cols == 0 ? 0 : a.numel() / cols;
-  const c10::cuda::CUDAGuard guard(a.device());
-  RL_CHECK_CUDA(kernels::AddPartialsRmsNorm(
-      a.data_ptr(), p.data_ptr<float>(), w.data_ptr(), out.sum.data_ptr(), out.normed.data_ptr(),
-      rows, cols, static_cast<float>(eps), CodeOf(a), c10::cuda::getCurrentCUDAStream()));
-  return out;
+  return RunAddNorm(x, weight,
+                    [&](const at::Tensor& a, const at::Tensor& w, AddNormed& out, int64_t rows,
+                        int64_t cols, cudaStream_t stream) {
+                      return kernels::AddPartialsRmsNorm(
+                          a.data_ptr(), p.data_ptr<float>(), w.data_ptr(), out.sum.data_ptr(),
+                          out.normed.data_ptr(), rows, cols, static_cast<float>(eps), CodeOf(a),
+                          stream);
+                    });
 }
 
 bool SmallLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {

@@ -83,18 +83,20 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
 // goes too. The decoder takes them for the o projection of GQA and latent-space MLA decode steps
 // and for the dense MLP's down projection (AttentionContext::partial_sums in
 // trainer/model/layers.h). SplitKPartialsPay says where this applies (bf16, no autograd, 33 to 64
-// rows, at most 2048 features, k at least 2048 in slices of whole 16-byte pieces, no bias);
+// rows, at most 2048 features, k at least kSplitKMinDepth in slices of whole 16-byte pieces, no
+// bias);
 // SplitKPartials gives the partial sums [kPartialSlices, ..., n] of Linear(x, w); added in slice
 // order and rounded they are Linear(x, w) up to the order of its sums.
+constexpr int64_t kSplitKMinDepth = 2048;
 bool SplitKPartialsPay(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SplitKPartials(const at::Tensor& x, const at::Tensor& w);
 
 // True where `pending` is the partial sums of SplitKPartials for an addend of x's shape.
 bool ArePartialSums(const at::Tensor& pending, const at::Tensor& x);
 
-// AddRmsNorm(x, add, weight, eps) with add given as SplitKPartials's partial sums [splits, ...x's
-// shape] (ArePartialSums): add is their sum in slice order rounded to x's dtype, bit for bit
-// AddRmsNorm of that add.
+// AddRmsNorm(x, add, weight, eps) with add given as SplitKPartials's partial sums
+// [kPartialSlices, ...x's shape] (ArePartialSums): add is their sum in slice order rounded to x's
+// dtype, bit for bit AddRmsNorm of that add.
 AddNormed AddPartialsRmsNorm(const at::Tensor& x, const at::Tensor& partials,
                              const at::Tensor& weight, double eps);
 
