@@ -4,8 +4,10 @@
 // cuBLASLt's heuristic (up to 64) as a CUDA graph over 28 weights of their own (880 MB at most,
 // past the L2, as a decode step reads them), and prints each candidate's time, configuration
 // (tile, split-k, stages, reduction), largest difference from at::mm and whether a second call
-// gives the same bits, then per shape at::mm, the heuristic's first choice and the best. Needs a
-// GPU. docs/decode-performance.md has its figures.
+// gives the same bits, then per shape at::mm, the heuristic's first choice and the best. Then per
+// shape and split of k into 2 to 8 slices, the same GEMM as a batch over the slices with fp32
+// outputs ("k in N slices"): cuBLASLt's best candidate and at::bmm with an fp32 out_dtype, as
+// kernels::SplitKPartials runs it. Needs a GPU. docs/decode-performance.md has its figures.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>

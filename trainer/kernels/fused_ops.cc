@@ -257,16 +257,15 @@ bool CacheRowsAligned(const at::Tensor& t, int64_t elements) {
 }
 
 // AddRmsNorm's and AddPartialsRmsNorm's outputs for x and weight (contiguous), by `launch(x,
-// weight, out, rows, cols, stream)`, the kernel's launch.
+// weight, out, rows, stream)`, the kernel's launch over x's rows.
 template <typename Launch>
 AddNormed RunAddNorm(const at::Tensor& x, const at::Tensor& weight, const Launch& launch) {
   const at::Tensor a = x.contiguous();
   const at::Tensor w = weight.contiguous();
   AddNormed out{at::empty_like(a), at::empty_like(a)};
-  const int64_t cols = a.size(-1);
-  const int64_t rows = cols == 0 ? 0 : a.numel() / cols;
+  const int64_t rows = a.size(-1) == 0 ? 0 : a.numel() / a.size(-1);
   const c10::cuda::CUDAGuard guard(a.device());
-  RL_CHECK_CUDA(launch(a, w, out, rows, cols, c10::cuda::getCurrentCUDAStream()));
+  RL_CHECK_CUDA(launch(a, w, out, rows, c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 
@@ -285,7 +284,7 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
   const at::Tensor b = add.contiguous();
   return RunAddNorm(x, weight,
                     [&](const at::Tensor& a, const at::Tensor& w, AddNormed& out, int64_t rows,
-                        int64_t cols, cudaStream_t stream) {
+                        cudaStream_t stream) {
                       return kernels::AddRmsNorm(a.data_ptr(), b.data_ptr(), w.data_ptr(),
                                                  out.sum.data_ptr(), out.normed.data_ptr(), rows,
                                                  cols, static_cast<float>(eps), CodeOf(a), stream);
@@ -343,7 +342,7 @@ AddNormed AddPartialsRmsNorm(const at::Tensor& x, const at::Tensor& partials,
   const at::Tensor p = partials.contiguous();
   return RunAddNorm(x, weight,
                     [&](const at::Tensor& a, const at::Tensor& w, AddNormed& out, int64_t rows,
-                        int64_t cols, cudaStream_t stream) {
+                        cudaStream_t stream) {
                       return kernels::AddPartialsRmsNorm(
                           a.data_ptr(), p.data_ptr<float>(), w.data_ptr(), out.sum.data_ptr(),
                           out.normed.data_ptr(), rows, cols, static_cast<float>(eps), CodeOf(a),

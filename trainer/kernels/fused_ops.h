@@ -84,9 +84,8 @@ AddNormed AddRmsNorm(const at::Tensor& x, const at::Tensor& add, const at::Tenso
 // and for the dense MLP's down projection (AttentionContext::partial_sums in
 // trainer/model/layers.h). SplitKPartialsPay says where this applies (bf16, no autograd, 33 to 64
 // rows, at most 2048 features, k at least kSplitKMinDepth in slices of whole 16-byte pieces, no
-// bias);
-// SplitKPartials gives the partial sums [kPartialSlices, ..., n] of Linear(x, w); added in slice
-// order and rounded they are Linear(x, w) up to the order of its sums.
+// bias); SplitKPartials gives the partial sums [kPartialSlices, ..., n] of Linear(x, w); added in
+// slice order and rounded they are Linear(x, w) up to the order of its sums.
 constexpr int64_t kSplitKMinDepth = 2048;
 bool SplitKPartialsPay(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SplitKPartials(const at::Tensor& x, const at::Tensor& w);
