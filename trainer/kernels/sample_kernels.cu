@@ -152,8 +152,8 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
   // of the largest, and the first NaN it meets is its own first; the largest s is the largest
   // logit scaled (division by T > 0 rounds monotonically).
   float best = -CUDART_INF_F;
-  int arg = static_cast<int>(vocab),
-      first_nan = static_cast<int>(vocab);  // kSampleMaxSharedBytes: < 2^24 words
+  // Indices fit an int: kSampleMaxSharedBytes keeps vocab under 2^24.
+  int arg = static_cast<int>(vocab), first_nan = static_cast<int>(vocab);
   const int64_t block_end = min(vocab, block_end_step * kStep);
   for (int64_t base = block_first_step * kStep + threadIdx.x * kVec; base < block_end;
        base += static_cast<int64_t>(kSampleThreads) * kVec * kSampleUnroll) {
