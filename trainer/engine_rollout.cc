@@ -92,6 +92,7 @@ class EngineRollout final : public Rollout {
     engine_->set_cuda_graphs(c.rollout.rollout_cuda_graphs);
     engine_->set_latent_mla_decode(c.rollout.rollout_mla_latent_decode);
     engine_->set_programmatic_launch(c.rollout.rollout_programmatic_launch);
+    engine_->set_overlapped_steps(c.rollout.rollout_overlap_steps);
     engine_->SetMemoryHooks(
         [this] {
           regions_.Pause(RegionTag::kKvCache);

@@ -1,6 +1,6 @@
 // decode_bench --checkpoint DIR | --model-config FILE [--layers N] [--batch 64] [--prompt-len 128]
 // [--new-tokens 128] [--temperature 0] [--compare-eager] [--compare-programmatic-launch]
-// [--no-cuda-graphs] [--no-programmatic-launch] [--profile FILE]
+// [--compare-overlap] [--no-cuda-graphs] [--no-programmatic-launch] [--no-overlap] [--profile FILE]
 // [--step-time]: generation by our rollout engine, greedy (or sampled at --temperature > 0, top-p
 // 1, seed 11) (RolloutEngine::Generate, bf16 on the GPU when there is one, decode by CUDA graphs
 // there): tokens/s, and the fraction of the HBM roofline it reaches, counting per decode step the
@@ -13,7 +13,10 @@
 // differ. --compare-programmatic-launch also times the same Generates with the decode kernels
 // launched one after another instead of by programmatic dependent launch (Note [Programmatic
 // dependent launch] in trainer/kernels/kernel_util.cuh) and checks that both generate the same
-// bits (exit status 1 when not). --stop-fraction F > 0 makes the first F of the vocabulary's ids
+// bits (exit status 1 when not). --compare-overlap also times the same Generates with every decode
+// step read on the host before the next is launched (Note [Overlapped decode steps] in
+// trainer/rollout/engine.h); without stop tokens no row ends early, so both generate the same bits
+// (exit status 1 when not). --stop-fraction F > 0 makes the first F of the vocabulary's ids
 // stop tokens, so that rows end at different steps as in a real rollout (each sampled token ends
 // its row with probability about F at temperature 1 on a random checkpoint): tokens/s then counts
 // the tokens generated, and no roofline is reported (its bytes assume every row runs every step).
@@ -218,14 +221,19 @@ int Run(int argc, char** argv) {
                  "prompt lengths: row b's is --prompt-len - (b % G) * --prompt-len / (2 G)")
       ->check(CLI::PositiveNumber);
   app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
-  bool compare_eager = false, compare_launch = false, cuda_graphs = true,
-       programmatic_launch = true;
+  bool compare_eager = false, compare_launch = false, compare_overlap = false, cuda_graphs = true,
+       programmatic_launch = true, overlap = true;
   app.add_flag("--compare-eager", compare_eager,
                "also time eager decode steps and check that they give bit-identical generations");
   app.add_flag("--compare-programmatic-launch", compare_launch,
                "also time decode kernels launched one after another and check that they give "
                "bit-identical generations");
+  app.add_flag("--compare-overlap", compare_overlap,
+               "also time decode steps each read before the next is launched and check that they "
+               "give bit-identical generations (no stop tokens)");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", cuda_graphs, "decode by CUDA graphs (default)");
+  app.add_flag("--overlap,!--no-overlap", overlap,
+               "launch each decode step before reading the one ahead (default)");
   app.add_flag("--programmatic-launch,!--no-programmatic-launch", programmatic_launch,
                "decode kernels by programmatic dependent launch (default)");
   bool shared_weight_linear = true;
@@ -245,6 +253,12 @@ int Run(int argc, char** argv) {
   }
   if (layers > 0 && model_config.empty()) {
     std::fprintf(stderr, "decode_bench: --layers needs --model-config\n");
+    return 2;
+  }
+  if (compare_overlap && (!overlap || stop_fraction > 0)) {
+    std::fprintf(stderr,
+                 "decode_bench: --compare-overlap compares against --overlap (the default) "
+                 "without stop tokens; drop --no-overlap and --stop-fraction\n");
     return 2;
   }
   if (compare_launch && !programmatic_launch) {
@@ -279,6 +293,7 @@ int Run(int argc, char** argv) {
   engine.LoadWeights(host);
   engine.set_cuda_graphs(cuda_graphs);
   engine.set_programmatic_launch(programmatic_launch);
+  engine.set_overlapped_steps(overlap);
   host.clear();
 
   const at::Tensor ids = at::randint(config.vocab_size, {batch, prompt_len},
@@ -370,6 +385,25 @@ int Run(int argc, char** argv) {
         "(%.2fx); generations %s\n",
         1e3 * best, 1e3 * sequential_seconds, sequential_seconds / best,
         same_launch ? "bit-identical" : "DIFFER");
+  }
+
+  // --compare-overlap: the same generations with each step read before the next is launched,
+  // timed the same way; the bits must match.
+  double one_by_one_seconds = 0;
+  bool same_overlap = true;
+  if (compare_overlap) {
+    engine.set_overlapped_steps(false);
+    std::vector<rl::rollout::Generation> one_by_one;
+    one_by_one_seconds = time_generate(timed, one_by_one);
+    same_overlap = same(generated, one_by_one);
+    engine.set_overlapped_steps(true);
+    std::printf(
+        "overlapped steps: %.2f ms per Generate, each step read before the next %.2f ms "
+        "(%.3fx, %.1f us a decode step); generations %s\n",
+        1e3 * best, 1e3 * one_by_one_seconds, one_by_one_seconds / best,
+        1e6 * (one_by_one_seconds - best) /
+            static_cast<double>(std::max<int64_t>(1, new_tokens - 1)),
+        same_overlap ? "bit-identical" : "DIFFER");
   }
 
   // --compare-eager: the same generations with eager decode steps, timed the same way; the
@@ -475,8 +509,12 @@ int Run(int argc, char** argv) {
     line.Set("sequential_launch_seconds", rl::json::Value::Double(sequential_seconds));
     line.Set("programmatic_launch_identical", rl::json::Value::Bool(same_launch));
   }
+  if (compare_overlap) {
+    line.Set("one_by_one_seconds", rl::json::Value::Double(one_by_one_seconds));
+    line.Set("overlap_identical", rl::json::Value::Bool(same_overlap));
+  }
   std::printf("%s\n", rl::json::Dump(line).c_str());
-  return identical && same_launch ? 0 : 1;
+  return identical && same_launch && same_overlap ? 0 : 1;
 }
 
 int main(int argc, char** argv) {

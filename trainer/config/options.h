@@ -148,6 +148,7 @@ inline constexpr std::pair<const char*, const char*> kRunsOnlyAt[] = {
   X(bool, rollout_cuda_graphs, true, "Replay the decode step as CUDA graphs (GPU; MoE models in bf16 on Hopper or newer).") \
   X(bool, rollout_mla_latent_decode, true, "MLA models on a GPU: decode steps attend in the latent space (absorbed up-projections over the cached latents); false: over expanded keys and values as in training, slower, with a smaller train/rollout log-prob mismatch.") \
   X(bool, rollout_programmatic_launch, true, "GPU (Hopper or newer): each decode-step kernel of ours may start while the kernel ahead of it finishes (programmatic dependent launch), the same bits sooner; false: launched one after another.") \
+  X(bool, rollout_overlap_steps, true, "Launch each decode step before reading the one ahead on the host (its tokens go from the device to the next step), so that the device never waits on the host between steps; false: every step read before the next is launched.") \
   X(double, rollout_ep_capacity_factor, 0.0, "Expert parallelism: the rows a decode step may send one rank, as a multiple of the mean (batch x top-k / EP); more is an error. 0 = the worst case, which never overflows.") \
   X(int64_t, global_batch_size, 0, "Samples per optimizer step; 0 = derived from the rollout batch.") \
   X(int64_t, num_steps_per_rollout, 0, "Optimizer steps per rollout; 0 = derived (1 unless --global-batch-size says otherwise).") \

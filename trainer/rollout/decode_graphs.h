@@ -22,8 +22,9 @@
 //    trainer/model/layers.h) makes the same collectives on every rank of its group, whether a rank
 //    captures or replays.
 //  - all graphs share one memory pool. That is safe because every Run's logits are consumed
-//    before the next Run replays anything (the engine reads the sampled tokens on the host every
-//    step): a graph may reuse memory another graph used for temporaries or for its output.
+//    before the next Run replays anything (the engine samples from them on the stream before it
+//    launches the next step): a graph may reuse memory another graph used for temporaries or for
+//    its output.
 // Replaying a graph computes exactly what the eager step computes for the same (batch, key
 // length) (tools/bench/decode_bench --compare-eager checks that on the GPU).
 //

@@ -1,5 +1,6 @@
 #include "trainer/rollout/engine.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -212,7 +213,14 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
   step_ = at::zeros({2, max_batch_}, longs.device(device_));
   position_ = step_.select(0, 1);
-  host_step_ = at::zeros({2, max_batch_}, longs.pinned_memory(device_.is_cuda()));
+  const bool pinned = device_.is_cuda();
+  for (HostSlot& slot : slots_) {
+    slot.step = at::zeros({2, max_batch_}, longs.pinned_memory(pinned));
+    slot.uniforms = at::zeros({max_batch_}, longs.dtype(at::kDouble).pinned_memory(pinned));
+    slot.tokens = at::zeros({max_batch_}, longs.pinned_memory(pinned));
+    slot.log_probs = at::zeros({max_batch_}, longs.dtype(at::kFloat).pinned_memory(pinned));
+    if (pinned) slot.copied.emplace(device_.type());
+  }
   set_cuda_graphs(true);
 }
 
@@ -335,6 +343,16 @@ struct RolloutEngine::Rows {
 
   int64_t live() const { return static_cast<int64_t>(prompt.size()); }
   size_t queued() const { return prompts.size() - admitted; }
+  // True when some row is below its length limit once the steps launched so far are read (a row
+  // at `position` has fed position - prompt length of its response tokens, and the step that fed
+  // the last of them samples one more).
+  bool AnyGoesOn() const {
+    for (size_t r = 0; r < prompt.size(); ++r) {
+      const auto prompt_length = static_cast<int64_t>(prompts[prompt[r]].size());
+      if (position[r] - prompt_length + 1 < limit[r]) return true;
+    }
+    return false;
+  }
 };
 
 std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<int64_t>>& prompts,
@@ -389,7 +407,7 @@ std::vector<Generation> RolloutEngine::Generate(const std::vector<std::vector<in
       if (rows.queued() == 0) break;
       continue;  // every admitted row ended at its first token
     }
-    DecodeAndSample(rows);
+    DecodeUntilRowsEnd(rows);
   }
   // Note [Expert-parallel decode]: serve the group's other engines until every one is done.
   JoinGroupStep(StepKind::kNone);
@@ -486,53 +504,95 @@ void RolloutEngine::Admit(Rows& rows, int64_t count) {
     }
     prefill_length_ = 0;
     ++stats_.prefills;
-    SampleInto(rows, logits, first_row, finished);
+    HostSlot& slot = NextSlot();
+    SampleToHost(rows, logits, first_row, slot);
+    TakeSampled(rows, slot, first_row, batch, {}, finished);
     begin = end;
   }
   Retire(rows, finished);
 }
 
-void RolloutEngine::DecodeAndSample(Rows& rows) {
+RolloutEngine::HostSlot& RolloutEngine::NextSlot() {
+  HostSlot& slot = slots_[static_cast<size_t>(next_slot_)];
+  next_slot_ = 1 - next_slot_;
+  return slot;
+}
+
+void RolloutEngine::DecodeUntilRowsEnd(Rows& rows) {
+  StepInFlight step = LaunchDecode(rows, at::Tensor());
+  std::vector<int64_t> finished;
+  while (true) {
+    // Note [Overlapped decode steps]: the next step goes first, on the tokens of this one.
+    std::optional<StepInFlight> next;
+    if (overlapped_steps_ && rows.AnyGoesOn()) next = LaunchDecode(rows, step.tokens);
+    TakeSampled(rows, *step.slot, 0, step.rows, {}, finished);
+    if (finished.empty()) {
+      step = next.has_value() ? std::move(*next) : LaunchDecode(rows, at::Tensor());
+      continue;
+    }
+    if (next.has_value()) {  // the rows that ended were fed one token past their end: drop it
+      const std::vector<int64_t> ended = finished;
+      for (int64_t r : ended) --rows.position[static_cast<size_t>(r)];
+      stats_.overrun_row_steps += static_cast<int64_t>(ended.size());
+      TakeSampled(rows, *next->slot, 0, next->rows, ended, finished);
+      std::sort(finished.begin(), finished.end());
+    }
+    Retire(rows, finished);
+    return;
+  }
+}
+
+RolloutEngine::StepInFlight RolloutEngine::LaunchDecode(Rows& rows, const at::Tensor& tokens) {
   const int64_t live = rows.live();
-  // The step's tokens and positions, staged on the host and copied in one transfer; the rows past
-  // the live ones (a graph's padding rows) at position 0. The staging is written again only after
-  // this step's tokens are read on the host.
-  int64_t* host = host_step_.data_ptr<int64_t>();
+  HostSlot& slot = NextSlot();
+  // The step's tokens (used unless `tokens` is given) and positions, staged and copied in one
+  // transfer; the rows past the live ones (a graph's padding rows) at position 0.
+  int64_t* host = slot.step.data_ptr<int64_t>();
   std::copy(rows.token.begin(), rows.token.end(), host);
   std::copy(rows.position.begin(), rows.position.end(), host + max_batch_);
   std::fill(host + max_batch_ + live, host + 2 * max_batch_, 0);
-  step_.copy_(host_step_, /*non_blocking=*/true);
+  step_.copy_(slot.step, /*non_blocking=*/true);
   const int64_t last = *std::max_element(rows.position.begin(), rows.position.end());
   JoinGroupStep(StepKind::kDecode);
-  const at::Tensor logits =
-      DecodeLogits(step_.select(0, 0).narrow(0, 0, live).view({live, 1}), KeyLength(last));
+  const at::Tensor fed = tokens.defined() ? tokens : step_.select(0, 0).narrow(0, 0, live);
+  const at::Tensor logits = DecodeLogits(fed.view({live, 1}), KeyLength(last));
   for (int64_t& position : rows.position) ++position;
   ++stats_.decode_steps;
   stats_.row_steps += live;
-  std::vector<int64_t> finished;
-  SampleInto(rows, logits, 0, finished);
-  Retire(rows, finished);
+  return {live, SampleToHost(rows, logits, 0, slot), &slot};
 }
 
-void RolloutEngine::SampleInto(Rows& rows, const at::Tensor& logits, int64_t first_row,
-                               std::vector<int64_t>& finished) {
+at::Tensor RolloutEngine::SampleToHost(Rows& rows, const at::Tensor& logits, int64_t first_row,
+                                       HostSlot& slot) {
   const int64_t n = logits.size(0);
   at::Tensor uniforms;
-  if (!IsGreedy(rows.sampler)) {
-    std::vector<at::Tensor> draws;
-    for (int64_t r = first_row; r < first_row + n; ++r) {
-      draws.push_back(at::rand({1}, rows.generators[rows.prompt[static_cast<size_t>(r)]],
-                               at::TensorOptions().dtype(at::kDouble)));
+  if (!IsGreedy(rows.sampler)) {  // Note [Rollout seeds]: one draw from each row's generator
+    uniforms = slot.uniforms.narrow(0, 0, n);
+    for (int64_t i = 0; i < n; ++i) {
+      uniforms.narrow(0, i, 1).uniform_(
+          0, 1, rows.generators[rows.prompt[static_cast<size_t>(first_row + i)]]);
     }
-    uniforms = at::cat(draws);
+    uniforms = uniforms.to(device_, /*non_blocking=*/true);
   }
   const SampledTokens sampled = SampleWithUniforms(logits, rows.sampler, uniforms);
-  const at::Tensor tokens = sampled.tokens.to(at::kCPU).contiguous();
-  const at::Tensor log_probs = sampled.log_probs.to(at::kCPU).contiguous();
-  const int64_t* token_data = tokens.data_ptr<int64_t>();
-  const float* log_prob_data = log_probs.data_ptr<float>();
+  slot.tokens.narrow(0, 0, n).copy_(sampled.tokens, /*non_blocking=*/true);
+  slot.log_probs.narrow(0, 0, n).copy_(sampled.log_probs, /*non_blocking=*/true);
+  if (slot.copied.has_value()) {
+    slot.copied->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  }
+  return sampled.tokens;
+}
+
+void RolloutEngine::TakeSampled(Rows& rows, HostSlot& slot, int64_t first_row, int64_t n,
+                                const std::vector<int64_t>& dropped,
+                                std::vector<int64_t>& finished) {
+  if (slot.copied.has_value()) slot.copied->synchronize();
+  const int64_t* token_data = slot.tokens.data_ptr<int64_t>();
+  const float* log_prob_data = slot.log_probs.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
-    const size_t r = static_cast<size_t>(first_row + i);
+    const int64_t row = first_row + i;
+    if (std::binary_search(dropped.begin(), dropped.end(), row)) continue;
+    const auto r = static_cast<size_t>(row);
     Generation& gen = rows.out[rows.prompt[r]];
     gen.response.push_back(token_data[i]);
     gen.log_probs.push_back(log_prob_data[i]);
@@ -540,7 +600,7 @@ void RolloutEngine::SampleInto(Rows& rows, const at::Tensor& logits, int64_t fir
     const bool stopped = rows.stop.count(token_data[i]) > 0;
     const bool full = static_cast<int64_t>(gen.response.size()) >= rows.limit[r];
     if (!stopped && full) gen.truncated = true;
-    if (stopped || full) finished.push_back(static_cast<int64_t>(r));
+    if (stopped || full) finished.push_back(row);
   }
 }
 

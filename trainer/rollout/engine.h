@@ -48,6 +48,29 @@
 // Generate first zeroes every cache row a step may compute on (after WakeUp, or under
 // --ci-test's poisoned pages, they hold anything); later they hold only what the model wrote.
 //
+// Note [Overlapped decode steps]
+// A decode step samples its rows' next tokens on the device; the host reads them only to append
+// them to the Generations and to see which rows ended. So the host launches step t + 1 before it
+// reads step t: step t + 1 feeds every row of step t the token step t sampled for it, straight
+// from the device, at the next position, and samples with the uniforms the host draws meanwhile.
+// Reading step t then waits for step t alone (an event after the copy of its tokens to pinned
+// memory) while step t + 1 runs, so the device does not wait between steps for the host's read,
+// its bookkeeping and its next launches. Every transfer of a step is asynchronous: its positions,
+// tokens and uniforms go to the device from pinned staging, its tokens and log-probs come back
+// into it; two staging slots alternate, and a slot is written again only after the step that used
+// it was read.
+// At launch the host cannot know whether a row ends at step t by a stop token, so step t + 1
+// computes every row of step t. When some did end, the host reads step t + 1 too before going on:
+// the ended rows' extra token is dropped (with the uniform their generator drew for it, which no
+// other row draws from), the rows that ended at either step are retired and prompts admitted, and
+// the next step is launched from the host's tokens. Step t + 1 is not launched when every row
+// reaches its length limit at step t, which the host knows. A row feeds the same tokens at the
+// same positions with the same uniforms as without overlap; only its batch-mates in a step after
+// a row's end differ (the ended row is one of them), so its tokens are those of Note [Rollout
+// seeds], and its log-probs differ by rounding at most (not at all on the CPU, whose kernels are
+// batch-invariant). GenerateStats::overrun_row_steps counts the dropped tokens.
+// set_overlapped_steps(false) reads every step before it launches the next.
+//
 // Note [Rollout seeds]
 // Prompt i of a Generate call samples with its own CPU generator seeded with `seed + i`, one
 // uniform per generated token, so a row's tokens do not depend on the batch it ran in:
@@ -86,10 +109,13 @@
 #define RL_TRAINER_ROLLOUT_ENGINE_H_
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "launch/communicator.h"
@@ -130,6 +156,8 @@ struct GenerateStats {
   int64_t prefills = 0;      // prefill forwards (of prompts within a factor of 2 in length)
   int64_t decode_steps = 0;  // decode steps (forwards of one token per live row)
   int64_t row_steps = 0;     // live rows summed over the decode steps
+  // Of row_steps, the rows a step computed after they had ended (Note [Overlapped decode steps]).
+  int64_t overrun_row_steps = 0;
 };
 
 // What the engine records of its forwards (Note [Engine routing record]).
@@ -204,6 +232,11 @@ class RolloutEngine {
   // set_programmatic_launch); graphs captured so far are dropped.
   void set_programmatic_launch(bool on);
 
+  // Each decode step launched before the host reads the step ahead (Note [Overlapped decode
+  // steps]); on by default.
+  void set_overlapped_steps(bool on) { overlapped_steps_ = on; }
+  bool overlapped_steps() const { return overlapped_steps_; }
+
   // Cache positions a decode step at `position` attends over (Note [Rollout decode steps]).
   static constexpr int64_t kKeyBlock = 64;
   int64_t KeyLength(int64_t position) const;
@@ -243,13 +276,40 @@ class RolloutEngine {
   // Prefills the next `count` prompts into the free cache rows after the live ones (one forward
   // for lengths within a factor of 2) and samples their first tokens.
   void Admit(Rows& rows, int64_t count);
-  // One decode step of every live row, each at its own position (Note [Ragged decode] in
-  // trainer/model/layers.h), and their next tokens.
-  void DecodeAndSample(Rows& rows);
-  // Samples a token for live rows [first_row, first_row + logits.size(0)) from their logits,
-  // appends it to their Generations, and adds the rows that end with it to `finished`.
-  void SampleInto(Rows& rows, const at::Tensor& logits, int64_t first_row,
-                  std::vector<int64_t>& finished);
+  // Pinned (on a GPU) host memory through which a step's inputs go to the device and its
+  // sampled tokens come back; two alternate (Note [Overlapped decode steps]).
+  struct HostSlot {
+    at::Tensor step;       // [2, max_batch] int64: tokens and positions, staged for step_
+    at::Tensor uniforms;   // [max_batch] fp64: the rows' draws, staged
+    at::Tensor tokens;     // [max_batch] int64: the sampled tokens, copied back
+    at::Tensor log_probs;  // [max_batch] fp32: their log-probs, copied back
+    std::optional<c10::Event> copied;  // on a GPU: recorded after the copies back
+  };
+  // A decode step launched on the device and not yet read on the host.
+  struct StepInFlight {
+    int64_t rows = 0;   // it computes live rows [0, rows)
+    at::Tensor tokens;  // [rows] int64 on the device: the tokens it samples
+    HostSlot* slot = nullptr;
+  };
+  // The staging for the next step (or prefill).
+  HostSlot& NextSlot();
+  // Decode steps of every live row, each at its own position (Note [Ragged decode] in
+  // trainer/model/layers.h), overlapped (Note [Overlapped decode steps]), until some rows end;
+  // retires them.
+  void DecodeUntilRowsEnd(Rows& rows);
+  // Launches one decode step of the live rows at their positions, feeding `tokens` ([live] int64
+  // on the device, sampled by the step ahead), or the host's rows.token when undefined; advances
+  // the positions.
+  StepInFlight LaunchDecode(Rows& rows, const at::Tensor& tokens);
+  // Draws a uniform for each of the live rows [first_row, first_row + logits.size(0)), samples
+  // their tokens from `logits`, and starts copying tokens and log-probs back into `slot`. Returns
+  // the tokens on the device.
+  at::Tensor SampleToHost(Rows& rows, const at::Tensor& logits, int64_t first_row, HostSlot& slot);
+  // Waits for `slot`'s copies, appends the sampled tokens of live rows [first_row, first_row + n)
+  // but `dropped` (ascending) to their Generations, and adds the rows that end with them to
+  // `finished`.
+  void TakeSampled(Rows& rows, HostSlot& slot, int64_t first_row, int64_t n,
+                   const std::vector<int64_t>& dropped, std::vector<int64_t>& finished);
   // Hands the finished rows' records to their Generations and fills their cache rows with live
   // rows from past the new batch size.
   void Retire(Rows& rows, const std::vector<int64_t>& finished);
@@ -296,7 +356,9 @@ class RolloutEngine {
   model::RopeTable rope_;                  // every cache position [0, max_length)
   at::Tensor step_;       // [2, max_batch] int64 on the device: a decode step's tokens, positions
   at::Tensor position_;   // step_[1]: each row's position in the decode step
-  at::Tensor host_step_;  // [2, max_batch] int64 on the host (pinned on a GPU): step_'s staging
+  std::array<HostSlot, 2> slots_;  // Note [Overlapped decode steps]
+  int64_t next_slot_ = 0;
+  bool overlapped_steps_ = true;
   ChoiceRecord experts_;                   // int16 expert ids of the MoE layers
   ChoiceRecord indexer_;        // int32 key positions of the layers with their own DSA indexer
   int64_t prefill_length_ = 0;  // > 0 while a prefill of that many positions runs

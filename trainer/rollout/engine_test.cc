@@ -3,7 +3,8 @@
 // Properties: greedy generation reproduces transformers' greedy `generated` tokens; sampled
 // rollout log-probs equal a fresh full forward's log_softmax(logits / T) at the response tokens;
 // a batch of prompts of different lengths gives what each prompt gives alone (Note [Rollout
-// seeds]); a stop token ends a sequence and is included; Generate while asleep throws; the
+// seeds]); overlapped decode steps generate the same bits as steps read one by one; a stop token
+// ends a sequence and is included; Generate while asleep throws; the
 // engine's routing and indexer records equal what a full forward chooses, and replaying them
 // reproduces that forward bit for bit.
 //
@@ -262,6 +263,48 @@ TEST_CASE("Rows that finish give their places to rows past them; each equals its
     }
     CHECK(moved);
     CHECK(CheckEachAlone(*engine, prompts, params, batched) <= 1e-5);
+  }
+}
+
+// Note [Overlapped decode steps]: launching each step before the host reads the one ahead feeds
+// every row the same tokens at the same positions with the same uniforms; rows that end are
+// computed one step more and dropped. On the CPU (batch-invariant kernels) every bit agrees.
+TEST_CASE("Overlapped decode steps generate what steps read one by one generate") {
+  for (const std::string name : {"qwen3", "qwen3_moe", "glm_moe_dsa"}) {
+    INFO("fixture " << name);
+    const Fixture f = LoadFixture(name);
+    // 3 rows for 8 prompts: rows end by stop tokens and by length, and prompts are admitted into
+    // the freed rows, at steps that overlap moves.
+    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3, 20,
+                                                  PlainAllocator(at::Device(at::kCPU)),
+                                                  Records{/*experts=*/true, /*indexer=*/true});
+    engine->LoadWeights(f.params);
+    REQUIRE(engine->overlapped_steps());  // the default
+    const SamplingParams params = StoppingParams(9, 300, 10);
+    std::vector<std::vector<int64_t>> prompts = MixedPrompts(name);
+    prompts.push_back(prompts[1]);
+    prompts.push_back(prompts[3]);
+    prompts.push_back(prompts[0]);
+    const std::vector<Generation> overlapped = engine->Generate(prompts, params);
+    const GenerateStats with = engine->last_generate_stats();
+    engine->set_overlapped_steps(false);
+    const std::vector<Generation> one_by_one = engine->Generate(prompts, params);
+    const GenerateStats without = engine->last_generate_stats();
+    int64_t stopped = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      INFO("prompt " << i);
+      CHECK(overlapped[i].response == one_by_one[i].response);
+      CHECK(overlapped[i].log_probs == one_by_one[i].log_probs);
+      CHECK(overlapped[i].truncated == one_by_one[i].truncated);
+      CHECK(overlapped[i].routed_experts == one_by_one[i].routed_experts);
+      CHECK(overlapped[i].indexer_topk == one_by_one[i].indexer_topk);
+      stopped += overlapped[i].truncated ? 0 : 1;
+    }
+    CHECK(stopped >= 2);  // rows ended by stop tokens, which the host learns a step late
+    CHECK(with.overrun_row_steps > 0);
+    CHECK(without.overrun_row_steps == 0);
+    // Each row is fed as many tokens either way; the overlapped steps also fed ended rows.
+    CHECK(with.row_steps - with.overrun_row_steps == without.row_steps);
   }
 }
 
