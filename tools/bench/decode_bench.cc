@@ -70,6 +70,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -370,40 +371,38 @@ int Run(int argc, char** argv) {
     return a.size() == b.size();
   };
 
-  // --compare-programmatic-launch: the same generations with the kernels launched one after
-  // another, timed the same way; the bits must match.
-  double sequential_seconds = 0;
-  bool same_launch = true;
+  // A comparison of the default against the same Generates with one setting off (`set(false)`,
+  // restored after), timed the same way: the bits must match.
+  struct Comparison {
+    double seconds = 0;  // the best Generate with the setting off
+    bool same = true;
+  };
+  const auto compare_without = [&](const char* what, const char* off,
+                                   const std::function<void(bool)>& set) {
+    set(false);
+    std::vector<rl::rollout::Generation> other;
+    Comparison c;
+    c.seconds = time_generate(timed, other);
+    c.same = same(generated, other);
+    set(true);
+    std::printf(
+        "%s: %.2f ms per Generate, %s %.2f ms (%.3fx, %.1f us a decode step); generations %s\n",
+        what, 1e3 * best, off, 1e3 * c.seconds, c.seconds / best,
+        1e6 * (c.seconds - best) / static_cast<double>(std::max<int64_t>(1, new_tokens - 1)),
+        c.same ? "bit-identical" : "DIFFER");
+    return c;
+  };
+  // --compare-programmatic-launch: the kernels launched one after another.
+  Comparison sequential;
   if (compare_launch) {
-    engine.set_programmatic_launch(false);
-    std::vector<rl::rollout::Generation> sequential;
-    sequential_seconds = time_generate(timed, sequential);
-    same_launch = same(generated, sequential);
-    engine.set_programmatic_launch(true);
-    std::printf(
-        "programmatic launch: %.1f ms per Generate, launched one after another %.1f ms "
-        "(%.2fx); generations %s\n",
-        1e3 * best, 1e3 * sequential_seconds, sequential_seconds / best,
-        same_launch ? "bit-identical" : "DIFFER");
+    sequential = compare_without("programmatic launch", "launched one after another",
+                                 [&](bool on) { engine.set_programmatic_launch(on); });
   }
-
-  // --compare-overlap: the same generations with each step read before the next is launched,
-  // timed the same way; the bits must match.
-  double one_by_one_seconds = 0;
-  bool same_overlap = true;
+  // --compare-overlap: each step read before the next is launched.
+  Comparison one_by_one;
   if (compare_overlap) {
-    engine.set_overlapped_steps(false);
-    std::vector<rl::rollout::Generation> one_by_one;
-    one_by_one_seconds = time_generate(timed, one_by_one);
-    same_overlap = same(generated, one_by_one);
-    engine.set_overlapped_steps(true);
-    std::printf(
-        "overlapped steps: %.2f ms per Generate, each step read before the next %.2f ms "
-        "(%.3fx, %.1f us a decode step); generations %s\n",
-        1e3 * best, 1e3 * one_by_one_seconds, one_by_one_seconds / best,
-        1e6 * (one_by_one_seconds - best) /
-            static_cast<double>(std::max<int64_t>(1, new_tokens - 1)),
-        same_overlap ? "bit-identical" : "DIFFER");
+    one_by_one = compare_without("overlapped steps", "each step read before the next",
+                                 [&](bool on) { engine.set_overlapped_steps(on); });
   }
 
   // --compare-eager: the same generations with eager decode steps, timed the same way; the
@@ -506,15 +505,15 @@ int Run(int argc, char** argv) {
     line.Set("graph_pool_bytes", rl::json::Value::Int(graph_pool_bytes));
   }
   if (compare_launch) {
-    line.Set("sequential_launch_seconds", rl::json::Value::Double(sequential_seconds));
-    line.Set("programmatic_launch_identical", rl::json::Value::Bool(same_launch));
+    line.Set("sequential_launch_seconds", rl::json::Value::Double(sequential.seconds));
+    line.Set("programmatic_launch_identical", rl::json::Value::Bool(sequential.same));
   }
   if (compare_overlap) {
-    line.Set("one_by_one_seconds", rl::json::Value::Double(one_by_one_seconds));
-    line.Set("overlap_identical", rl::json::Value::Bool(same_overlap));
+    line.Set("one_by_one_seconds", rl::json::Value::Double(one_by_one.seconds));
+    line.Set("overlap_identical", rl::json::Value::Bool(one_by_one.same));
   }
   std::printf("%s\n", rl::json::Dump(line).c_str());
-  return identical && same_launch && same_overlap ? 0 : 1;
+  return identical && sequential.same && one_by_one.same ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
