@@ -60,6 +60,7 @@ at::Tensor DecodeGraphs::Capture(int64_t batch, int64_t key_length) {
   // The warm-up and the capture run on a side stream (capture cannot use the default stream);
   // device syncs order them after the work queued so far and the caller's work after them.
   c10::cuda::device_synchronize();
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device_.index());
   at::Tensor warm_up_logits;
   {
     const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, device_.index()));
@@ -82,6 +83,9 @@ at::Tensor DecodeGraphs::Capture(int64_t batch, int64_t key_length) {
     }
   }
   c10::cuda::device_synchronize();
+  // Allocated on the side stream, read on the caller's (the sampler, queued after this returns):
+  // not reused for the side stream's allocations before the caller's stream is past them.
+  warm_up_logits.record_stream(caller);
   graphs_.emplace(std::make_pair(batch, key_length), std::move(graph));
   return warm_up_logits;
 }

@@ -275,7 +275,7 @@ at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_len
       graphs_ != nullptr ? graphs_->Run(tokens, key_length)
                          : decoder_->DecodeStep(tokens, position_.narrow(0, 0, tokens.size(0)),
                                                 key_length, rope_, *cache_, decode_dispatch());
-  // Note [Enqueued all-to-all]: the sampler reads the logits on the host next.
+  // Note [Enqueued all-to-all]: the host reads what the step sampled next.
   if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
   if (tensor_group_ != nullptr) tensor_group_->WaitEnqueued();
   return logits;
