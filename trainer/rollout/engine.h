@@ -60,20 +60,19 @@
 // into it; two staging slots alternate, and a slot is written again only after the step that used
 // it was read.
 // At launch the host cannot know whether a row ends at step t by a stop token, so step t + 1
-// computes every row of step t (also those at their length limit, unless every row is). When
-// some did end, the host reads step t + 1 too before going on:
-// the ended rows' extra token is dropped (with the uniform their generator drew for it, which no
-// other row draws from), the rows that ended at either step are retired and prompts admitted, and
-// the next step is launched from the host's tokens. Step t + 1 is not launched when every row
-// reaches its length limit at step t, which the host knows. A row feeds the same tokens at the
-// same positions with the same uniforms as without overlap; only its batch-mates in a step after
-// a row's end differ (the ended row is one of them), so its tokens are those of Note [Rollout
+// computes every row of step t, also those at their length limit (unless every row is: then there
+// is no step t + 1). When some row did end, the host reads step t + 1 too before going on: the
+// ended rows' extra token is dropped (with the uniform their generator drew for it, which no other
+// row draws from), the rows that ended at either step are retired and prompts admitted, and the
+// next step is launched from the host's tokens. A row that goes on feeds the same tokens at the
+// same positions with the same uniforms as without overlap; only its batch-mates in the step after
+// a row's end differ (the ended row is one of them). So its tokens are those of Note [Rollout
 // seeds], and its log-probs differ by rounding at most (not at all on the CPU, whose kernels are
 // batch-invariant). GenerateStats::overrun_row_steps counts the dropped tokens.
-// Under tensor or expert parallelism the steps do not overlap yet: the group's waits for its
-// collectives (under the group's timeout, before anything the step computed is read:
-// Note [Enqueued all-to-all] in launch/communicator.h) and the expert group's agreement on each
-// forward wait for the whole stream, so the launch of step t + 1 returns once it has run. Waiting
+// Under tensor or expert parallelism the steps do not overlap yet. Before the host reads what a
+// step computed, the group waits for its collectives under its timeout (Note [Enqueued
+// all-to-all] in launch/communicator.h), and an expert group agrees on the kind of each forward;
+// both wait for the whole stream, so launching step t + 1 returns only once it has run. Waiting
 // for step t's event under the timeout instead would let them overlap.
 // set_overlapped_steps(false) reads every step before it launches the next.
 //
