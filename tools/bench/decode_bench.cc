@@ -23,6 +23,8 @@
 // --length-groups G > 1 gives the prompts G lengths (row b's is --prompt-len less
 // (b mod G) x --prompt-len / (2 G)), as a real rollout's prompts differ (Note [Rollout batching]);
 // no roofline then either.
+// `decode_steps`, `row_steps` and `overrun_row_steps` say how the last timed Generate ran
+// (RolloutEngine::last_generate_stats).
 // `generation_sha256` is the SHA-256 of the last timed Generate's rows (each row's token count,
 // tokens and log-probs' bits), so that two builds whose kernels should give the same bits can be
 // compared across processes.
@@ -331,6 +333,7 @@ int Run(int argc, char** argv) {
   };
   std::vector<rl::rollout::Generation> generated;
   const double best = time_generate(timed, generated);
+  const rl::rollout::GenerateStats stats = engine.last_generate_stats();
   double step_seconds = 0;
   if (step_time && new_tokens >= 2) {
     rl::rollout::SamplingParams prefill_only = timed;
@@ -493,6 +496,9 @@ int Run(int argc, char** argv) {
                                      (hbm_tb_s * 1e12)));
   }
   line.Set("cuda_graphs", rl::json::Value::Bool(graphs));
+  line.Set("decode_steps", rl::json::Value::Int(stats.decode_steps));
+  line.Set("row_steps", rl::json::Value::Int(stats.row_steps));
+  line.Set("overrun_row_steps", rl::json::Value::Int(stats.overrun_row_steps));
   if (kernels_per_step > 0) {
     line.Set("kernels_per_step", rl::json::Value::Int(kernels_per_step));
     line.Set("kernels_per_layer",
