@@ -8,11 +8,14 @@
 // counting as the largest as in at::argmax), and its log-prob is log_softmax(s) there. The
 // LibTorch ops take six passes over [B, V] in fp32 and fp64 (the cast, log_softmax, the fp64
 // cast, softmax, cumsum); this kernel reads each row twice (the second time mostly from L2) and
-// writes two numbers. A row takes a cluster of kSampleBlocks blocks (one block per row left the
-// rest of the GPU idle and took 83-92 us a step at batch 1, bound by one SM's exponentials), whose
-// blocks meet in distributed shared memory. The row's steps of 32 x kVec elements (lane l a vector
-// of kVec) fall into 128 slices of whole steps, in order, a warp each: block b's warps take slices
-// 16 b to 16 b + 15.
+// writes two numbers. A row takes a cluster of blocks (one block per row left the rest of the GPU
+// idle and took 83-92 us a step at batch 1, bound by one SM's exponentials), whose blocks meet in
+// distributed shared memory. The row's steps of 32 x kVec elements (lane l a vector of kVec) fall
+// into 128 slices of whole steps, in order. A cluster has 8 blocks of 16 warps, a slice a warp,
+// unless the rows' clusters of 8 would not all run at once (cudaOccupancyMaxActiveClusters: at
+// batch 64 they took three waves on an H100); then 4 blocks, two consecutive slices a warp, or 2,
+// four a warp. The slices, and every sum below, are the same whatever the cluster, so are the
+// bits.
 //  1. each block's largest s and first index of its largest logit (greedy) over its slices:
 //     a thread keeps its largest logit, the index where `>` last took one (it visits its
 //     elements in index order) and its first NaN's index, and scales the largest once (dividing
@@ -54,10 +57,12 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kSampleBlocks = 8;  // a row's cluster
 constexpr int kSampleWarps = 16;  // per block
 constexpr int kSampleThreads = kSampleWarps * 32;
-constexpr int kSampleSlices = kSampleBlocks * kSampleWarps;  // a row's slices, a warp each
+// A row's slices, whatever its cluster: so the sums, and with them the bits, do not depend on it.
+constexpr int kSampleSlices = 128;
+constexpr int kSampleMaxBlocks = kSampleSlices / kSampleWarps;  // a row's largest cluster: 8
+constexpr int kSampleMinBlocks = 2;
 static_assert(kSampleThreads >= kSampleSlices, "a thread per slice reads the slice sums");
 constexpr int kSampleUnroll = 4;  // steps of loads in flight per lane in the first pass
 
@@ -96,8 +101,8 @@ __device__ __forceinline__ double WarpSumDouble(double v) {
 }
 
 // The row's steps of kStep elements fall into kSampleSlices slices of `slice_steps` whole steps
-// (the last ones short or empty); block b of a row's cluster holds slices [b kSampleWarps,
-// (b + 1) kSampleWarps), its warp w the slice b kSampleWarps + w.
+// (the last ones short or empty); in a cluster of kBlocks blocks, a warp holds kSampleSlices /
+// (kBlocks kSampleWarps) consecutive slices, the warps of block b those after block b - 1's.
 struct SliceSplit {
   int64_t steps, slice_steps;
   __host__ __device__ SliceSplit(int64_t vocab, int64_t step) {
@@ -109,26 +114,29 @@ struct SliceSplit {
   }
 };
 
-// The dynamic shared memory of a block: one double per step of its slices.
+// The dynamic shared memory of a block of a cluster of `blocks`: one double per step of its
+// slices.
 template <typename T>
-int64_t StepTotalsBytes(int64_t vocab) {
+int64_t StepTotalsBytes(int64_t vocab, int blocks) {
   const SliceSplit split(vocab, 32 * (16 / sizeof(T)));
-  return kSampleWarps * split.slice_steps * static_cast<int64_t>(sizeof(double));
+  return kSampleSlices / blocks * split.slice_steps * static_cast<int64_t>(sizeof(double));
 }
 
-template <typename T>
-__global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleThreads, 2)
+template <typename T, int kBlocks>
+__global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kSampleThreads, 2)
     SampleRowsKernel(const T* __restrict__ logits, int64_t vocab, int64_t stride, float temperature,
                      bool scale, bool greedy, const double* __restrict__ uniforms,
                      int64_t* __restrict__ tokens, float* __restrict__ log_probs) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int64_t kStep = 32 * kVec;
+  constexpr int kBlockSlices = kSampleSlices / kBlocks;
+  constexpr int kWarpSlices = kBlockSlices / kSampleWarps;
   __shared__ float warp_max[kSampleWarps];
   __shared__ float warp_best[kSampleWarps];
   __shared__ int64_t warp_arg[kSampleWarps];
   __shared__ float block_max, block_best;  // read by the cluster's other blocks
   __shared__ int64_t block_arg;
-  __shared__ double slice_mass[kSampleWarps];  // read by the cluster's other blocks
+  __shared__ double slice_mass[kBlockSlices];  // read by the cluster's other blocks
   __shared__ double excl[kSampleSlices + 1];
   __shared__ double row_slice_mass[kSampleSlices];
   __shared__ float row_max;
@@ -136,13 +144,13 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
   extern __shared__ double step_total[];  // per step of this block's slices, its masses' sum
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t row = blockIdx.x / kSampleBlocks;
+  const int64_t row = blockIdx.x / kBlocks;
   const T* x = logits + row * stride;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const SliceSplit split(vocab, kStep);
-  const int64_t block_first_step = split.First(static_cast<int64_t>(rank) * kSampleWarps);
-  const int64_t block_end_step = split.First(static_cast<int64_t>(rank + 1) * kSampleWarps);
+  const int64_t block_first_step = split.First(static_cast<int64_t>(rank) * kBlockSlices);
+  const int64_t block_end_step = split.First(static_cast<int64_t>(rank + 1) * kBlockSlices);
   // s = logits / T, rounded as the division of the LibTorch ops.
   const auto scaled = [&](float v) { return scale ? __fdiv_rn(v, temperature) : v; };
 
@@ -211,7 +219,7 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
   if (threadIdx.x == 0) {
     float m = -CUDART_INF_F, b = -CUDART_INF_F;
     int64_t a = vocab;
-    for (int q = 0; q < kSampleBlocks; ++q) {
+    for (int q = 0; q < kBlocks; ++q) {
       m = fmaxf(m, *cluster.map_shared_rank(&block_max, q));
       TakeLarger(b, a, *cluster.map_shared_rank(&block_best, q),
                  *cluster.map_shared_rank(&block_arg, q));
@@ -226,11 +234,12 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
     return static_cast<float>(s - static_cast<double>(top) - log(total));
   };
 
-  // 2. Warp w's slice: steps [first_step, end_step), step k's total at step_total[k - the
-  // block's first step].
-  const int64_t slice = static_cast<int64_t>(rank) * kSampleWarps + warp;
-  const int64_t first_step = split.First(slice);
-  const int64_t end_step = split.First(slice + 1);
+  // 2. Warp w's slices [warp_slice, warp_slice + kWarpSlices): steps [first_step, end_step),
+  // step k's total at step_total[k - the block's first step].
+  const int64_t warp_slice =
+      static_cast<int64_t>(rank) * kBlockSlices + static_cast<int64_t>(warp) * kWarpSlices;
+  const int64_t first_step = split.First(warp_slice);
+  const int64_t end_step = split.First(warp_slice + kWarpSlices);
   const auto totals = [&](int64_t k) -> double& { return step_total[k - block_first_step]; };
   // Lane l's masses of step k in element order, mass[e] (0 past the row), and their sum.
   const auto load = [&](int64_t k, SamplePack<T, kVec>& pack) {
@@ -264,15 +273,19 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
     }
   }
   __syncwarp();
-  if (lane == 0) {  // the slice's steps summed in order: the walk below repeats these sums
-    double run = 0.0;
-    for (int64_t k = first_step; k < end_step; ++k) run += totals(k);
-    slice_mass[warp] = run;
+  if (lane == 0) {  // each slice's steps summed in order: the walk below repeats these sums
+    for (int i = 0; i < kWarpSlices; ++i) {
+      double run = 0.0;
+      for (int64_t k = split.First(warp_slice + i); k < split.First(warp_slice + i + 1); ++k) {
+        run += totals(k);
+      }
+      slice_mass[warp * kWarpSlices + i] = run;
+    }
   }
   cluster.sync();  // every block's slice_mass is written
   if (threadIdx.x < kSampleSlices) {
     row_slice_mass[threadIdx.x] = *cluster.map_shared_rank(
-        &slice_mass[threadIdx.x % kSampleWarps], static_cast<int>(threadIdx.x / kSampleWarps));
+        &slice_mass[threadIdx.x % kBlockSlices], static_cast<int>(threadIdx.x / kBlockSlices));
   }
   // Past this no block reads another's shared memory, so none may leave before every block has
   // arrived here (the wait at the end).
@@ -315,14 +328,17 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
       }
     }
     while (chosen > 0 && !(row_slice_mass[chosen] > 0.0)) --chosen;
-    if (slice != chosen) return;
+    if (chosen < warp_slice || chosen >= warp_slice + kWarpSlices) return;
+    const int64_t slice = chosen;
+    const int64_t slice_first = split.First(slice);
+    const int64_t slice_end = split.First(slice + 1);
     // The step: the first whose cumulative mass, excl + the slice's steps so far (the sums of
     // step 2), exceeds t; else (t at or past the row's total) the last with mass.
     int64_t step = -1, last_with_mass = -1;
     double before = 0.0;  // the slice's mass before `step`
     {
       double run = 0.0;
-      for (int64_t k = first_step; k < end_step; ++k) {
+      for (int64_t k = slice_first; k < slice_end; ++k) {
         const double next = run + totals(k);
         if (totals(k) > 0.0) last_with_mass = k;
         if (excl[slice] + next > t) {
@@ -333,15 +349,15 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
         run = next;
       }
       if (step < 0) {
-        step = last_with_mass >= 0 ? last_with_mass : first_step;
+        step = last_with_mass >= 0 ? last_with_mass : slice_first;
         before = 0.0;
-        for (int64_t k = first_step; k < step; ++k) before += totals(k);
+        for (int64_t k = slice_first; k < step; ++k) before += totals(k);
       }
     }
     // In the step: the first element whose cumulative mass exceeds t (rounding can leave none,
     // within 1e-16 of the step's end: then the step's last element of mass).
     int64_t token = -1, positive = -1;
-    if (step < end_step) {
+    if (step < slice_end) {
       SamplePack<T, kVec> pack;
       load(step, pack);
       double mass[kVec];
@@ -376,12 +392,56 @@ __global__ void __cluster_dims__(kSampleBlocks, 1, 1) __launch_bounds__(kSampleT
 
 }  // namespace
 
+namespace {
+
+// How many clusters of kBlocks blocks the GPU runs at once, with `shared` bytes of dynamic shared
+// memory a block (read once per size: one vocabulary in practice).
+template <typename T, int kBlocks>
+int MaxActiveClusters(size_t shared) {
+  static size_t cached_shared = 0;
+  static int cached = -1;
+  if (cached < 0 || cached_shared != shared) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kBlocks, 1, 1);
+    config.blockDim = dim3(kSampleThreads, 1, 1);
+    config.dynamicSmemBytes = shared;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, SampleRowsKernel<T, kBlocks>, &config) !=
+        cudaSuccess) {
+      cudaGetLastError();  // not sticky; count none
+      clusters = 0;
+    }
+    cached_shared = shared;
+    cached = clusters;
+  }
+  return cached;
+}
+
+template <typename T, int kBlocks>
+cudaError_t LaunchSampleRows(const T* logits, int64_t rows, int64_t vocab, int64_t stride,
+                             float temperature, bool scale, bool greedy, const double* uniforms,
+                             int64_t* tokens, float* log_probs, cudaStream_t stream) {
+  const auto shared = static_cast<size_t>(StepTotalsBytes<T>(vocab, kBlocks));
+  if constexpr (kBlocks > kSampleMinBlocks) {
+    // Note [Sampling kernel]: the largest cluster whose rows all run at once.
+    if (rows > MaxActiveClusters<T, kBlocks>(shared)) {
+      return LaunchSampleRows<T, kBlocks / 2>(logits, rows, vocab, stride, temperature, scale,
+                                              greedy, uniforms, tokens, log_probs, stream);
+    }
+  }
+  SampleRowsKernel<T, kBlocks><<<rows * kBlocks, kSampleThreads, shared, stream>>>(
+      logits, vocab, stride, temperature, scale, greedy, uniforms, tokens, log_probs);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
                        double temperature, bool greedy, const double* uniforms, int64_t* tokens,
                        float* log_probs, DtypeCode dtype, cudaStream_t stream) {
   const int64_t vec = dtype == kBFloat16 ? 8 : 4;
   if (vocab < 1 || vocab % vec != 0 || stride % vec != 0 || temperature < 0 ||
-      (!greedy && uniforms == nullptr) || rows > 2147483647 / kSampleBlocks ||
+      (!greedy && uniforms == nullptr) || rows > 2147483647 / kSampleMaxBlocks ||
       SampleRowsSharedBytes(vocab, dtype) > kSampleMaxSharedBytes) {
     return cudaErrorInvalidValue;
   }
@@ -389,21 +449,20 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
   // Temperature 0 is greedy at temperature 1 (sampler.h); 1 scales nothing.
   const bool scale = temperature > 0 && temperature != 1.0;
   const float t = scale ? static_cast<float>(temperature) : 1.0f;
-  const auto shared = static_cast<size_t>(SampleRowsSharedBytes(vocab, dtype));
   if (dtype == kBFloat16) {
-    SampleRowsKernel<<<rows * kSampleBlocks, kSampleThreads, shared, stream>>>(
-        static_cast<const __nv_bfloat16*>(logits), vocab, stride, t, scale, greedy, uniforms,
-        tokens, log_probs);
-  } else {
-    SampleRowsKernel<<<rows * kSampleBlocks, kSampleThreads, shared, stream>>>(
-        static_cast<const float*>(logits), vocab, stride, t, scale, greedy, uniforms, tokens,
-        log_probs);
+    return LaunchSampleRows<__nv_bfloat16, kSampleMaxBlocks>(
+        static_cast<const __nv_bfloat16*>(logits), rows, vocab, stride, t, scale, greedy, uniforms,
+        tokens, log_probs, stream);
   }
-  return cudaGetLastError();
+  return LaunchSampleRows<float, kSampleMaxBlocks>(static_cast<const float*>(logits), rows, vocab,
+                                                   stride, t, scale, greedy, uniforms, tokens,
+                                                   log_probs, stream);
 }
 
+// The smallest cluster's, whose blocks hold the most slices.
 int64_t SampleRowsSharedBytes(int64_t vocab, DtypeCode dtype) {
-  return dtype == kBFloat16 ? StepTotalsBytes<__nv_bfloat16>(vocab) : StepTotalsBytes<float>(vocab);
+  return dtype == kBFloat16 ? StepTotalsBytes<__nv_bfloat16>(vocab, kSampleMinBlocks)
+                            : StepTotalsBytes<float>(vocab, kSampleMinBlocks);
 }
 
 }  // namespace rl::kernels
