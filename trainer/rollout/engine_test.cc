@@ -64,10 +64,11 @@ std::vector<int64_t> Row(const at::Tensor& t, int64_t row, int64_t begin, int64_
   return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + length);
 }
 
-std::unique_ptr<RolloutEngine> MakeEngine(const Fixture& f, int64_t max_batch, int64_t max_length) {
+std::unique_ptr<RolloutEngine> MakeEngine(const Fixture& f, int64_t max_batch, int64_t max_length,
+                                          Records records = {}) {
   auto engine =
       std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), max_batch,
-                                      max_length, PlainAllocator(at::Device(at::kCPU)));
+                                      max_length, PlainAllocator(at::Device(at::kCPU)), records);
   engine->LoadWeights(f.params);
   return engine;
 }
@@ -275,10 +276,7 @@ TEST_CASE("Overlapped decode steps generate what steps read one by one generate"
     const Fixture f = LoadFixture(name);
     // 3 rows for 8 prompts: rows end by stop tokens and by length, and prompts are admitted into
     // the freed rows, at steps that overlap moves.
-    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3, 20,
-                                                  PlainAllocator(at::Device(at::kCPU)),
-                                                  Records{/*experts=*/true, /*indexer=*/true});
-    engine->LoadWeights(f.params);
+    auto engine = MakeEngine(f, 3, 20, Records{/*experts=*/true, /*indexer=*/true});
     REQUIRE(engine->overlapped_steps());  // the default
     const SamplingParams params = StoppingParams(9, 300, 10);
     std::vector<std::vector<int64_t>> prompts = MixedPrompts(name);
@@ -456,10 +454,7 @@ TEST_CASE("The engine's routing record equals the routing of a full forward, and
     const Fixture f = LoadFixture(name);
     // max_batch 3 admits prompts as rows free up, and stop tokens end rows early: the record is
     // read at different steps and moves with the cache.
-    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3, 24,
-                                                  PlainAllocator(at::Device(at::kCPU)),
-                                                  Records{/*experts=*/true, /*indexer=*/false});
-    engine->LoadWeights(f.params);
+    auto engine = MakeEngine(f, 3, 24, Records{/*experts=*/true, /*indexer=*/false});
     REQUIRE(engine->records_routing());
     SamplingParams params;
     params.max_new_tokens = 12;
@@ -512,10 +507,7 @@ TEST_CASE("The engine's indexer record equals a full forward's DSA selection, an
     INFO("fixture " << name);
     const Fixture f = LoadFixture(name);
     const int64_t k = f.config.index_topk;
-    auto engine = std::make_unique<RolloutEngine>(f.config, at::kFloat, at::Device(at::kCPU), 3, 24,
-                                                  PlainAllocator(at::Device(at::kCPU)),
-                                                  Records{/*experts=*/false, /*indexer=*/true});
-    engine->LoadWeights(f.params);
+    auto engine = MakeEngine(f, 3, 24, Records{/*experts=*/false, /*indexer=*/true});
     REQUIRE(engine->records_indexer());
     SamplingParams params;
     params.max_new_tokens = 12;
