@@ -423,8 +423,10 @@ cudaError_t LaunchSampleRows(const T* logits, int64_t rows, int64_t vocab, int64
                              int64_t* tokens, float* log_probs, cudaStream_t stream) {
   const auto shared = static_cast<size_t>(StepTotalsBytes<T>(vocab, kBlocks));
   if constexpr (kBlocks > kSampleMinBlocks) {
-    // Note [Sampling kernel]: the largest cluster whose rows all run at once.
-    if (rows > MaxActiveClusters<T, kBlocks>(shared)) {
+    // Note [Sampling kernel]: the largest cluster whose rows all run at once (and whose blocks'
+    // step totals fit: a smaller cluster's blocks hold more steps).
+    if (rows > MaxActiveClusters<T, kBlocks>(shared) &&
+        StepTotalsBytes<T>(vocab, kBlocks / 2) <= kSampleMaxSharedBytes) {
       return LaunchSampleRows<T, kBlocks / 2>(logits, rows, vocab, stride, temperature, scale,
                                               greedy, uniforms, tokens, log_probs, stream);
     }
@@ -459,10 +461,11 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
                                                    log_probs, stream);
 }
 
-// The smallest cluster's, whose blocks hold the most slices.
+// The largest cluster's, whose blocks hold the fewest slices (LaunchSampleRows takes a smaller
+// one only where its blocks' step totals fit too).
 int64_t SampleRowsSharedBytes(int64_t vocab, DtypeCode dtype) {
-  return dtype == kBFloat16 ? StepTotalsBytes<__nv_bfloat16>(vocab, kSampleMinBlocks)
-                            : StepTotalsBytes<float>(vocab, kSampleMinBlocks);
+  return dtype == kBFloat16 ? StepTotalsBytes<__nv_bfloat16>(vocab, kSampleMaxBlocks)
+                            : StepTotalsBytes<float>(vocab, kSampleMaxBlocks);
 }
 
 }  // namespace rl::kernels
