@@ -78,15 +78,32 @@ __device__ __forceinline__ T SiluTimes(float g, float u) {
 // x + add (AddRounded; x itself where add is null) goes to store(i, v), and the row's inverse rms
 // rsqrt(mean(v^2) + eps) is returned to every thread. Thread i takes elements i, i + blockDim.x,
 // ...; `scratch` holds kWarps floats (BlockSum). Every kernel that normalises a row this way gives
-// the same bits.
+// the same bits. A thread loads kLoadsAhead of its elements before it uses the first, so that a
+// row costs a memory round trip per kLoadsAhead elements a thread, not one per element.
+constexpr int kLoadsAhead = 4;
 template <typename T, typename Store>
 __device__ float RowInverseRms(const T* __restrict__ x, const T* __restrict__ add, int64_t cols,
                                float eps, float* scratch, const Store& store) {
   float squares = 0.0f;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const T v = add != nullptr ? AddRounded<T>(ToFloat(x[i]), ToFloat(add[i])) : x[i];
-    store(i, v);
-    squares += ToFloat(v) * ToFloat(v);
+  const int64_t stride = blockDim.x;
+  for (int64_t first = threadIdx.x; first < cols; first += kLoadsAhead * stride) {
+    T xs[kLoadsAhead], adds[kLoadsAhead];
+#pragma unroll
+    for (int j = 0; j < kLoadsAhead; ++j) {
+      const int64_t i = first + j * stride;
+      if (i < cols) {
+        xs[j] = x[i];
+        if (add != nullptr) adds[j] = add[i];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadsAhead; ++j) {
+      const int64_t i = first + j * stride;
+      if (i >= cols) break;
+      const T v = add != nullptr ? AddRounded<T>(ToFloat(xs[j]), ToFloat(adds[j])) : xs[j];
+      store(i, v);
+      squares += ToFloat(v) * ToFloat(v);
+    }
   }
   return rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
 }
