@@ -657,29 +657,13 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
                            const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
                            T* staged, int64_t rows, int64_t k_in) {
   __shared__ float scratch[kWarps];
-  const int64_t stride = blockDim.x;
-  // Thread t takes elements t, t + blockDim.x, ..., kLoadsAhead of them loaded at once (one memory
-  // round trip, not one each).
-  const auto each = [&](const auto& load, const auto& use) {
-    for (int64_t first = threadIdx.x; first < k_in; first += kLoadsAhead * stride) {
-      float2 loaded[kLoadsAhead];
-#pragma unroll
-      for (int j = 0; j < kLoadsAhead; ++j) {
-        if (first + j * stride < k_in) loaded[j] = load(first + j * stride);
-      }
-#pragma unroll
-      for (int j = 0; j < kLoadsAhead; ++j) {
-        if (first + j * stride >= k_in) break;
-        use(first + j * stride, loaded[j]);
-      }
-    }
-  };
   for (int64_t m = 0; m < rows; ++m) {
     T* row = staged + m * k_in;
     if constexpr (kMode == SmallInput::kSiluMul) {
       const T* gate = x + m * 2 * k_in;
-      each([&](int64_t i) { return make_float2(ToFloat(gate[i]), ToFloat(gate[k_in + i])); },
-           [&](int64_t i, float2 gu) { row[i] = SiluTimes<T>(gu.x, gu.y); });
+      ForEachLoadedAhead(
+          k_in, [&](int64_t i) { return make_float2(ToFloat(gate[i]), ToFloat(gate[k_in + i])); },
+          [&](int64_t i, float2 gu) { row[i] = SiluTimes<T>(gu.x, gu.y); });
     } else {
       const float inv = RowInverseRms(x + m * k_in, add != nullptr ? add + m * k_in : nullptr, k_in,
                                       eps, scratch, [&](int64_t i, T v) {
@@ -687,8 +671,9 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
                                           sum[m * k_in + i] = v;
                                         row[i] = v;
                                       });
-      each([&](int64_t i) { return make_float2(ToFloat(row[i]), ToFloat(norm_weight[i])); },
-           [&](int64_t i, float2 vw) { row[i] = RmsNormed<T>(vw.x, inv, vw.y); });
+      ForEachLoadedAhead(
+          k_in, [&](int64_t i) { return make_float2(ToFloat(row[i]), ToFloat(norm_weight[i])); },
+          [&](int64_t i, float2 vw) { row[i] = RmsNormed<T>(vw.x, inv, vw.y); });
     }
   }
   __syncthreads();

@@ -74,37 +74,51 @@ __device__ __forceinline__ T SiluTimes(float g, float u) {
   return FromFloat<T>(__fmul_rn(ToFloat(FromFloat<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))))), u));
 }
 
+// Thread t's elements t, t + blockDim.x, ... of [0, n), in that order: kLoadsAhead of them loaded
+// (load(i)) before the first is used (use(i, loaded)), so that a thread pays a memory round trip
+// per kLoadsAhead elements, not one per element.
+constexpr int kLoadsAhead = 4;
+template <typename Load, typename Use>
+__device__ __forceinline__ void ForEachLoadedAhead(int64_t n, const Load& load, const Use& use) {
+  using Loaded = decltype(load(int64_t{0}));
+  const int64_t stride = blockDim.x;
+  for (int64_t first = threadIdx.x; first < n; first += kLoadsAhead * stride) {
+    Loaded loaded[kLoadsAhead];
+#pragma unroll
+    for (int j = 0; j < kLoadsAhead; ++j) {
+      if (first + j * stride < n) loaded[j] = load(first + j * stride);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadsAhead; ++j) {
+      if (first + j * stride >= n) break;
+      use(first + j * stride, loaded[j]);
+    }
+  }
+}
+
 // The first pass of an RMSNorm of one row of `cols` by the whole block: each element v of the row
 // x + add (AddRounded; x itself where add is null) goes to store(i, v), and the row's inverse rms
 // rsqrt(mean(v^2) + eps) is returned to every thread. Thread i takes elements i, i + blockDim.x,
-// ...; `scratch` holds kWarps floats (BlockSum). Every kernel that normalises a row this way gives
-// the same bits. A thread loads kLoadsAhead of its elements before it uses the first, so that a
-// row costs a memory round trip per kLoadsAhead elements a thread, not one per element.
-constexpr int kLoadsAhead = 4;
+// ... (ForEachLoadedAhead); `scratch` holds kWarps floats (BlockSum). Every kernel that normalises
+// a row this way gives the same bits.
 template <typename T, typename Store>
 __device__ float RowInverseRms(const T* __restrict__ x, const T* __restrict__ add, int64_t cols,
                                float eps, float* scratch, const Store& store) {
+  struct Element {
+    T x;
+    T add;
+  };
   float squares = 0.0f;
-  const int64_t stride = blockDim.x;
-  for (int64_t first = threadIdx.x; first < cols; first += kLoadsAhead * stride) {
-    T xs[kLoadsAhead], adds[kLoadsAhead];
-#pragma unroll
-    for (int j = 0; j < kLoadsAhead; ++j) {
-      const int64_t i = first + j * stride;
-      if (i < cols) {
-        xs[j] = x[i];
-        if (add != nullptr) adds[j] = add[i];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kLoadsAhead; ++j) {
-      const int64_t i = first + j * stride;
-      if (i >= cols) break;
-      const T v = add != nullptr ? AddRounded<T>(ToFloat(xs[j]), ToFloat(adds[j])) : xs[j];
-      store(i, v);
-      squares += ToFloat(v) * ToFloat(v);
-    }
-  }
+  ForEachLoadedAhead(
+      cols,
+      [&](int64_t i) {
+        return Element{x[i], add != nullptr ? add[i] : T{}};
+      },
+      [&](int64_t i, const Element& e) {
+        const T v = add != nullptr ? AddRounded<T>(ToFloat(e.x), ToFloat(e.add)) : e.x;
+        store(i, v);
+        squares += ToFloat(v) * ToFloat(v);
+      });
   return rsqrtf(BlockSum(squares, scratch) / static_cast<float>(cols) + eps);
 }
 
