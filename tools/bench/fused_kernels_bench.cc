@@ -1,5 +1,5 @@
-// fused_kernels_bench [--rows 4096] [--vocab 151936] [--rounds 5]: our CUDA kernels
-// (trainer/kernels) against the LibTorch ops they replace, on the GPU, in one process:
+// fused_kernels_bench [--rows 4096] [--vocab 151936] [--rounds 5] [--projection-chain-only]: our
+// CUDA kernels (trainer/kernels) against the LibTorch ops they replace, on the GPU, in one process:
 //  1. agreement: RMSNorm with its gradients (fp32 and bf16), RoPE (must be bit-identical) and the
 //     token log-prob / entropy with their gradients (fp32 and bf16), fused vs LibTorch, with the
 //     largest differences and a verdict per case;
@@ -302,6 +302,9 @@ int main(int argc, char** argv) {
   app.add_option("--rows", rows, "token positions of the loss-head timing");
   app.add_option("--vocab", vocab, "vocabulary size");
   app.add_option("--rounds", rounds, "timed rounds; the best counts");
+  bool chain_only = false;
+  app.add_flag("--projection-chain-only", chain_only,
+               "run only the batch-1 projection chain (part 4)");
   CLI11_PARSE(app, argc, argv);
   const at::Device device = rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable);
   if (!device.is_cuda()) {
@@ -312,6 +315,10 @@ int main(int argc, char** argv) {
   const auto on = [&](at::ScalarType dtype) {
     return at::TensorOptions().dtype(dtype).device(device);
   };
+  if (chain_only) {
+    ProjectionChain(device);
+    return 0;
+  }
   bool ok = true;
 
   // RMSNorm with its gradients: hidden-size rows and head-dim rows, as the decoder uses them.
