@@ -178,12 +178,25 @@ template <int kRing, typename Copy, typename Prepare>
 __device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride, int64_t keys,
                                           int64_t chunk_end, int64_t pos, const Copy& copy,
                                           const Prepare& prepare) {
-  const bool before = pos >= chunk_end || t0 + (kRing - 2) * stride + keys <= pos;
-  if (before) FillRing<kRing>(t0, stride, chunk_end, copy);
+  // The fill's first `early` stages read only rows before the position.
+  int early = 0;
+#pragma unroll
+  for (int stage = 0; stage + 1 < kRing; ++stage) {
+    if (early == stage && (pos >= chunk_end || t0 + stage * stride + keys <= pos)) ++early;
+  }
+  const auto fill = [&](int from, int to) {
+#pragma unroll
+    for (int stage = 0; stage + 1 < kRing; ++stage) {
+      if (stage < from || stage >= to) continue;
+      if (t0 + stage * stride < chunk_end) copy(t0 + stage * stride, stage);
+      CommitCopies();
+    }
+  };
+  fill(0, early);
   PrecedingKernelsDone();
   if (begin > pos) return false;
   prepare();
-  if (!before) FillRing<kRing>(t0, stride, chunk_end, copy);
+  fill(early, kRing - 1);
   return true;
 }
 
@@ -457,15 +470,24 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 constexpr int kMmaWarps = 4;
 constexpr int kTileKeys = 16;
 constexpr int kMmaStages = 2;
+// Note [Deep ring where the grid fits the SMs]
+// With kMmaStages a warp has one tile in flight while it computes another: at batch 64 (512
+// blocks, several an SM) deeper rings were slower (docs/decode-performance.md). Where the grid has
+// no more blocks than the device has SMs (a step of 1 to 16 rows of Qwen3-0.6B's shape), each
+// block has an SM's shared memory to itself and its warps are few: a warp's 2 to 4 tiles of a
+// split of 256 keys would each wait a memory round trip. There the ring holds kMmaDeepStages
+// tiles, so that a warp's whole split is in flight at once. The ring's depth changes when a copy
+// is issued, not what is summed: the same bits.
+constexpr int kMmaDeepStages = 4;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
 
-template <int kDim, int kGroup, bool kPrep>
+template <int kDim, int kGroup, bool kPrep, int kRing>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q, QkvPrepInputs prep,
                              __nv_bfloat16* k, __nv_bfloat16* v,
-                             const int64_t* __restrict__ position,
-                             __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out,
-                             float* __restrict__ partial_stats, DecodeAttentionShape p) {
+                             const int64_t* __restrict__ position, __nv_bfloat16* __restrict__ out,
+                             float* __restrict__ partial_out, float* __restrict__ partial_stats,
+                             DecodeAttentionShape p) {
   using T = __nv_bfloat16;
   constexpr int kRow = kDim + kRowPad;             // a staged key row, elements
   constexpr int kTile = kTileKeys * kRow;          // a staged tile of K or V
@@ -490,8 +512,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int t = lane % 4;
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
-  // The warp's ring [kMmaStages][K, V][kTileKeys][kRow].
-  T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kMmaStages * 2 * kTile);
+  // The warp's ring [kRing][K, V][kTileKeys][kRow].
+  T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kRing * 2 * kTile);
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h;
   constexpr int64_t kStride = kMmaWarps * kTileKeys;
@@ -509,14 +531,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   int64_t t0 = begin + warp * kTileKeys;
   if constexpr (kPrep) {
     const int64_t pos = position[b * p.position_stride];
-    if (!StartRing<kMmaStages>(begin, t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
+    if (!StartRing<kRing>(begin, t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
           PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
                                                    pos < chunk_end, prepared_q, normed);
         })) {
       return;
     }
   } else {
-    FillRing<kMmaStages>(t0, kStride, chunk_end, copy);
+    FillRing<kRing>(t0, kStride, chunk_end, copy);
   }
   // Q^T as the B operand of S^T = K Q^T, per k16 step over the dims: column g is head g (zero
   // past the group), rows 2t, 2t + 1 and 2t + 8, 2t + 9 are its dims.
@@ -540,8 +562,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   float acc[kSteps][4];
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-  for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kMmaStages ? 0 : stage + 1) {
-    AdvanceRing<kMmaStages>(t0, kStride, end, stage, copy);
+  for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kRing ? 0 : stage + 1) {
+    AdvanceRing<kRing>(t0, kStride, end, stage, copy);
     __syncwarp();  // every lane's copies of the tile have landed
     const T* keys = ring + stage * 2 * kTile;
     T* values = ring + stage * 2 * kTile + kTile;
@@ -990,19 +1012,30 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const bool mma = kBf16 && p.tensor_cores;
   const auto kernel = DecodeAttentionKernel<T, kVec, kGroup, kPrep>;
-  const auto mma_kernel = DecodeAttentionMmaKernel<kDim, kGroup, kPrep>;
+  // Note [Deep ring where the grid fits the SMs]
+  const bool deep = static_cast<int64_t>(grid.x) * grid.y * grid.z <= MultiprocessorCount();
+  const auto mma_kernel = deep ? DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaDeepStages>
+                               : DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaStages>;
   constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * kDim * sizeof(T);
-  constexpr int mma_ring = kMmaWarps * kMmaStages * 2 * kTileKeys * (kDim + kRowPad) * 2;
+  constexpr int mma_tile_bytes = kMmaWarps * 2 * kTileKeys * (kDim + kRowPad) * 2;
+  const int mma_ring = (deep ? kMmaDeepStages : kMmaStages) * mma_tile_bytes;
   // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
   // past the default 48 KiB (up to 128 KiB, for fp32 heads of 256).
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring);
   if (opt_in != cudaSuccess) return opt_in;
   static const cudaError_t mma_opt_in =
-      kBf16 ? cudaFuncSetAttribute(mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   mma_ring)
+      kBf16 ? cudaFuncSetAttribute(DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaStages>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   kMmaStages * mma_tile_bytes)
             : cudaSuccess;
   if (mma_opt_in != cudaSuccess) return mma_opt_in;
+  static const cudaError_t deep_opt_in =
+      kBf16 ? cudaFuncSetAttribute(DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaDeepStages>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   kMmaDeepStages * mma_tile_bytes)
+            : cudaSuccess;
+  if (deep_opt_in != cudaSuccess) return deep_opt_in;
   // DecodeAttention's caches are only read; DecodeQkvAttention's are written too (kPrep).
   const QkvPrepInputs prep = a.prep != nullptr ? *a.prep : QkvPrepInputs{};
   T* k = static_cast<T*>(a.k);
