@@ -470,15 +470,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 constexpr int kMmaWarps = 4;
 constexpr int kTileKeys = 16;
 constexpr int kMmaStages = 2;
-// Note [Deep ring where the grid fits the SMs]
+// Note [Deep ring for a small grid]
 // With kMmaStages a warp has one tile in flight while it computes another: at batch 64 (512
-// blocks, several an SM) deeper rings were slower (docs/decode-performance.md). Where the grid has
-// no more blocks than the device has SMs (a step of 1 to 16 rows of Qwen3-0.6B's shape), each
-// block has an SM's shared memory to itself and its warps are few: a warp's 2 to 4 tiles of a
-// split of 256 keys would each wait a memory round trip. There the ring holds kMmaDeepStages
-// tiles, so that a warp's whole split is in flight at once. The ring's depth changes when a copy
-// is issued, not what is summed: the same bits.
+// blocks, several an SM) deeper rings were slower (docs/decode-performance.md). A grid of a few
+// blocks (a step of 1 to 4 rows of Qwen3-0.6B's shape: 8 to 32) leaves the device's bandwidth to
+// them, and a warp's 2 to 4 tiles of a split of 256 keys would each wait a memory round trip.
+// Where the grid has at most a kMmaDeepGridShare-th as many blocks as the device has SMs, the ring
+// holds kMmaDeepStages tiles, so that a warp's whole split is in flight at once (for heads of up
+// to 128 dims: 4 tiles of 256 would take 264 KiB). The ring's depth changes when a copy is issued,
+// not what is summed: the same bits.
 constexpr int kMmaDeepStages = 4;
+constexpr int kMmaDeepGridShare = 4;
+constexpr int kMmaDeepMaxBytes = 160 * 1024;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
 
 template <int kDim, int kGroup, bool kPrep, int kRing>
@@ -1012,30 +1015,34 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const bool mma = kBf16 && p.tensor_cores;
   const auto kernel = DecodeAttentionKernel<T, kVec, kGroup, kPrep>;
-  // Note [Deep ring where the grid fits the SMs]
-  const bool deep = static_cast<int64_t>(grid.x) * grid.y * grid.z <= MultiprocessorCount();
-  const auto mma_kernel = deep ? DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaDeepStages>
-                               : DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaStages>;
   constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * kDim * sizeof(T);
   constexpr int mma_tile_bytes = kMmaWarps * 2 * kTileKeys * (kDim + kRowPad) * 2;
-  const int mma_ring = (deep ? kMmaDeepStages : kMmaStages) * mma_tile_bytes;
   // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
   // past the default 48 KiB (up to 128 KiB, for fp32 heads of 256).
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring);
   if (opt_in != cudaSuccess) return opt_in;
+  auto mma_kernel = DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaStages>;
+  int mma_ring = kMmaStages * mma_tile_bytes;
   static const cudaError_t mma_opt_in =
-      kBf16 ? cudaFuncSetAttribute(DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaStages>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+      kBf16 ? cudaFuncSetAttribute(mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    kMmaStages * mma_tile_bytes)
             : cudaSuccess;
   if (mma_opt_in != cudaSuccess) return mma_opt_in;
-  static const cudaError_t deep_opt_in =
-      kBf16 ? cudaFuncSetAttribute(DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaDeepStages>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   kMmaDeepStages * mma_tile_bytes)
-            : cudaSuccess;
-  if (deep_opt_in != cudaSuccess) return deep_opt_in;
+  // Note [Deep ring for a small grid]
+  if constexpr (kMmaDeepStages * mma_tile_bytes <= kMmaDeepMaxBytes) {
+    const auto deep = DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaDeepStages>;
+    static const cudaError_t deep_opt_in =
+        kBf16 ? cudaFuncSetAttribute(deep, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kMmaDeepStages * mma_tile_bytes)
+              : cudaSuccess;
+    if (deep_opt_in != cudaSuccess) return deep_opt_in;
+    if (static_cast<int64_t>(grid.x) * grid.y * grid.z * kMmaDeepGridShare <=
+        MultiprocessorCount()) {
+      mma_kernel = deep;
+      mma_ring = kMmaDeepStages * mma_tile_bytes;
+    }
+  }
   // DecodeAttention's caches are only read; DecodeQkvAttention's are written too (kPrep).
   const QkvPrepInputs prep = a.prep != nullptr ? *a.prep : QkvPrepInputs{};
   T* k = static_cast<T*>(a.k);
