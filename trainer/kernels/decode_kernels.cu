@@ -167,13 +167,14 @@ __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t lim
 }
 
 // The start of a DecodeQkvAttention block (kPrep): FillRing (iterations of `keys` rows) and the
-// block's preparation `prepare()`, which writes the step's key and value at `pos`. Where the
-// fill's copies read only rows before the position (or the split ends before it, and its block
-// writes nothing), they are issued first, before PrecedingKernelsDone(): the rows before a
-// step's position were written by earlier steps and the position by the copy from the host
-// before the step, neither by a kernel of this step, so under programmatic launch they stream in
-// while the q/k/v projection ahead finishes. Otherwise they follow the preparation. Returns false,
-// having copied and prepared nothing, for a split past the position (no part in the merge).
+// block's preparation `prepare()`, which writes the step's key and value at `pos`. The fill's
+// first stages whose copies read only rows before the position (all of them where the split ends
+// before it, and its block writes nothing) are issued first, before PrecedingKernelsDone(): the
+// rows before a step's position were written by earlier steps and the position by the copy from
+// the host before the step, neither by a kernel of this step, so under programmatic launch they
+// stream in while the q/k/v projection ahead finishes. The other stages follow the preparation,
+// each a group of copies in stage order as FillRing's. Returns false, having copied and prepared
+// nothing, for a split past the position (no part in the merge).
 template <int kRing, typename Copy, typename Prepare>
 __device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride, int64_t keys,
                                           int64_t chunk_end, int64_t pos, const Copy& copy,
@@ -474,7 +475,8 @@ constexpr int kMmaStages = 2;
 // With kMmaStages a warp has one tile in flight while it computes another: at batch 64 (512
 // blocks, several an SM) deeper rings were slower (docs/decode-performance.md). A grid of a few
 // blocks (a step of 1 to 4 rows of Qwen3-0.6B's shape: 8 to 32) leaves the device's bandwidth to
-// them, and a warp's 2 to 4 tiles of a split of 256 keys would each wait a memory round trip.
+// them, and a warp's 2 to 4 tiles of a split of 256 keys would each wait a memory round trip
+// (at batch 16, 128 blocks, one an SM, a ring of 4 was slower).
 // Where the grid has at most a kMmaDeepGridShare-th as many blocks as the device has SMs, the ring
 // holds kMmaDeepStages tiles, so that a warp's whole split is in flight at once (for heads of up
 // to 128 dims: 4 tiles of 256 would take 264 KiB). The ring's depth changes when a copy is issued,
