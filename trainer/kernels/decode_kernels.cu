@@ -1,5 +1,6 @@
 // The decode-step kernels of cuda_kernels.h: SmallLinear (with its staged inputs), SiluMul,
 // DecodeQkvPrep and DecodeAttention.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 
 namespace rl::kernels {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kDecodeWarps = 4;        // warps per block of the decode kernels
 constexpr int kMaxGroup = 8;           // query heads per DecodeAttention block
@@ -986,6 +989,305 @@ cudaError_t DispatchSmallLinear(const SmallLinearArgs& a, DtypeCode dtype, cudaS
                             : DispatchSmallLinearRows<float, kMode>(a, stream);
 }
 
+// SmallMlp's arguments (cuda_kernels.h).
+struct SmallMlpArgs {
+  const void* x;
+  const void* add;
+  const void* norm_weight;
+  float eps;
+  void* sum;
+  const void* w_gate_up;
+  const void* w_down;
+  float* partials;
+  void* y;
+  int64_t rows, hidden, inner;
+};
+// Note [Small MLP in clusters]
+// At one or two rows a dense layer's MLP was two kernels of the chain: the gate/up projection
+// with the residual add and the norm folded in, and the down projection with the activation
+// folded in. Each kernel boundary of the chain and each staged input is a dependent phase of its
+// own (on the H200 about 2 us and 0.85 us of a projection's 4.3 us with its weights in the L2,
+// docs/decode-performance.md). SmallMlpKernel is the MLP as one kernel: clusters of kMlpCluster
+// blocks, a block per SM, block b taking the J = inner / blocks intermediate features
+// [b J, (b + 1) J):
+//  - before the wait, it copies into shared memory their rows of w_gate_up (the gate's J rows,
+//    then the up's) and the columns [b J, (b + 1) J) of w_down, each group of copies waited for
+//    when it is needed (the norm's weight first, as in SharedWeightLinearKernel);
+//  - it stages RmsNorm(x + add) and computes its 2 J gate and up features as a
+//    SharedWeightLinearKernel block does, rounded as that projection's output is, and then
+//    silu(gate) * up with SiluMul's roundings: the down projection's inputs, bit for bit;
+//  - its part of the down projection: for every output feature n, the sum over its J inputs in
+//    order (a thread per feature, no butterfly);
+//  - the blocks of a cluster add their parts in rank order, rank r for the r-th slice of the
+//    features, reading the other blocks' shared memory, and write the cluster's sums to
+//    `partials` [clusters, rows, hidden]; the last block of rank r to do so (a counter per rank,
+//    as the split decode attention merges) adds the clusters' sums of slice r in cluster order and
+//    writes y's slice r, rounded to T.
+// The order of the down projection's sums is fixed, so graph replays give the eager bits; it is
+// grouped by block and cluster where SmallLinearSiluMul sums each feature along k, so y is that
+// kernel's result up to the order of its sums. The gain is one kernel boundary and one staged
+// input a layer; the kernel needs every block's weights to fit in shared memory (Qwen3-0.6B's
+// 19 MB of MLP weights take 128 blocks of about 160 KiB), else the two kernels run.
+constexpr int kMlpCluster = 8;
+__device__ unsigned int g_mlp_counters[kMlpCluster];  // per rank; the last block sets it back to 0
+
+// SmallMlpKernel's dynamic shared memory, byte offsets for `rows` rows, `hidden` features and J
+// intermediate features a block, elements of `element` bytes: the block's part of the down
+// projection (fp32 [rows, hidden], read by the cluster), its gate and up rows [2 J, hidden], its
+// down columns [hidden, J], the norm's weight [hidden], the staged input [rows, hidden], the gate
+// and up outputs (fp32 [rows, 2 J]) and the activations (fp32 [rows, J]). Each region starts
+// 16-byte aligned where hidden and J are multiples of 16 bytes' elements.
+struct MlpLayout {
+  int64_t part, gate_up, down, norm, staged, gate_up_out, act, bytes;
+};
+
+__host__ __device__ inline MlpLayout LayoutSmallMlp(int64_t rows, int64_t hidden, int64_t per_block,
+                                                    int64_t element) {
+  MlpLayout l{};
+  l.part = 0;
+  l.gate_up = l.part + rows * hidden * 4;
+  l.down = l.gate_up + 2 * per_block * hidden * element;
+  l.norm = l.down + hidden * per_block * element;
+  l.staged = l.norm + hidden * element;
+  l.gate_up_out = l.staged + rows * hidden * element;
+  l.act = l.gate_up_out + rows * 2 * per_block * 4;
+  l.bytes = l.act + rows * per_block * 4;
+  return l;
+}
+
+template <typename T, int kRows>
+__global__ void __cluster_dims__(kMlpCluster, 1, 1) __launch_bounds__(kThreads)
+    SmallMlpKernel(const T* __restrict__ x, const T* __restrict__ add,
+                   const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
+                   const T* __restrict__ w_gate_up, const T* __restrict__ w_down,
+                   float* __restrict__ partials, T* __restrict__ y, int64_t rows, int64_t hidden,
+                   int64_t inner, int64_t per_block) {
+  constexpr int kVec = 16 / sizeof(T);
+  __shared__ bool last;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t clusters = gridDim.x / kMlpCluster;
+  const int64_t c = blockIdx.x / kMlpCluster;
+  const int64_t j_count = per_block;
+  const int64_t first = blockIdx.x * j_count;  // the block's first intermediate feature
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const MlpLayout l = LayoutSmallMlp(rows, hidden, j_count, sizeof(T));
+  float* part = reinterpret_cast<float*>(shared_bytes + l.part);
+  T* gate_up_w = reinterpret_cast<T*>(shared_bytes + l.gate_up);
+  T* down_w = reinterpret_cast<T*>(shared_bytes + l.down);
+  T* norm = reinterpret_cast<T*>(shared_bytes + l.norm);
+  T* staged = reinterpret_cast<T*>(shared_bytes + l.staged);
+  float* gate_up_out = reinterpret_cast<float*>(shared_bytes + l.gate_up_out);
+  float* act = reinterpret_cast<float*>(shared_bytes + l.act);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+
+  // Three groups of copies: the norm's weight, the gate and up rows, the down columns.
+  for (int64_t i = threadIdx.x * kVec; i < hidden; i += kThreads * kVec) {
+    CopyAsync<16>(norm + i, norm_weight + i);
+  }
+  CommitCopies();
+  const int64_t piece = j_count * hidden;  // the gate's rows, and the up's
+  for (int64_t i = threadIdx.x * kVec; i < piece; i += kThreads * kVec) {
+    CopyAsync<16>(gate_up_w + i, w_gate_up + first * hidden + i);
+    CopyAsync<16>(gate_up_w + piece + i, w_gate_up + (inner + first) * hidden + i);
+  }
+  CommitCopies();
+  const int64_t row_vectors = j_count / kVec;  // 16-byte pieces of a down column block's row
+  for (int64_t i = threadIdx.x; i < hidden * row_vectors; i += kThreads) {
+    const int64_t n = i / row_vectors;
+    const int64_t e = i % row_vectors * kVec;
+    CopyAsync<16>(down_w + n * j_count + e, w_down + n * inner + first + e);
+  }
+  CommitCopies();
+  PrecedingKernelsDone();
+
+  // The norm's weight has landed for this thread's copies; StageInput's barriers show every
+  // thread's before it reads them.
+  asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  StageInput<T, SmallInput::kAddNorm>(x, add, norm, eps, sum, staged, rows, hidden);
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  __syncthreads();
+  // The gate and up features, as SharedWeightLinearKernel's warps compute them (StoreFeature's
+  // sums and rounding, no bias).
+  for (int64_t f = warp; f < 2 * j_count; f += kWarps) {
+    const T* w_row = gate_up_w + f * hidden;
+    float acc[kRows];
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
+    for (int64_t kk = lane * kVec; kk < hidden; kk += 32 * kVec) {
+      AddProducts(acc, LoadPack<T, kVec>(w_row + kk), staged, rows, hidden, kk);
+    }
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) acc[m] = WarpSum(acc[m]);
+    if (lane == 0) {
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        // + 0: StoreFeature's absent bias.
+        if (m < rows) gate_up_out[m * 2 * j_count + f] = ToFloat(FromFloat<T>(acc[m] + 0.0f));
+      }
+    }
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < rows * j_count; i += kThreads) {
+    const float* gate = gate_up_out + i / j_count * 2 * j_count + i % j_count;
+    act[i] = ToFloat(SiluTimes<T>(gate[0], gate[j_count]));
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  // The block's part of the down projection, a thread per output feature.
+  for (int64_t n = threadIdx.x; n < hidden; n += kThreads) {
+    const T* w_row = down_w + n * j_count;
+    float acc[kRows];
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
+    for (int64_t j = 0; j < j_count; j += kVec) {
+      const Pack<T, kVec> w = LoadPack<T, kVec>(w_row + j);
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        if (m >= rows) break;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[m] += ToFloat(w.v[e]) * act[m * j_count + j + e];
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      if (m < rows) part[m * hidden + n] = acc[m];
+    }
+  }
+  cluster.sync();  // every block's part is written
+  // The cluster's sums of slice `rank`, its blocks' parts added in rank order.
+  const int64_t slice = hidden / kMlpCluster;
+  for (int64_t i = threadIdx.x; i < rows * slice; i += kThreads) {
+    const int64_t at = i / slice * hidden + rank * slice + i % slice;
+    float parts[kMlpCluster];
+#pragma unroll
+    for (int q = 0; q < kMlpCluster; ++q) parts[q] = *cluster.map_shared_rank(part + at, q);
+    float s = parts[0];
+#pragma unroll
+    for (int q = 1; q < kMlpCluster; ++q) s += parts[q];
+    partials[c * rows * hidden + at] = s;
+  }
+  cg::cluster_group::arrival_token read_all = cluster.barrier_arrive();  // done with the parts
+
+  // The last block of rank `rank` adds the clusters' sums (threadFenceReduction in CUDA's samples).
+  __threadfence();  // this block's sums are visible before it counts itself
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int* counter = &g_mlp_counters[rank];
+    last = atomicAdd(counter, 1u) + 1 == static_cast<unsigned int>(clusters);
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  if (last) {
+    __threadfence();
+    for (int64_t i = threadIdx.x; i < rows * slice; i += kThreads) {
+      const int64_t at = i / slice * hidden + rank * slice + i % slice;
+      float s = __ldcg(partials + at);
+      for (int64_t q = 1; q < clusters; ++q) s += __ldcg(partials + q * rows * hidden + at);
+      y[at] = FromFloat<T>(s);
+    }
+  }
+  cluster.barrier_wait(std::move(read_all));  // the others are done with this block's part
+}
+
+struct MlpPlan {
+  int64_t clusters = 0, per_block = 0, bytes = 0;
+};
+
+// The shared memory a SmallMlpKernel block may take: the device's opt-in limit for a block, less
+// the 1 KiB the system reserves where an SM has less (one block an SM).
+int64_t SmallMlpCap() {
+  static const int64_t cap = [] {
+    int device = 0, per_block = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+            cudaSuccess) {
+      return int64_t{0};
+    }
+    return std::min<int64_t>(per_block, per_sm - 1024);
+  }();
+  return cap;
+}
+
+// How many clusters of SmallMlpKernel<T, kRows> blocks of SmallMlpCap() bytes the GPU runs at
+// once (its GPCs hold whole clusters), 0 where the device refused the shared memory or runs none.
+// Found once per kernel, before any capture (the engine's first step runs eagerly), with the
+// kernel's shared memory and carveout set as its launches need.
+template <typename T, int kRows>
+int SmallMlpActiveClusters() {
+  static const int active = [] {
+    const auto kernel = SmallMlpKernel<T, kRows>;
+    const int cap = static_cast<int>(SmallMlpCap());
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kMlpCluster);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = cap;
+    int clusters = 0;
+    const bool found = cap > 0 &&
+                       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            cap) == cudaSuccess &&
+                       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxShared) == cudaSuccess &&
+                       cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess;
+    if (!found) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return clusters;
+  }();
+  return active;
+}
+
+int SmallMlpActiveClusters(int64_t rows, DtypeCode dtype) {
+  if (dtype == kBFloat16) {
+    return rows <= 1 ? SmallMlpActiveClusters<__nv_bfloat16, 1>()
+                     : SmallMlpActiveClusters<__nv_bfloat16, 2>();
+  }
+  return rows <= 1 ? SmallMlpActiveClusters<float, 1>() : SmallMlpActiveClusters<float, 2>();
+}
+
+// The most clusters that run at once (a block an SM) whose blocks take a whole number of
+// intermediate features each, in 16-byte pieces, and fit SmallMlpCap(); none where that is fewer
+// blocks than half the SMs (too few to stream the weights), the norm's weight is not 16-byte
+// aligned or the hidden features do not split into kMlpCluster slices of whole 16-byte pieces.
+MlpPlan PlanSmallMlp(int64_t rows, int64_t hidden, int64_t inner, DtypeCode dtype,
+                     const void* norm) {
+  const int64_t element = dtype == kBFloat16 ? 2 : 4;
+  const int64_t vec = 16 / element;
+  if (rows < 1 || rows > kSmallLinearMaxRows || reinterpret_cast<uintptr_t>(norm) % 16 != 0 ||
+      hidden % (kMlpCluster * vec) != 0 || inner % vec != 0) {
+    return {};
+  }
+  const int64_t most =
+      std::min<int64_t>(MultiprocessorCount() / kMlpCluster, SmallMlpActiveClusters(rows, dtype));
+  for (int64_t clusters = most; 2 * clusters * kMlpCluster >= MultiprocessorCount(); --clusters) {
+    const int64_t blocks = clusters * kMlpCluster;
+    if (inner % blocks != 0 || inner / blocks % vec != 0) continue;
+    const int64_t per_block = inner / blocks;
+    const int64_t bytes = LayoutSmallMlp(rows, hidden, per_block, element).bytes;
+    if (bytes <= SmallMlpCap()) return {clusters, per_block, bytes};
+  }
+  return {};
+}
+
+template <typename T, int kRows>
+cudaError_t LaunchSmallMlp(const SmallMlpArgs& a, const MlpPlan& plan, cudaStream_t stream) {
+  return Launch(SmallMlpKernel<T, kRows>, plan.clusters * kMlpCluster, kThreads, plan.bytes, stream,
+                static_cast<const T*>(a.x), static_cast<const T*>(a.add),
+                static_cast<const T*>(a.norm_weight), a.eps, static_cast<T*>(a.sum),
+                static_cast<const T*>(a.w_gate_up), static_cast<const T*>(a.w_down), a.partials,
+                static_cast<T*>(a.y), a.rows, a.hidden, a.inner, plan.per_block);
+}
+
+template <typename T>
+cudaError_t DispatchSmallMlp(const SmallMlpArgs& a, const MlpPlan& plan, cudaStream_t stream) {
+  return a.rows <= 1 ? LaunchSmallMlp<T, 1>(a, plan, stream)
+                     : LaunchSmallMlp<T, 2>(a, plan, stream);
+}
+
 // The most query heads per block that divide the heads per key/value head.
 int64_t HeadsPerBlock(int64_t q_heads, int64_t kv_heads) {
   const int64_t group = q_heads / kv_heads;
@@ -1133,6 +1435,23 @@ cudaError_t SmallLinearSiluMul(const void* gate_up, const void* w, const void* b
                                cudaStream_t stream) {
   return DispatchSmallLinear<SmallInput::kSiluMul>(
       {gate_up, nullptr, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, inner}, dtype, stream);
+}
+
+int64_t SmallMlpClusters(int64_t rows, int64_t hidden, int64_t inner, const void* norm_weight,
+                         DtypeCode dtype) {
+  return PlanSmallMlp(rows, hidden, inner, dtype, norm_weight).clusters;
+}
+
+cudaError_t SmallMlp(const void* x, const void* add, const void* norm_weight, float eps, void* sum,
+                     const void* w_gate_up, const void* w_down, float* partials, void* y,
+                     int64_t rows, int64_t hidden, int64_t inner, DtypeCode dtype,
+                     cudaStream_t stream) {
+  const MlpPlan plan = PlanSmallMlp(rows, hidden, inner, dtype, norm_weight);
+  if (plan.clusters == 0) return cudaErrorInvalidValue;
+  const SmallMlpArgs a{x,      add,      norm_weight, eps,  sum,    w_gate_up,
+                       w_down, partials, y,           rows, hidden, inner};
+  return dtype == kBFloat16 ? DispatchSmallMlp<__nv_bfloat16>(a, plan, stream)
+                            : DispatchSmallMlp<float>(a, plan, stream);
 }
 
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,
