@@ -1195,64 +1195,64 @@ struct MlpPlan {
   int64_t clusters = 0, per_block = 0, bytes = 0;
 };
 
-// The shared memory a SmallMlpKernel block may take: the device's opt-in limit for a block, less
-// the 1 KiB the system reserves where an SM has less (one block an SM).
-int64_t SmallMlpCap() {
-  static const int64_t cap = [] {
-    int device = 0, per_block = 0, per_sm = 0;
+// What the GPU gives SmallMlpKernel<T, kRows>: the dynamic shared memory a block may take (the
+// device's opt-in limit for a block, or an SM's less the 1 KiB the system reserves, less the
+// kernel's static shared memory) and how many clusters of such blocks run at once (its GPCs hold
+// whole clusters); none where the device refused. Found once per kernel, before any capture (the
+// engine's first step runs eagerly), with the kernel's shared memory and carveout set as its
+// launches need.
+struct MlpLimits {
+  int64_t bytes = 0;
+  int64_t clusters = 0;
+};
+
+template <typename T, int kRows>
+MlpLimits SmallMlpLimits() {
+  static const MlpLimits limits = [] {
+    const auto kernel = SmallMlpKernel<T, kRows>;
+    int device = 0, per_block = 0, per_sm = 0, clusters = 0;
+    cudaFuncAttributes attributes = {};
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
             cudaSuccess ||
         cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
-            cudaSuccess) {
-      return int64_t{0};
+            cudaSuccess ||
+        cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return MlpLimits{};
     }
-    return std::min<int64_t>(per_block, per_sm - 1024);
-  }();
-  return cap;
-}
-
-// How many clusters of SmallMlpKernel<T, kRows> blocks of SmallMlpCap() bytes the GPU runs at
-// once (its GPCs hold whole clusters), 0 where the device refused the shared memory or runs none.
-// Found once per kernel, before any capture (the engine's first step runs eagerly), with the
-// kernel's shared memory and carveout set as its launches need.
-template <typename T, int kRows>
-int SmallMlpActiveClusters() {
-  static const int active = [] {
-    const auto kernel = SmallMlpKernel<T, kRows>;
-    const int cap = static_cast<int>(SmallMlpCap());
+    const int bytes =
+        std::min(per_block, per_sm - 1024) - static_cast<int>(attributes.sharedSizeBytes);
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(kMlpCluster);
     config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = cap;
-    int clusters = 0;
-    const bool found = cap > 0 &&
-                       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            cap) == cudaSuccess &&
-                       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            cudaSharedmemCarveoutMaxShared) == cudaSuccess &&
-                       cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess;
-    if (!found) {
+    config.dynamicSmemBytes = bytes;
+    if (bytes <= 0 ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
       (void)cudaGetLastError();
-      return 0;
+      return MlpLimits{};
     }
-    return clusters;
+    return MlpLimits{bytes, clusters};
   }();
-  return active;
+  return limits;
 }
 
-int SmallMlpActiveClusters(int64_t rows, DtypeCode dtype) {
+MlpLimits SmallMlpLimits(int64_t rows, DtypeCode dtype) {
   if (dtype == kBFloat16) {
-    return rows <= 1 ? SmallMlpActiveClusters<__nv_bfloat16, 1>()
-                     : SmallMlpActiveClusters<__nv_bfloat16, 2>();
+    return rows <= 1 ? SmallMlpLimits<__nv_bfloat16, 1>() : SmallMlpLimits<__nv_bfloat16, 2>();
   }
-  return rows <= 1 ? SmallMlpActiveClusters<float, 1>() : SmallMlpActiveClusters<float, 2>();
+  return rows <= 1 ? SmallMlpLimits<float, 1>() : SmallMlpLimits<float, 2>();
 }
 
 // The most clusters that run at once (a block an SM) whose blocks take a whole number of
-// intermediate features each, in 16-byte pieces, and fit SmallMlpCap(); none where that is fewer
-// blocks than half the SMs (too few to stream the weights), the norm's weight is not 16-byte
-// aligned or the hidden features do not split into kMlpCluster slices of whole 16-byte pieces.
+// intermediate features each, in 16-byte pieces, within SmallMlpLimits' shared memory; none
+// where that is fewer blocks than half the SMs (too few to stream the weights), the norm's weight
+// is not 16-byte aligned or the hidden features do not split into kMlpCluster slices of whole
+// 16-byte pieces.
 MlpPlan PlanSmallMlp(int64_t rows, int64_t hidden, int64_t inner, DtypeCode dtype,
                      const void* norm) {
   const int64_t element = dtype == kBFloat16 ? 2 : 4;
@@ -1261,14 +1261,14 @@ MlpPlan PlanSmallMlp(int64_t rows, int64_t hidden, int64_t inner, DtypeCode dtyp
       hidden % (kMlpCluster * vec) != 0 || inner % vec != 0) {
     return {};
   }
-  const int64_t most =
-      std::min<int64_t>(MultiprocessorCount() / kMlpCluster, SmallMlpActiveClusters(rows, dtype));
+  const MlpLimits limits = SmallMlpLimits(rows, dtype);
+  const int64_t most = std::min<int64_t>(MultiprocessorCount() / kMlpCluster, limits.clusters);
   for (int64_t clusters = most; 2 * clusters * kMlpCluster >= MultiprocessorCount(); --clusters) {
     const int64_t blocks = clusters * kMlpCluster;
     if (inner % blocks != 0 || inner / blocks % vec != 0) continue;
     const int64_t per_block = inner / blocks;
     const int64_t bytes = LayoutSmallMlp(rows, hidden, per_block, element).bytes;
-    if (bytes <= SmallMlpCap()) return {clusters, per_block, bytes};
+    if (bytes <= limits.bytes) return {clusters, per_block, bytes};
   }
   return {};
 }
