@@ -1038,7 +1038,7 @@ __device__ unsigned int g_mlp_counters[kMlpCluster];  // per rank; the last bloc
 // and up outputs (fp32 [rows, 2 J]) and the activations (fp32 [rows, J]). Each region starts
 // 16-byte aligned where hidden and J are multiples of 16 bytes' elements.
 struct MlpLayout {
-  int64_t part, gate_up, down, norm, staged, gate_up_out, act, bytes;
+  int64_t part, gate_up, norm, staged, gate_up_out, act, bytes;
 };
 
 __host__ __device__ inline MlpLayout LayoutSmallMlp(int64_t rows, int64_t hidden, int64_t per_block,
@@ -1046,8 +1046,7 @@ __host__ __device__ inline MlpLayout LayoutSmallMlp(int64_t rows, int64_t hidden
   MlpLayout l{};
   l.part = 0;
   l.gate_up = l.part + rows * hidden * 4;
-  l.down = l.gate_up + 2 * per_block * hidden * element;
-  l.norm = l.down + hidden * per_block * element;
+  l.norm = l.gate_up + 2 * per_block * hidden * element;
   l.staged = l.norm + hidden * element;
   l.gate_up_out = l.staged + rows * hidden * element;
   l.act = l.gate_up_out + rows * 2 * per_block * 4;
@@ -1074,7 +1073,6 @@ __global__ void __cluster_dims__(kMlpCluster, 1, 1) __launch_bounds__(kThreads)
   const MlpLayout l = LayoutSmallMlp(rows, hidden, j_count, sizeof(T));
   float* part = reinterpret_cast<float*>(shared_bytes + l.part);
   T* gate_up_w = reinterpret_cast<T*>(shared_bytes + l.gate_up);
-  T* down_w = reinterpret_cast<T*>(shared_bytes + l.down);
   T* norm = reinterpret_cast<T*>(shared_bytes + l.norm);
   T* staged = reinterpret_cast<T*>(shared_bytes + l.staged);
   float* gate_up_out = reinterpret_cast<float*>(shared_bytes + l.gate_up_out);
@@ -1093,20 +1091,19 @@ __global__ void __cluster_dims__(kMlpCluster, 1, 1) __launch_bounds__(kThreads)
     CopyAsync<16>(gate_up_w + piece + i, w_gate_up + (inner + first) * hidden + i);
   }
   CommitCopies();
-  const int64_t row_vectors = j_count / kVec;  // 16-byte pieces of a down column block's row
+  // The down columns into the L2 (read from there after the gate and up features).
+  const int64_t row_vectors = j_count / kVec;  // 16-byte pieces of a row of them
   for (int64_t i = threadIdx.x; i < hidden * row_vectors; i += kThreads) {
-    const int64_t n = i / row_vectors;
-    const int64_t e = i % row_vectors * kVec;
-    CopyAsync<16>(down_w + n * j_count + e, w_down + n * inner + first + e);
+    const T* at = w_down + i / row_vectors * inner + first + i % row_vectors * kVec;
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at));
   }
-  CommitCopies();
   PrecedingKernelsDone();
 
   // The norm's weight has landed for this thread's copies; StageInput's barriers show every
   // thread's before it reads them.
-  asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-  StageInput<T, SmallInput::kAddNorm>(x, add, norm, eps, sum, staged, rows, hidden);
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  StageInput<T, SmallInput::kAddNorm>(x, add, norm, eps, sum, staged, rows, hidden);
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
   // The gate and up features, as SharedWeightLinearKernel's warps compute them (StoreFeature's
   // sums and rounding, no bias).
@@ -1133,11 +1130,10 @@ __global__ void __cluster_dims__(kMlpCluster, 1, 1) __launch_bounds__(kThreads)
     const float* gate = gate_up_out + i / j_count * 2 * j_count + i % j_count;
     act[i] = ToFloat(SiluTimes<T>(gate[0], gate[j_count]));
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
   // The block's part of the down projection, a thread per output feature.
   for (int64_t n = threadIdx.x; n < hidden; n += kThreads) {
-    const T* w_row = down_w + n * j_count;
+    const T* w_row = w_down + n * inner + first;
     float acc[kRows];
 #pragma unroll
     for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
