@@ -1011,8 +1011,9 @@ struct SmallMlpArgs {
 // blocks, a block per SM, block b taking the J = inner / blocks intermediate features
 // [b J, (b + 1) J):
 //  - before the wait, it copies into shared memory their rows of w_gate_up (the gate's J rows,
-//    then the up's) and the columns [b J, (b + 1) J) of w_down, each group of copies waited for
-//    when it is needed (the norm's weight first, as in SharedWeightLinearKernel);
+//    then the up's), the norm's weight in a group of its own that the staging waits for alone (as
+//    in SharedWeightLinearKernel), and prefetches the columns [b J, (b + 1) J) of w_down into the
+//    L2 (held in shared memory too, they left no room for the o projection's blocks beside);
 //  - it stages RmsNorm(x + add) and computes its 2 J gate and up features as a
 //    SharedWeightLinearKernel block does, rounded as that projection's output is, and then
 //    silu(gate) * up with SiluMul's roundings: the down projection's inputs, bit for bit;
@@ -1025,16 +1026,17 @@ struct SmallMlpArgs {
 //    writes y's slice r, rounded to T.
 // The order of the down projection's sums is fixed, so graph replays give the eager bits; it is
 // grouped by block and cluster where SmallLinearSiluMul sums each feature along k, so y is that
-// kernel's result up to the order of its sums. The gain is one kernel boundary and one staged
-// input a layer; the kernel needs every block's weights to fit in shared memory (Qwen3-0.6B's
-// 19 MB of MLP weights take 128 blocks of about 160 KiB), else the two kernels run.
+// kernel's result up to the order of its sums. The aim was one kernel boundary and one staged
+// input fewer a layer; the kernel needs every block's gate and up rows to fit in shared memory
+// (Qwen3-0.6B's 12.6 MB of them take 96 blocks of 128 KiB on an H100, whose GPCs run 15
+// clusters of 8 at a block an SM), else the two kernels run.
 constexpr int kMlpCluster = 8;
 __device__ unsigned int g_mlp_counters[kMlpCluster];  // per rank; the last block sets it back to 0
 
 // SmallMlpKernel's dynamic shared memory, byte offsets for `rows` rows, `hidden` features and J
 // intermediate features a block, elements of `element` bytes: the block's part of the down
-// projection (fp32 [rows, hidden], read by the cluster), its gate and up rows [2 J, hidden], its
-// down columns [hidden, J], the norm's weight [hidden], the staged input [rows, hidden], the gate
+// projection (fp32 [rows, hidden], read by the cluster), its gate and up rows [2 J, hidden], the
+// norm's weight [hidden], the staged input [rows, hidden], the gate
 // and up outputs (fp32 [rows, 2 J]) and the activations (fp32 [rows, J]). Each region starts
 // 16-byte aligned where hidden and J are multiples of 16 bytes' elements.
 struct MlpLayout {
@@ -1080,7 +1082,7 @@ __global__ void __cluster_dims__(kMlpCluster, 1, 1) __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  // Three groups of copies: the norm's weight, the gate and up rows, the down columns.
+  // Two groups of copies: the norm's weight, then the gate and up rows.
   for (int64_t i = threadIdx.x * kVec; i < hidden; i += kThreads * kVec) {
     CopyAsync<16>(norm + i, norm_weight + i);
   }
