@@ -156,20 +156,6 @@ cudaError_t SmallLinearSiluMul(const void* gate_up, const void* w, const void* b
                                int64_t rows, int64_t n_out, int64_t inner, DtypeCode dtype,
                                cudaStream_t stream);
 
-// The dense gated MLP of a decode layer of rows <= kSmallLinearMaxRows as one kernel of clusters
-// (Note [Small MLP in clusters] in decode_kernels.cu): sum = x + add and
-// y = SiluMul(RmsNorm(sum) w_gate_up^T) w_down^T, the down projection's sums in an order of its
-// own, for x, add, sum and y [rows, hidden], the norm's weight [hidden], w_gate_up [2 inner,
-// hidden] (the gate's rows, then the up's) and w_down [hidden, inner], contiguous and 16-byte
-// aligned. SmallMlpClusters gives the clusters it takes for these sizes on this device, 0 where
-// it does not apply; `partials` holds clusters * rows * hidden floats.
-int64_t SmallMlpClusters(int64_t rows, int64_t hidden, int64_t inner, const void* norm_weight,
-                         DtypeCode dtype);
-cudaError_t SmallMlp(const void* x, const void* add, const void* norm_weight, float eps, void* sum,
-                     const void* w_gate_up, const void* w_down, float* partials, void* y,
-                     int64_t rows, int64_t hidden, int64_t inner, DtypeCode dtype,
-                     cudaStream_t stream);
-
 // out [rows, inner] = silu(gate) * up for gate_up [rows, 2 inner] (gate, then up, per row), with
 // the roundings of at::silu and the product as separate LibTorch ops.
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,

@@ -297,63 +297,6 @@ TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   CHECK_FALSE(SmallLinearStagedTakes(wide, 65536, at::randn({8, 65536}, On(at::kFloat)), {}));
 }
 
-// Note [Small MLP in clusters]: the MLP kernel's sum is AddRmsNorm's bit for bit and its output
-// the unfolded kernels' down projection of the same activations within one rounding of fp64, at
-// Qwen3-0.6B's MLP (128 blocks of 24 intermediate features) and a narrower one (96 blocks of 16),
-// the same bits on every run; the sizes whose blocks' weights exceed shared memory are not taken.
-TEST_CASE("SmallMlp is the folded gate/up and down projections up to the order of down's sums") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(12);
-  struct MlpCase {
-    at::ScalarType dtype;
-    int64_t hidden, inner;
-  };
-  for (const MlpCase& c : {MlpCase{at::kBFloat16, 1024, 3072}, MlpCase{at::kBFloat16, 1024, 1536},
-                           MlpCase{at::kFloat, 1024, 1536}}) {
-    for (const int64_t rows : {1, 2}) {
-      INFO(rows << " rows, hidden " << c.hidden << ", inner " << c.inner << ", "
-                << c10::toString(c.dtype));
-      const at::Tensor x = at::randn({rows, 1, c.hidden}, On(c.dtype));
-      const at::Tensor add = at::randn({rows, 1, c.hidden}, On(c.dtype));
-      const at::Tensor norm = at::rand({c.hidden}, On(c.dtype)) + 0.5;
-      const at::Tensor w_gate_up =
-          at::randn({2 * c.inner, c.hidden}, On(c.dtype)) / std::sqrt(double(c.hidden));
-      const at::Tensor w_down =
-          at::randn({c.hidden, c.inner}, On(c.dtype)) / std::sqrt(double(c.inner));
-      REQUIRE(SmallMlpTakes(x, add, norm, w_gate_up, w_down));
-      const SummedLinear mlp = SmallMlp(x, add, norm, 1e-6, w_gate_up, w_down);
-      const SummedLinear gate_up = SmallLinearAddRmsNorm(x, add, norm, 1e-6, w_gate_up, {});
-      CHECK(SameBits(mlp.sum, gate_up.sum));
-      const at::Tensor expected =
-          at::matmul(SiluMul(gate_up.out).to(at::kDouble), w_down.to(at::kDouble).t());
-      CHECK(mlp.out.sizes() == expected.sizes());
-      // |y| < 8: one bf16 rounding is below 3.2e-2; fp32 sums of 1536 terms stay near 1e-5.
-      const double error = (mlp.out.to(at::kDouble) - expected).abs().max().item<double>();
-      CHECK(error < (c.dtype == at::kBFloat16 ? 3.2e-2 : 3e-5));
-      for (int run = 0; run < 3; ++run) {
-        CHECK(SameBits(SmallMlp(x, add, norm, 1e-6, w_gate_up, w_down).out, mlp.out));
-      }
-    }
-  }
-  // Qwen3-1.7B's MLP (inner 6144 for hidden 2048) and fp32 weights of Qwen3-0.6B's exceed an SM's
-  // shared memory at a block per SM; no add, or an add of another shape, is not taken.
-  const auto bf16 = On(at::kBFloat16);
-  const at::Tensor x = at::randn({1, 2048}, bf16);
-  CHECK_FALSE(SmallMlpTakes(x, x, at::ones({2048}, bf16), at::randn({12288, 2048}, bf16),
-                            at::randn({2048, 6144}, bf16)));
-  const auto fp32 = On(at::kFloat);
-  const at::Tensor xf = at::randn({1, 1024}, fp32);
-  CHECK_FALSE(SmallMlpTakes(xf, xf, at::ones({1024}, fp32), at::randn({6144, 1024}, fp32),
-                            at::randn({1024, 3072}, fp32)));
-  const at::Tensor xb = at::randn({1, 1024}, bf16);
-  const at::Tensor w_gate_up = at::randn({6144, 1024}, bf16);
-  const at::Tensor w_down = at::randn({1024, 3072}, bf16);
-  const at::Tensor norm = at::ones({1024}, bf16);
-  CHECK(SmallMlpTakes(xb, xb, norm, w_gate_up, w_down));
-  CHECK_FALSE(SmallMlpTakes(xb, at::Tensor(), norm, w_gate_up, w_down));
-  CHECK_FALSE(SmallMlpTakes(xb, at::randn({2, 1024}, bf16), norm, w_gate_up, w_down));
-}
-
 // Note [Small linear with weights in shared memory]: each form of SmallLinear gives the same bits
 // with the weights in shared memory as in registers: at Qwen3-0.6B's projections and others that
 // fit (a last block short of features, one feature a block, rows ending within a lane's vectors,
@@ -426,11 +369,11 @@ TEST_CASE("SmallLinear with its weights in shared memory gives the register kern
 }
 
 // Note [Programmatic dependent launch]: a chain of decode kernels (SmallLinear in each form,
-// SmallMlp, SkinnyLinear, DecodeQkvAttention, RoPE, the norms and SiluMul), each reading what the
-// one before wrote, launched so that each may start before the one ahead has finished, gives the
-// bits of the same chain launched one after another, eagerly (on the default stream) and replayed
-// from a graph. A kernel that read its input before its wait would read a buffer of an earlier link
-// or one about to be written (the caching allocator hands the links' buffers round).
+// SkinnyLinear, DecodeQkvAttention, RoPE, the norms and SiluMul), each reading what the one before
+// wrote, launched so that each may start before the one ahead has finished, gives the bits of the
+// same chain launched one after another, eagerly (on the default stream) and replayed from a
+// graph. A kernel that read its input before its wait would read a buffer of an earlier
+// link or one about to be written (the caching allocator hands the links' buffers round).
 TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the same bits") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(21);
@@ -462,13 +405,6 @@ TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the sam
     at::Tensor h = x, residual = x;
     for (int layer = 0; layer < 12; ++layer) {
       const SummedLinear in = SmallLinearAddRmsNorm(h, residual, norm, 1e-6, w_in, {});
-      if (layer % 3 == 2) {  // the MLP as one kernel, on the projection's output and its sum
-        const SummedLinear mlp = SmallMlp(in.out, in.sum, norm, 1e-6, w_gate_up, w_down);
-        const AddNormed next = AddRmsNorm(mlp.out, mlp.sum, norm, 1e-6);
-        h = next.normed;
-        residual = next.sum;
-        continue;
-      }
       const at::Tensor gate_up = SmallLinear(in.out, w_gate_up, {});
       const at::Tensor down = layer % 2 == 0 ? SmallLinearSiluMul(gate_up, w_down, {})
                                              : SmallLinear(SiluMul(gate_up), w_down, {});

@@ -435,46 +435,6 @@ at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, co
   return y;
 }
 
-bool SmallMlpTakes(const at::Tensor& x, const at::Tensor& add, const at::Tensor& norm_weight,
-                   const at::Tensor& w_gate_up, const at::Tensor& w_down) {
-  if (!x.defined() || x.dim() == 0 || !add.defined() || add.sizes() != x.sizes() ||
-      add.scalar_type() != x.scalar_type() || add.device() != x.device() || add.requires_grad() ||
-      !norm_weight.defined() || norm_weight.dim() != 1 || norm_weight.numel() != x.size(-1) ||
-      norm_weight.scalar_type() != x.scalar_type() || norm_weight.device() != x.device() ||
-      !norm_weight.is_contiguous() || !w_down.defined() || w_down.dim() != 2) {
-    return false;
-  }
-  const int64_t hidden = x.size(-1);
-  const int64_t inner = w_down.size(1);
-  return SmallLinearStagedTakes(x, hidden, w_gate_up, {}) && w_gate_up.size(0) == 2 * inner &&
-         SmallLinearFits(x, inner, w_down, {}) && w_down.size(0) == hidden &&
-         kernels::SmallMlpClusters(x.numel() / hidden, hidden, inner, norm_weight.data_ptr(),
-                                   CodeOf(x)) > 0;
-}
-
-SummedLinear SmallMlp(const at::Tensor& x, const at::Tensor& add, const at::Tensor& norm_weight,
-                      double eps, const at::Tensor& w_gate_up, const at::Tensor& w_down) {
-  RL_CHECK(SmallMlpTakes(x, add, norm_weight, w_gate_up, w_down), Error,
-           "SmallMlp: x [{}], w_gate_up [{}] and w_down [{}] do not fit the kernel",
-           fmt::join(x.sizes(), ", "), fmt::join(w_gate_up.sizes(), ", "),
-           fmt::join(w_down.sizes(), ", "));
-  const at::Tensor in = x.contiguous();
-  const at::Tensor a = add.contiguous();
-  const int64_t hidden = x.size(-1);
-  const int64_t inner = w_down.size(1);
-  const int64_t rows = in.numel() / hidden;
-  const int64_t clusters =
-      kernels::SmallMlpClusters(rows, hidden, inner, norm_weight.data_ptr(), CodeOf(in));
-  const at::Tensor partials = at::empty({clusters, rows, hidden}, x.options().dtype(at::kFloat));
-  SummedLinear out{at::empty_like(in), at::empty_like(in)};
-  const c10::cuda::CUDAGuard guard(x.device());
-  RL_CHECK_CUDA(kernels::SmallMlp(
-      in.data_ptr(), a.data_ptr(), norm_weight.data_ptr(), static_cast<float>(eps),
-      out.sum.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(), partials.data_ptr<float>(),
-      out.out.data_ptr(), rows, hidden, inner, CodeOf(in), c10::cuda::getCurrentCUDAStream()));
-  return out;
-}
-
 at::Tensor SiluMul(const at::Tensor& gate_up) {
   CheckNoGrad({&gate_up}, "SiluMul");
   const int64_t inner = gate_up.size(-1) / 2;

@@ -134,17 +134,6 @@ SummedLinear SmallLinearAddRmsNorm(const at::Tensor& x, const at::Tensor& add,
                                    const at::Tensor& b);
 // Linear(SiluMul(gate_up), w, b): the activation folded into the down projection.
 at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b);
-// The dense MLP of a decode layer of one or two rows as one kernel, with the residual add and the
-// norm before it folded in: `out` = Linear(SiluMul(Linear(RmsNorm(x + add), w_gate_up)), w_down)
-// and `sum` = x + add (the gate/up and activation bit for bit those of SmallLinearAddRmsNorm and
-// SmallLinearSiluMul, the down projection's sums grouped in an order of their own: Note [Small
-// MLP in clusters] in decode_kernels.cu). SmallMlpTakes says whether it applies: add of x's shape,
-// w_gate_up [2 inner, hidden] and w_down [hidden, inner] that SmallLinear would take, and a
-// block's share of the weights that fits in shared memory.
-bool SmallMlpTakes(const at::Tensor& x, const at::Tensor& add, const at::Tensor& norm_weight,
-                   const at::Tensor& w_gate_up, const at::Tensor& w_down);
-SummedLinear SmallMlp(const at::Tensor& x, const at::Tensor& add, const at::Tensor& norm_weight,
-                      double eps, const at::Tensor& w_gate_up, const at::Tensor& w_down);
 
 // silu(gate_up[..., :inner]) * gate_up[..., inner:] for gate_up [..., 2 inner] (Supported), in
 // one kernel, bit for bit what at::silu and the product give.

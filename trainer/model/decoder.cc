@@ -440,14 +440,6 @@ bool Decoder::SmallDecodeLayer(const Layer& layer, const AttentionContext& ctx, 
       kernels::SmallLinearAddRmsNorm(x, pending, layer.input_norm, eps, w.qkv_proj, w.qkv_bias);
   const at::Tensor attention =
       Linear(GqaDecodeAttention(w, qkv.out, ctx), w.o_proj, w.o_bias, kernels_);
-  if (kernels::SmallMlpTakes(qkv.sum, attention, layer.post_norm, mlp.gate_up_proj,
-                             mlp.down_proj)) {
-    kernels::SummedLinear out = kernels::SmallMlp(qkv.sum, attention, layer.post_norm, eps,
-                                                  mlp.gate_up_proj, mlp.down_proj);
-    pending = std::move(out.out);
-    x = std::move(out.sum);
-    return true;
-  }
   const kernels::SummedLinear gate_up =
       kernels::SmallLinearAddRmsNorm(qkv.sum, attention, layer.post_norm, eps, mlp.gate_up_proj, {});
   pending = kernels::SmallLinearSiluMul(gate_up.out, mlp.down_proj, {});

@@ -218,9 +218,8 @@ class Decoder {
   void CheckTokens(const at::Tensor& tokens) const;
   // Note [Decode kernels] (layers.cc): a dense GQA layer of a decode step of one or two rows with
   // its norms folded into the projections after them and the activation into the down
-  // projection (or the whole MLP as one kernel, where kernels::SmallMlpTakes): x += pending, then
-  // pending = the attention and MLP blocks' output with x updated in between. False (nothing
-  // done) where the kernels do not apply.
+  // projection: x += pending, then pending = the attention and MLP blocks' output with x
+  // updated in between. False (nothing done) where the kernels do not apply.
   bool SmallDecodeLayer(const Layer& layer, const AttentionContext& ctx, at::Tensor& x,
                         at::Tensor& pending) const;
   // The layers and the final norm over embedded tokens x [batch, seq, hidden]; `ctx` without
