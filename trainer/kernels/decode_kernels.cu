@@ -154,13 +154,15 @@ __device__ __forceinline__ void LoadRow(const T* __restrict__ src, float (&dst)[
 // newest kRing - 1 groups waits for the current iteration's. `copy(t0, stage)` issues the copies
 // of the iteration at t0 into `stage`.
 
-// The iterations t0, t0 + stride, ... into stages 0 to kRing - 2, those that start before
-// `limit`. The copies do not wait for anything this step writes.
+// The iterations t0, t0 + stride, ... into stages 0 to kRing - 2 (or those in [from, to)), those
+// that start before `limit`, a group of copies per stage. The copies do not wait for anything this
+// step writes.
 template <int kRing, typename Copy>
 __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t limit,
-                                         const Copy& copy) {
+                                         const Copy& copy, int from = 0, int to = kRing - 1) {
 #pragma unroll
   for (int stage = 0; stage + 1 < kRing; ++stage) {
+    if (stage < from || stage >= to) continue;
     if (t0 + stage * stride < limit) copy(t0 + stage * stride, stage);
     CommitCopies();
   }
@@ -185,19 +187,11 @@ __device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t str
   for (int stage = 0; stage + 1 < kRing; ++stage) {
     if (early == stage && (pos >= chunk_end || t0 + stage * stride + keys <= pos)) ++early;
   }
-  const auto fill = [&](int from, int to) {
-#pragma unroll
-    for (int stage = 0; stage + 1 < kRing; ++stage) {
-      if (stage < from || stage >= to) continue;
-      if (t0 + stage * stride < chunk_end) copy(t0 + stage * stride, stage);
-      CommitCopies();
-    }
-  };
-  fill(0, early);
+  FillRing<kRing>(t0, stride, chunk_end, copy, 0, early);
   PrecedingKernelsDone();
   if (begin > pos) return false;
   prepare();
-  fill(early, kRing - 1);
+  FillRing<kRing>(t0, stride, chunk_end, copy, early);
   return true;
 }
 
