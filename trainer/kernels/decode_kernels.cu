@@ -665,36 +665,69 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
 // How SmallLinearKernel gets its input rows x [rows, k_in].
 enum class SmallInput {
-  kPlain,    // x itself (global memory; small, it stays in L1/L2)
+  kPlain,    // x itself (from global memory, or staged where SharedWeightLinearKernel has room)
   kAddNorm,  // RmsNorm(x + add) (or of x, without add), staged in shared memory
   kSiluMul,  // silu(gate) * up of x [rows, 2 k_in], staged in shared memory
 };
 
 // The staged inputs of SmallLinearKernel, computed by the whole block into `staged` [rows, k_in]
 // (x's dtype) with the roundings of RmsNormKernel (the same loop and BlockSum, kThreads threads)
-// and SiluMulKernel. Block 0 writes x + add to `sum`.
+// and SiluMulKernel, or (kPlain) x itself. Block 0 writes x + add to `sum`. The plain and SiluMul
+// inputs go by 16-byte vectors over all rows at once (SiluMul's where x is aligned to them), each
+// thread's loaded before it uses the first, so that the staging costs about one memory round trip
+// (elementwise with kLoadsAhead, three for Qwen3-0.6B's down projection).
 template <typename T, SmallInput kMode>
 __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
                            const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
                            T* staged, int64_t rows, int64_t k_in) {
-  __shared__ float scratch[kWarps];
-  for (int64_t m = 0; m < rows; ++m) {
-    T* row = staged + m * k_in;
-    if constexpr (kMode == SmallInput::kSiluMul) {
-      const T* gate = x + m * 2 * k_in;
-      ForEachLoadedAhead(
-          k_in, [&](int64_t i) { return make_float2(ToFloat(gate[i]), ToFloat(gate[k_in + i])); },
-          [&](int64_t i, float2 gu) { row[i] = SiluTimes<T>(gu.x, gu.y); });
-    } else {
-      const float inv = RowInverseRms(x + m * k_in, add != nullptr ? add + m * k_in : nullptr, k_in,
-                                      eps, scratch, [&](int64_t i, T v) {
-                                        if (add != nullptr && blockIdx.x == 0)
-                                          sum[m * k_in + i] = v;
-                                        row[i] = v;
-                                      });
-      ForEachLoadedAhead(
-          k_in, [&](int64_t i) { return make_float2(ToFloat(row[i]), ToFloat(norm_weight[i])); },
-          [&](int64_t i, float2 vw) { row[i] = RmsNormed<T>(vw.x, inv, vw.y); });
+  constexpr int kVec = 16 / sizeof(T);
+  using Vector = Pack<T, kVec>;
+  const int64_t row_vectors = k_in / kVec;  // k_in is a multiple of kVec (the dispatch checks)
+  if constexpr (kMode == SmallInput::kPlain) {
+    ForEachLoadedAhead(
+        rows * row_vectors, [&](int64_t i) { return LoadPack<T, kVec>(x + i * kVec); },
+        [&](int64_t i, const Vector& v) { *reinterpret_cast<Vector*>(staged + i * kVec) = v; });
+  } else if (kMode == SmallInput::kSiluMul && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    struct GateUp {
+      Vector gate, up;
+    };
+    // Vector i's gate elements; its up elements are k_in after them.
+    const auto gate = [&](int64_t i) {
+      return x + (i / row_vectors) * 2 * k_in + i % row_vectors * kVec;
+    };
+    ForEachLoadedAhead(
+        rows * row_vectors,
+        [&](int64_t i) {
+          return GateUp{LoadPack<T, kVec>(gate(i)), LoadPack<T, kVec>(gate(i) + k_in)};
+        },
+        [&](int64_t i, const GateUp& gu) {
+          Vector out;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            out.v[e] = SiluTimes<T>(ToFloat(gu.gate.v[e]), ToFloat(gu.up.v[e]));
+          }
+          *reinterpret_cast<Vector*>(staged + i * kVec) = out;
+        });
+  } else {
+    __shared__ float scratch[kWarps];
+    for (int64_t m = 0; m < rows; ++m) {
+      T* row = staged + m * k_in;
+      if constexpr (kMode == SmallInput::kSiluMul) {
+        const T* gate = x + m * 2 * k_in;
+        ForEachLoadedAhead(
+            k_in, [&](int64_t i) { return make_float2(ToFloat(gate[i]), ToFloat(gate[k_in + i])); },
+            [&](int64_t i, float2 gu) { row[i] = SiluTimes<T>(gu.x, gu.y); });
+      } else {
+        const float inv = RowInverseRms(x + m * k_in, add != nullptr ? add + m * k_in : nullptr,
+                                        k_in, eps, scratch, [&](int64_t i, T v) {
+                                          if (add != nullptr && blockIdx.x == 0)
+                                            sum[m * k_in + i] = v;
+                                          row[i] = v;
+                                        });
+        ForEachLoadedAhead(
+            k_in, [&](int64_t i) { return make_float2(ToFloat(row[i]), ToFloat(norm_weight[i])); },
+            [&](int64_t i, float2 vw) { row[i] = RmsNormed<T>(vw.x, inv, vw.y); });
+      }
     }
   }
   __syncthreads();
@@ -798,12 +831,23 @@ __global__ void __launch_bounds__(kThreads)
 // for alone. Two such blocks fit an SM, so a kernel's copies run beside the kernel ahead. Each
 // warp then takes features warp, warp + kWarps, ... of the block, its lanes the same elements in
 // the same order as a SmallLinearKernel warp: the same bits (decode_kernels_test).
+//
+// At two rows a warp sums 4 features at once, and the inputs are staged by 16-byte vectors, the o
+// projection's plain input too (where it fits; StageInput): 1.08x a decode step at batch 2 on the
+// H100 and the H200 (Qwen3-0.6B's shape, `decode_ab.sh`), of which the staging 1.045x. At one row
+// neither paid: 4 features at once 0.946x (H100; 0.962x on the H200 in an earlier build), the
+// staging 0.997x (it stays, one code path for both). Timestamps per block at batch 1
+// (docs/decode-performance.md) show why: a projection's sums run while the next projection's
+// blocks copy their weights, and their shared-memory reads wait behind those copies (the o
+// projection's 8 features a block took 4.5 us, 1.3 us with the copies made bulk copies), so the
+// next kernel's weights, not the sums, set the pace.
 template <typename T, int kRows, SmallInput kMode>
 __global__ void __launch_bounds__(kThreads)
     SharedWeightLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
                              const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
                              const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-                             int64_t rows, int64_t n_out, int64_t k_in, int64_t per_block) {
+                             int64_t rows, int64_t n_out, int64_t k_in, int64_t per_block,
+                             bool staged_input) {
   constexpr int kVec = 16 / sizeof(T);
   // [per_block, k_in] weights, then (kAddNorm) the norm's weight [k_in], then the staged input.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -827,7 +871,7 @@ __global__ void __launch_bounds__(kThreads)
   CommitCopies();
   PrecedingKernelsDone();
   const T* input = x;
-  if constexpr (kMode != SmallInput::kPlain) {
+  if (staged_input) {
     // The norm's weight (the older group) has landed for this thread's copies; StageInput's
     // barriers show every thread's before it reads them.
     if constexpr (kMode == SmallInput::kAddNorm)
@@ -837,20 +881,37 @@ __global__ void __launch_bounds__(kThreads)
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
-  for (int64_t f = warp; f < count; f += kWarps) {
-    const T* w_row = weights + f * k_in;
-    float acc[kRows];
+  // At two rows a warp takes its features 4 at a time (f, f + kWarps, ...), their sums side by
+  // side: independent chains of fma and shuffles, where each feature's waited on the one before
+  // (each feature's sums in the same order either way). At one row that was slower (Note [Small
+  // linear with weights in shared memory]).
+  constexpr int kFeaturesAtOnce = kRows == 1 ? 1 : 4;
+  for (int64_t f0 = warp; f0 < count; f0 += kWarps * kFeaturesAtOnce) {
+    float acc[kFeaturesAtOnce][kRows];
 #pragma unroll
-    for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
-    for (int64_t kk = lane * kVec; kk < k_in; kk += 32 * kVec) {
-      AddProducts(acc, LoadPack<T, kVec>(w_row + kk), input, rows, k_in, kk);
+    for (int j = 0; j < kFeaturesAtOnce; ++j) {
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) acc[j][m] = 0.0f;
     }
-    StoreFeature(acc, bias, y, rows, n_out, first + f);
+    for (int64_t kk = lane * kVec; kk < k_in; kk += 32 * kVec) {
+#pragma unroll
+      for (int j = 0; j < kFeaturesAtOnce; ++j) {
+        const int64_t f = f0 + j * kWarps;
+        if (f < count)
+          AddProducts(acc[j], LoadPack<T, kVec>(weights + f * k_in + kk), input, rows, k_in, kk);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kFeaturesAtOnce; ++j) {
+      const int64_t f = f0 + j * kWarps;
+      if (f < count) StoreFeature(acc[j], bias, y, rows, n_out, first + f);
+    }
   }
 }
 
 struct SharedWeightPlan {
   int64_t per_block, bytes;
+  bool staged_input;  // whether the input rows go to shared memory (always, but for kPlain)
 };
 
 struct SmallLinearArgs {
@@ -902,15 +963,20 @@ int64_t SharedWeightCap() {
 
 // SharedWeightLinearKernel's features per block and shared bytes, or 0 features where they do
 // not fit SharedWeightCap() or the norm's weight (`norm`: the kAddNorm form) is not 16-byte
-// aligned (cp.async copies 16 bytes at once; the weights and inputs always are).
+// aligned (cp.async copies 16 bytes at once; the weights and inputs always are). A folded form
+// (`staged`) stages its input rows; a plain one does where they fit beside the weights, so that
+// its warps read them from shared memory, not from the L2 at each step of each feature's sum.
 SharedWeightPlan PlanSharedWeights(int64_t rows, int64_t n_out, int64_t k_in, int64_t element,
                                    const void* norm, bool staged) {
-  if (norm != nullptr && reinterpret_cast<uintptr_t>(norm) % 16 != 0) return {0, 0};
+  if (norm != nullptr && reinterpret_cast<uintptr_t>(norm) % 16 != 0) return {0, 0, false};
   const int64_t per_block = (n_out + MultiprocessorCount() - 1) / MultiprocessorCount();
-  const int64_t bytes =
-      (per_block * k_in + (norm != nullptr ? k_in : 0) + (staged ? rows * k_in : 0)) * element;
-  if (bytes > SharedWeightCap()) return {0, 0};
-  return {per_block, bytes};
+  const auto bytes = [&](bool staged_input) {
+    return (per_block * k_in + (norm != nullptr ? k_in : 0) + (staged_input ? rows * k_in : 0)) *
+           element;
+  };
+  const bool staged_input = staged || bytes(true) <= SharedWeightCap();
+  if (bytes(staged_input) > SharedWeightCap()) return {0, 0, false};
+  return {per_block, bytes(staged_input), staged_input};
 }
 
 // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory up to
@@ -938,7 +1004,7 @@ cudaError_t LaunchSharedWeightLinear(const SmallLinearArgs& a, const SharedWeigh
                 static_cast<const T*>(a.x), static_cast<const T*>(a.add),
                 static_cast<const T*>(a.norm_weight), a.eps, static_cast<T*>(a.sum),
                 static_cast<const T*>(a.w), static_cast<const T*>(a.bias), static_cast<T*>(a.y),
-                a.rows, a.n_out, a.k_in, plan.per_block);
+                a.rows, a.n_out, a.k_in, plan.per_block, plan.staged_input);
 }
 
 // Vectors per lane: 4 where they hold the whole row (k_in up to 1024 in bf16: the q/k/v and

@@ -360,6 +360,13 @@ TEST_CASE("SmallLinear with its weights in shared memory gives the register kern
         CHECK(SmallLinearSharesWeights(rows, c.n, c.k, nullptr, true, code) ==
               (dtype == at::kBFloat16 ? c.shares_bf16 : c.shares_fp32));
         CHECK(same_both_ways([&] { return SmallLinearSiluMul(gate_up, w, {}); }));
+        // gate_up 2 or 4 bytes past a 16-byte boundary: staged element by element, not by
+        // vectors; the same bits.
+        const at::Tensor storage = at::empty({rows * 2 * c.k + 1}, On(dtype));
+        const at::Tensor misaligned =
+            storage.narrow(0, 1, rows * 2 * c.k).view({rows, 1, 2 * c.k}).copy_(gate_up);
+        CHECK(same_both_ways([&] { return SmallLinearSiluMul(misaligned, w, {}); }));
+        CHECK(SameBits(SmallLinearSiluMul(misaligned, w, {}), SmallLinearSiluMul(gate_up, w, {})));
       }
     }
   }
