@@ -841,6 +841,18 @@ __global__ void __launch_bounds__(kThreads)
 // blocks copy their weights, and their shared-memory reads wait behind those copies (the o
 // projection's 8 features a block took 4.5 us, 1.3 us with the copies made bulk copies), so the
 // next kernel's weights, not the sums, set the pace.
+//
+// The plain form (the o projection, after the attention) lets the kernel behind start before its
+// own wait (LetDependentsStart), so that the gate/up projection's blocks copy their weights while
+// the attention runs, not from the o projection's wait on. Timestamps per block at batch 1 (H100)
+// show why that pays: the gate/up projection's wait returned 3.5 to 4 us after the o projection
+// had ended (with its weights by bulk copies, whichever thread issued them), about when the 12.6
+// MB it issued at the o projection's wait had landed; beside the attention, which reads little
+// from HBM at a few rows, they land before it ends. 1.108x a decode step at batch 1 and 1.044x
+// at batch 2 on the H100 (Qwen3-0.6B's shape, `decode_ab.sh`, the same bits). The same for the
+// q/k/v or gate/up projections besides gained nothing (0.995x to 1.002x against this), for the
+// down projection besides less (1.098x against the 1.108x), and the MoE and MLA shapes' batch-1
+// steps did not change (0.998x, 0.999x).
 template <typename T, int kRows, SmallInput kMode>
 __global__ void __launch_bounds__(kThreads)
     SharedWeightLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
@@ -869,6 +881,7 @@ __global__ void __launch_bounds__(kThreads)
     CopyAsync<16>(weights + i, piece + i);
   }
   CommitCopies();
+  if constexpr (kMode == SmallInput::kPlain) LetDependentsStart();  // see the Note
   PrecedingKernelsDone();
   const T* input = x;
   if (staged_input) {

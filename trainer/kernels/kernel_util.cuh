@@ -218,9 +218,20 @@ inline int MultiprocessorCount() {
 // must not write those weights: a DecodeStep starts with LibTorch kernels (the embedding), which
 // trigger nothing, and no kernel of a step writes a weight. The kernels compute the same bits
 // either way: the attribute changes when a kernel starts, never what it reads after the wait.
+// A kernel may trigger earlier, before its wait (LetDependentsStart), so that the kernel behind
+// starts while the one ahead still runs; the wait of the kernel behind still returns only after
+// this one, and so every one ahead, has finished (Note [Small linear with weights in shared
+// memory] in decode_kernels.cu says where that pays).
 __device__ __forceinline__ void PrecedingKernelsDone() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// griddepcontrol.launch_dependents before the wait (Note [Programmatic dependent launch]).
+__device__ __forceinline__ void LetDependentsStart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
