@@ -883,14 +883,14 @@ __global__ void __launch_bounds__(kThreads)
   CommitCopies();
   if constexpr (kMode == SmallInput::kPlain) LetDependentsStart();  // see the Note
   PrecedingKernelsDone();
-  const T* input = x;
-  if (staged_input) {
+  // The folded forms always stage their input; the plain one where the plan says so.
+  const bool staged_here = kMode != SmallInput::kPlain || staged_input;
+  if (staged_here) {
     // The norm's weight (the older group) has landed for this thread's copies; StageInput's
     // barriers show every thread's before it reads them.
     if constexpr (kMode == SmallInput::kAddNorm)
       asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     StageInput<T, kMode>(x, add, norm, eps, sum, staged, rows, k_in);
-    input = staged;
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
@@ -899,26 +899,35 @@ __global__ void __launch_bounds__(kThreads)
   // (each feature's sums in the same order either way). At one row that was slower (Note [Small
   // linear with weights in shared memory]).
   constexpr int kFeaturesAtOnce = kRows == 1 ? 1 : 4;
-  for (int64_t f0 = warp; f0 < count; f0 += kWarps * kFeaturesAtOnce) {
-    float acc[kFeaturesAtOnce][kRows];
+  const auto sums = [&](const T* input) {
+    for (int64_t f0 = warp; f0 < count; f0 += kWarps * kFeaturesAtOnce) {
+      float acc[kFeaturesAtOnce][kRows];
 #pragma unroll
-    for (int j = 0; j < kFeaturesAtOnce; ++j) {
+      for (int j = 0; j < kFeaturesAtOnce; ++j) {
 #pragma unroll
-      for (int m = 0; m < kRows; ++m) acc[j][m] = 0.0f;
-    }
-    for (int64_t kk = lane * kVec; kk < k_in; kk += 32 * kVec) {
+        for (int m = 0; m < kRows; ++m) acc[j][m] = 0.0f;
+      }
+      for (int64_t kk = lane * kVec; kk < k_in; kk += 32 * kVec) {
+#pragma unroll
+        for (int j = 0; j < kFeaturesAtOnce; ++j) {
+          const int64_t f = f0 + j * kWarps;
+          if (f < count)
+            AddProducts(acc[j], LoadPack<T, kVec>(weights + f * k_in + kk), input, rows, k_in, kk);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kFeaturesAtOnce; ++j) {
         const int64_t f = f0 + j * kWarps;
-        if (f < count)
-          AddProducts(acc[j], LoadPack<T, kVec>(weights + f * k_in + kk), input, rows, k_in, kk);
+        if (f < count) StoreFeature(acc[j], bias, y, rows, n_out, first + f);
       }
     }
-#pragma unroll
-    for (int j = 0; j < kFeaturesAtOnce; ++j) {
-      const int64_t f = f0 + j * kWarps;
-      if (f < count) StoreFeature(acc[j], bias, y, rows, n_out, first + f);
-    }
+  };
+  // One loop for each input, so that the compiler sees which memory each reads: shared loads for
+  // the staged rows, where one loop over either pointer read both by generic loads.
+  if (staged_here) {
+    sums(staged);
+  } else {
+    sums(x);
   }
 }
 
