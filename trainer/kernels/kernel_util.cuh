@@ -229,7 +229,17 @@ __device__ __forceinline__ void PrecedingKernelsDone() {
 #endif
 }
 
-// griddepcontrol.launch_dependents before the wait (Note [Programmatic dependent launch]).
+// The wait of PrecedingKernelsDone() alone, for a kernel that lets the kernel behind start later,
+// by LetDependentsStart() once it has done part of its work (Note [Small linear with weights in
+// shared memory] in decode_kernels.cu).
+__device__ __forceinline__ void WaitForPrecedingKernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// griddepcontrol.launch_dependents before the wait (Note [Programmatic dependent launch]), or
+// after it once part of the work is done (WaitForPrecedingKernels).
 __device__ __forceinline__ void LetDependentsStart() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
