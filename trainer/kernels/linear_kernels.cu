@@ -162,6 +162,239 @@ cudaError_t DispatchSkinnyWarps(const void* x, const void* w, const void* bias, 
   return LaunchSkinnyLinear<kGroups, 16>(x, w, bias, y, rows, n_out, k_in, stream);
 }
 
+
+// Note [Shared-weight linear on tensor cores]
+// From 33 to 64 rows the decode step's projections were cuBLAS's GEMMs (q/k/v, gate/up) and a
+// batch of them over 4 slices of k (the o and down projections: Note [Split-k partial sums] in
+// fused_ops.h). cuBLAS's kernels take no part in programmatic launch, so each starts only once
+// the kernel ahead has ended, streams its weights from then on, and the kernel behind starts only
+// once it has ended. This kernel gives each block kTiles 8 features (of one slice of k), few
+// enough that the grid is at most a block per SM, and has its weights copied into shared memory
+// by bulk copies (one a feature, on an mbarrier) before its wait (Note [Programmatic dependent
+// launch] in kernel_util.cuh): they stream in while the kernel ahead runs. Once that kernel has
+// ended, the block copies its whole slice of x [rows, slice] (which every block reads, from the
+// L2) into shared memory as well: warp (r, s) of its kMmaLinearRowWarps x kMmaLinearSplits warps
+// copies and sums rows [16 r, 16 r + 16) over the s-th quarter of the slice, in
+// kMmaLinearGroups groups of copies that it waits for one by one, so that no barrier of the
+// block stands between the copies and the sums:
+//   Y [16 rows, 8 features] += X [16 rows, 16 dims] W^T [16 dims, 8 features]
+// by m16n8k16 mmas (bf16 inputs, fp32 sums), A and B by ldmatrix (rows padded by kMmaLinearPad
+// elements, so that ldmatrix's 8 rows fall in distinct banks). The quarters' sums meet in shared
+// memory and are added in order. Each row's sums go in the same order whatever the other rows
+// hold: the same inputs give the same bits (graph replays equal eager steps), which differ from
+// cuBLAS's by the order of the fp32 sums. The output is y (rounded once, with the bias), or the
+// fp32 partial sums [slices, rows, n_out] of SplitKPartials, slice blockIdx.y covering k
+// [slice y, slice (y + 1)).
+constexpr int kMmaLinearRowWarps = 4;  // a warp per 16 rows
+constexpr int kMmaLinearSplits = 4;    // warps per 16 rows, each a quarter of the slice
+constexpr int kMmaLinearWarps = kMmaLinearRowWarps * kMmaLinearSplits;
+constexpr int kMmaLinearRows = 16 * kMmaLinearRowWarps;  // 64
+constexpr int kMmaLinearGroups = 4;  // groups of a warp's copies of x, waited for in turn
+// A slice is a whole number of groups of k16 steps for each split.
+constexpr int kMmaLinearSliceMultiple = 16 * kMmaLinearSplits * kMmaLinearGroups;
+constexpr int kMmaLinearPad = 8;
+
+// Shared bytes of a block of `features` features over a slice of k: x's rows, then the weights.
+int64_t MmaLinearSharedBytes(int64_t features, int64_t slice) {
+  return (kMmaLinearRows + features) * (slice + kMmaLinearPad) *
+         static_cast<int64_t>(sizeof(Bf16));
+}
+
+template <int kTiles>
+__global__ void __launch_bounds__(kMmaLinearWarps * 32)
+    SharedWeightMmaKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w,
+                          const Bf16* __restrict__ bias, Bf16* __restrict__ y,
+                          float* __restrict__ partials, int64_t rows, int64_t n_out, int64_t k_in,
+                          int slice) {
+  static_assert(kTiles % 2 == 0, "ldmatrix .x4 loads the B operands of two tiles at once");
+  constexpr int kFeatures = 8 * kTiles;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  __shared__ uint64_t weights_landed;
+  // [kMmaLinearRows][slice + pad] x, then [kFeatures][slice + pad] w.
+  const int row_elements = slice + kMmaLinearPad;
+  Bf16* staged_x = reinterpret_cast<Bf16*>(shared_bytes);
+  Bf16* weights = staged_x + kMmaLinearRows * row_elements;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kFeatures;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * slice;
+  // The weights, before the kernel ahead has finished: a bulk copy a feature (features past
+  // n_out copy the last one), issued by the first warp's lanes, all counted by one barrier.
+  if (warp == 0) {
+    if (lane == 0) {
+      InitBarrier(&weights_landed);
+      ArriveExpectingBytes(&weights_landed, kFeatures * slice * sizeof(Bf16));
+    }
+    __syncwarp();
+    for (int f = lane; f < kFeatures; f += 32) {
+      const int64_t feature = first + f < n_out ? first + f : n_out - 1;
+      BulkCopy(weights + f * row_elements, w + feature * k_in + k0, slice * sizeof(Bf16),
+               &weights_landed);
+    }
+  }
+  __syncthreads();  // the barrier's initialisation, for every thread that waits on it
+  PrecedingKernelsDone();
+  // Warp (row_warp, split): rows [16 row_warp, + 16), dims [split quarter, + quarter) of the
+  // slice; rows past `rows` copy the last row (never written out).
+  const int row_warp = warp % kMmaLinearRowWarps;
+  const int split = warp / kMmaLinearRowWarps;
+  const int first_row = 16 * row_warp;
+  const int quarter = slice / kMmaLinearSplits;
+  const int group_dims = quarter / kMmaLinearGroups;
+  const int begin = split * quarter;
+  const bool has_rows = first_row < rows;  // the same for the whole warp
+  if (has_rows) {
+    const int group_pieces = 16 * group_dims / 8;  // 16-byte pieces of a group
+    for (int group = 0; group < kMmaLinearGroups; ++group) {
+      for (int i = lane; i < group_pieces; i += 32) {
+        const int r = i / (group_dims / 8);
+        const int dim = begin + group * group_dims + 8 * (i % (group_dims / 8));
+        const int64_t row = first_row + r < rows ? first_row + r : rows - 1;
+        CopyAsync<16>(staged_x + (first_row + r) * row_elements + dim, x + row * k_in + k0 + dim);
+      }
+      CommitCopies();
+    }
+  }
+  // acc[j]: (row g, feature 8 j + 2t), (g, 8 j + 2t + 1), (g + 8, 8 j + 2t), (g + 8, 8 j + 2t + 1)
+  // of the warp's 16 rows. ldmatrix addresses (shared, in bytes): A (x) lane l -> row l % 16,
+  // dims 8 (l / 16) of a step; B (w) lane l -> feature l % 8 + 8 (l / 16) of a pair of tiles,
+  // dims 8 ((l / 8) % 2).
+  float acc[kTiles][4];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  if (has_rows) {
+    const uint32_t a_base = SharedAddress(staged_x + (first_row + lane % 16) * row_elements +
+                                          begin + 8 * (lane / 16));
+    const uint32_t b_base = SharedAddress(weights + (lane % 8 + 8 * (lane / 16)) * row_elements +
+                                          begin + 8 * ((lane / 8) % 2));
+    const uint32_t pair_bytes = 16 * row_elements * sizeof(Bf16);
+    WaitBarrier(&weights_landed, 0);
+    const int group_steps = group_dims / 16;
+    for (int group = 0; group < kMmaLinearGroups; ++group) {
+      // This lane's copies of the group have landed; __syncwarp shows the warp's.
+      switch (group) {
+        case 0:
+          asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+          break;
+        case 1:
+          asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+          break;
+        case 2:
+          asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+          break;
+        default:
+          asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      }
+      __syncwarp();
+      for (int step = group * group_steps; step < (group + 1) * group_steps; ++step) {
+        uint32_t a[4];
+        LoadMatrices(a, a_base + 32 * step);
+#pragma unroll
+        for (int j = 0; j < kTiles; j += 2) {
+          uint32_t b[4];
+          LoadMatrices(b, b_base + (j / 2) * pair_bytes + 32 * step);
+          Mma16816(acc[j], a, b[0], b[1]);
+          Mma16816(acc[j + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
+  static_assert(kMmaLinearGroups == 4, "the waits above count 4 groups");
+  // The quarters' sums meet in shared memory (x and the weights are done with), lane-minor:
+  // [split][row_warp][j][e][lane], and are added in split order.
+  __syncthreads();
+  float* sums = reinterpret_cast<float*>(shared_bytes);
+  constexpr int kPerWarp = kTiles * 4 * 32;
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sums[warp * kPerWarp + (j * 4 + e) * 32 + lane] = acc[j][e];
+  }
+  __syncthreads();
+  if (split != 0 || !has_rows) return;
+  const int g = lane / 4;
+  const int t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kMmaLinearSplits; ++s) {
+        sum += sums[(s * kMmaLinearRowWarps + row_warp) * kPerWarp + (j * 4 + e) * 32 + lane];
+      }
+      const int64_t row = first_row + g + (e >= 2 ? 8 : 0);
+      const int64_t feature = first + 8 * j + 2 * t + (e & 1);
+      if (row >= rows || feature >= n_out) continue;
+      if (partials != nullptr) {
+        partials[(blockIdx.y * rows + row) * n_out + feature] = sum;
+      } else {
+        const float b = bias != nullptr ? __bfloat162float(bias[feature]) : 0.0f;
+        y[row * n_out + feature] = __float2bfloat16_rn(sum + b);
+      }
+    }
+  }
+}
+
+// Of a block's shared memory, what SharedWeightMmaKernel's static arrays (its barriers) may take.
+constexpr int64_t kMmaLinearStaticBytes = 1024;
+
+// The device's opt-in shared memory a block (0 where it cannot be read), read once.
+int64_t OptInSharedBytes() {
+  static const int64_t bytes = [] {
+    int device = 0, per_block = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      return int64_t{0};
+    }
+    return int64_t{per_block};
+  }();
+  return bytes;
+}
+
+// SharedWeightMmaKernel's tiles of 8 features a block: the fewest of 2, 4, 6 and 8 that keep the
+// grid within a block per SM, or 0 where those do not, or their weights do not fit the block's
+// shared memory.
+int SharedWeightMmaTiles(int64_t n_out, int64_t slices, int64_t slice) {
+  for (int tiles = 2; tiles <= 8; tiles += 2) {
+    if ((n_out + 8 * tiles - 1) / (8 * tiles) * slices <= MultiprocessorCount()) {
+      return MmaLinearSharedBytes(8 * tiles, slice) <= OptInSharedBytes() - kMmaLinearStaticBytes
+                 ? tiles
+                 : 0;
+    }
+  }
+  return 0;
+}
+
+template <int kTiles>
+cudaError_t LaunchSharedWeightMma(const void* x, const void* w, const void* bias, void* y,
+                                  float* partials, int64_t rows, int64_t n_out, int64_t k_in,
+                                  int64_t slices, cudaStream_t stream) {
+  const auto kernel = SharedWeightMmaKernel<kTiles>;
+  // Once per kernel, before any capture (the engine's first step runs eagerly): the device's
+  // opt-in shared memory but for the static arrays, and the SM's whole carveout as shared memory.
+  static const cudaError_t opt_in = [&] {
+    cudaError_t set = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(OptInSharedBytes() - kMmaLinearStaticBytes));
+    if (set == cudaSuccess) {
+      set = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    }
+    return set;
+  }();
+  if (opt_in != cudaSuccess) return opt_in;
+  const int64_t slice = k_in / slices;
+  const dim3 grid(static_cast<unsigned>((n_out + 8 * kTiles - 1) / (8 * kTiles)),
+                  static_cast<unsigned>(slices));
+  return Launch(kernel, grid, kMmaLinearWarps * 32,
+                static_cast<size_t>(MmaLinearSharedBytes(8 * kTiles, slice)), stream,
+                static_cast<const Bf16*>(x), static_cast<const Bf16*>(w),
+                static_cast<const Bf16*>(bias), static_cast<Bf16*>(y), partials, rows, n_out, k_in,
+                static_cast<int>(slice));
+}
+
 }  // namespace
 
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
@@ -174,6 +407,35 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
   if (rows <= 16) return DispatchSkinnyWarps<2>(x, w, bias, y, rows, n_out, k_in, stream);
   if (rows <= 32) return DispatchSkinnyWarps<4>(x, w, bias, y, rows, n_out, k_in, stream);
   return DispatchSkinnyWarps<8>(x, w, bias, y, rows, n_out, k_in, stream);
+}
+
+}  // namespace rl::kernels
+
+namespace rl::kernels {
+
+bool SharedWeightMmaFits(int64_t rows, int64_t n_out, int64_t k_in, int64_t slices) {
+  return rows >= 1 && rows <= kMmaLinearRows && n_out >= 1 && slices >= 1 &&
+         k_in % (slices * kMmaLinearSliceMultiple) == 0 &&
+         SharedWeightMmaTiles(n_out, slices, k_in / slices) > 0;
+}
+
+cudaError_t SharedWeightMmaLinear(const void* x, const void* w, const void* bias, void* y,
+                                  float* partials, int64_t rows, int64_t n_out, int64_t k_in,
+                                  int64_t slices, cudaStream_t stream) {
+  if (!SharedWeightMmaFits(rows, n_out, k_in, slices) || (partials == nullptr) == (y == nullptr) ||
+      (partials != nullptr && bias != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  switch (SharedWeightMmaTiles(n_out, slices, k_in / slices)) {
+    case 2:
+      return LaunchSharedWeightMma<2>(x, w, bias, y, partials, rows, n_out, k_in, slices, stream);
+    case 4:
+      return LaunchSharedWeightMma<4>(x, w, bias, y, partials, rows, n_out, k_in, slices, stream);
+    case 6:
+      return LaunchSharedWeightMma<6>(x, w, bias, y, partials, rows, n_out, k_in, slices, stream);
+    default:
+      return LaunchSharedWeightMma<8>(x, w, bias, y, partials, rows, n_out, k_in, slices, stream);
+  }
 }
 
 }  // namespace rl::kernels
