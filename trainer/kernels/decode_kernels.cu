@@ -152,58 +152,60 @@ __device__ __forceinline__ void LoadRow(const T* __restrict__ src, float (&dst)[
 // A warp's ring of kRing stages in shared memory, filled by cp.async one iteration ahead per
 // stage, one group of copies per iteration (empty past the keys), so that waiting for all but the
 // newest kRing - 1 groups waits for the current iteration's. `copy(t0, stage)` issues the copies
-// of the iteration at t0 into `stage`.
+// of the iteration at t0 into `stage`. A ring is filled up front with its first kRing - 1
+// iterations, or (kFillAll) with kRing, each stage then taking the iteration kRing after its own
+// once read.
 
-// The iterations t0, t0 + stride, ... into stages 0 to kRing - 2 (or those in [from, to)), those
-// that start before `limit`, a group of copies per stage. The copies do not wait for anything this
-// step writes.
-template <int kRing, typename Copy>
+// The iterations t0, t0 + stride, ... into stages 0 to kRing - 2 (kRing - 1 with kFillAll), those
+// that start before `limit`, a group of copies per stage.
+template <int kRing, bool kFillAll, typename Copy>
 __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t limit,
-                                         const Copy& copy, int from = 0, int to = kRing - 1) {
+                                         const Copy& copy) {
 #pragma unroll
-  for (int stage = 0; stage + 1 < kRing; ++stage) {
-    if (stage < from || stage >= to) continue;
+  for (int stage = 0; stage < (kFillAll ? kRing : kRing - 1); ++stage) {
     if (t0 + stage * stride < limit) copy(t0 + stage * stride, stage);
     CommitCopies();
   }
 }
 
-// The start of a DecodeQkvAttention block (kPrep): FillRing (iterations of `keys` rows) and the
-// block's preparation `prepare()`, which writes the step's key and value at `pos`. The fill's
-// first stages whose copies read only rows before the position (all of them where the split ends
-// before it, and its block writes nothing) are issued first, before PrecedingKernelsDone(): the
-// rows before a step's position were written by earlier steps and the position by the copy from
-// the host before the step, neither by a kernel of this step, so under programmatic launch they
-// stream in while the q/k/v projection ahead finishes. The other stages follow the preparation,
-// each a group of copies in stage order as FillRing's. Returns false, having copied and prepared
-// nothing, for a split past the position (no part in the merge).
-template <int kRing, typename Copy, typename Prepare>
-__device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride, int64_t keys,
-                                          int64_t chunk_end, int64_t pos, const Copy& copy,
+// Note [The step's key and value in the ring]
+// A DecodeQkvAttention block (kPrep) computes the step's key and value itself (PrepareHeads) and
+// writes them to the caches for later steps. Its own ring does not read them back from there: the
+// copies read only the rows before the position (the copy lambdas stop at `copy_end`), which
+// earlier steps wrote, and the warp whose tile holds the position puts the two rows into it from
+// shared memory once the tile's copies have landed. So no copy waits for anything this step
+// writes, and StartRing issues the whole fill before PrecedingKernelsDone(): under programmatic
+// launch the cache streams in while the q/k/v projection ahead finishes, and the tile that holds
+// the position costs no memory round trip after the preparation. The rows summed are the same,
+// so are the bits. Rows past the position are not copied; they get no weight (and the
+// tensor-core kernel zeroes its values there).
+
+// The start of a DecodeQkvAttention block (kPrep): FillRing (Note [The step's key and value in
+// the ring]), PrecedingKernelsDone(), then the block's preparation `prepare()`. Returns false,
+// having prepared nothing, for a split past the position (no part in the merge).
+template <int kRing, bool kFillAll, typename Copy, typename Prepare>
+__device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride,
+                                          int64_t copy_end, int64_t pos, const Copy& copy,
                                           const Prepare& prepare) {
-  // The fill's first `early` stages read only rows before the position.
-  int early = 0;
-#pragma unroll
-  for (int stage = 0; stage + 1 < kRing; ++stage) {
-    if (early == stage && (pos >= chunk_end || t0 + stage * stride + keys <= pos)) ++early;
-  }
-  FillRing<kRing>(t0, stride, chunk_end, copy, 0, early);
+  FillRing<kRing, kFillAll>(t0, stride, copy_end, copy);
   PrecedingKernelsDone();
   if (begin > pos) return false;
   prepare();
-  FillRing<kRing>(t0, stride, chunk_end, copy, early);
   return true;
 }
 
-// At the iteration t0, held in `stage`: the stage read the iteration before is refilled with the
-// iteration kRing - 1 ahead (if it starts before `end`), then this iteration's copies are waited
-// for (this thread's; a warp reading other lanes' copies syncs after).
-template <int kRing, typename Copy>
-__device__ __forceinline__ void AdvanceRing(int64_t t0, int64_t stride, int64_t end, int stage,
-                                            const Copy& copy) {
-  const int64_t ahead = t0 + (kRing - 1) * stride;
-  if (ahead < end) copy(ahead, stage == 0 ? kRing - 1 : stage - 1);
-  CommitCopies();
+// At the iteration t0, held in `stage`: unless it is the first of a ring filled with all kRing
+// (kFillAll), the stage read the iteration before is refilled with the iteration kRing - 1 ahead
+// (if it starts before `end`); then this iteration's copies are waited for (this thread's; a warp
+// reading other lanes' copies syncs after).
+template <int kRing, bool kFillAll, typename Copy>
+__device__ __forceinline__ void AdvanceRing(int64_t t0, int64_t first, int64_t stride, int64_t end,
+                                            int stage, const Copy& copy) {
+  if (!kFillAll || t0 != first) {
+    const int64_t ahead = t0 + (kRing - 1) * stride;
+    if (ahead < end) copy(ahead, stage == 0 ? kRing - 1 : stage - 1);
+    CommitCopies();
+  }
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 1) : "memory");
 }
 
@@ -214,12 +216,13 @@ __device__ unsigned int g_split_counters[kMaxMergeSlots];
 
 // The first phase of a decode attention block with kPrep: what DecodeQkvPrepKernel would compute
 // for it, from `prep` (whose pointers are T's): its query heads into `prepared_q`, and, in the
-// split that holds the position, the step's key and value heads, written to the caches. Ends
-// with a barrier, so that the block reads all of them after.
+// split that holds the position, the step's key and value heads into `step_rows` (for the ring,
+// Note [The step's key and value in the ring]) and from there to the caches. Ends with a barrier,
+// so that the block reads all of them after.
 template <typename T, int kDim, int kGroup, int kBlockWarps>
 __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, int64_t b,
-                             int64_t first_head, int64_t kv_head, int64_t pos,
-                             bool holds_position, T (&prepared_q)[kGroup][kDim],
+                             int64_t first_head, int64_t kv_head, int64_t pos, bool holds_position,
+                             T (&prepared_q)[kGroup][kDim], T (&step_rows)[2][kDim],
                              float (&normed)[kBlockWarps][kMaxHeadDim]) {
   const QkvPrepShape& s = prep.shape;
   const auto typed = [](const void* t) { return static_cast<const T*>(t); };
@@ -229,12 +232,17 @@ __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, 
     const bool is_q = h < kGroup;
     const bool value = h == kGroup + 1;
     const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
-    T* dst = is_q ? prepared_q[h] : StepCacheRow(k_cache, v_cache, s, b, kv_head, pos, value);
+    T* dst = is_q ? prepared_q[h] : step_rows[value];
     PrepHead(typed(prep.qkv) + b * s.qkv_stride + head * s.dim, value,
              typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos) + b * s.rope_stride,
              typed(prep.sin) + b * s.rope_stride, s, normed[warp], dst);
+    if (!is_q) {
+      __syncwarp();
+      T* row = StepCacheRow(k_cache, v_cache, s, b, kv_head, pos, value);
+      for (int j = threadIdx.x % 32; j < kDim; j += 32) row[j] = dst[j];
+    }
   }
-  __syncthreads();  // the query heads and the cache writes, before they are read
+  __syncthreads();  // the query heads and the step's rows, before they are read
 }
 
 // The end of a decode attention block: the warps' unnormalised outputs warp_out [w][g][d], maxima
@@ -317,7 +325,8 @@ __device__ void MergeWarpsAndSplits(const float (&warp_out)[kBlockWarps][kGroup]
 // With kPrep (kGroup the query heads of a key/value head, so a block is the only one of its split
 // to read that head), the block first computes what DecodeQkvPrepKernel would, from `prep`: its
 // query heads into shared memory (q is not read), and, in the split that holds the position, the
-// key and value heads of the step, which it writes to the caches before it reads them.
+// key and value heads of the step, which it writes to the caches and puts into its ring itself
+// (Note [The step's key and value in the ring]).
 template <typename T, int kVec, int kGroup, bool kPrep>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
     DecodeAttentionKernel(const T* __restrict__ q, QkvPrepInputs prep, T* k, T* v,
@@ -326,6 +335,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
                           DecodeAttentionShape p) {
   constexpr int kDim = 32 * kVec;
   __shared__ __align__(16) T prepared_q[kPrep ? kGroup : 1][kDim];
+  __shared__ __align__(16) T step_rows[kPrep ? 2 : 1][kDim];
   __shared__ float normed[kPrep ? kDecodeWarps : 1][kMaxHeadDim];
   __shared__ float warp_out[kDecodeWarps][kGroup][kDim];
   __shared__ float warp_max[kDecodeWarps][kGroup];
@@ -339,6 +349,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int lane = threadIdx.x % 32;
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
+  const int64_t pos = position[b * p.position_stride];
+  const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;  // past the block's keys
+  const int64_t copy_end = kPrep && pos < end ? pos : end;        // past the rows its copies read
   constexpr int64_t kStride = kDecodeWarps * kKeysPerIteration;
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h + lane * kVec;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h + lane * kVec;
@@ -350,28 +363,28 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const auto slot = [&](int stage, int values, int u) {
     return ring + ((stage * 2 + values) * kKeysPerIteration + u) * kDim;
   };
-  // The keys [t0, t0 + kKeysPerIteration) of an iteration into `stage` (clamped into the chunk, in
-  // bounds; the ones past the position get no weight). The first iterations' copies do not wait
-  // for the position to be read.
+  // The keys [t0, t0 + kKeysPerIteration) of an iteration into `stage`, those before copy_end
+  // (the ones past the position get no weight).
   const auto copy = [&](int64_t t0, int stage) {
 #pragma unroll
     for (int u = 0; u < kKeysPerIteration; ++u) {
-      const int64_t t = t0 + u < chunk_end ? t0 + u : chunk_end - 1;
-      CopyAsync<kVec * sizeof(T)>(slot(stage, 0, u), k_base + t * p.k_stride_t);
-      CopyAsync<kVec * sizeof(T)>(slot(stage, 1, u), v_base + t * p.v_stride_t);
+      if (t0 + u >= copy_end) break;
+      CopyAsync<kVec * sizeof(T)>(slot(stage, 0, u), k_base + (t0 + u) * p.k_stride_t);
+      CopyAsync<kVec * sizeof(T)>(slot(stage, 1, u), v_base + (t0 + u) * p.v_stride_t);
     }
   };
-  int64_t t0 = begin + warp * kKeysPerIteration;
+  const int64_t first = begin + warp * kKeysPerIteration;
+  int64_t t0 = first;
   if constexpr (kPrep) {
-    const int64_t pos = position[b * p.position_stride];
-    if (!StartRing<kStages>(begin, t0, kStride, kKeysPerIteration, chunk_end, pos, copy, [&] {
+    if (!StartRing<kStages, false>(begin, t0, kStride, copy_end, pos, copy, [&] {
           PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                                      pos < chunk_end, prepared_q, normed);
+                                                      pos < chunk_end, prepared_q, step_rows,
+                                                      normed);
         })) {
       return;
     }
   } else {
-    FillRing<kStages>(t0, kStride, chunk_end, copy);
+    FillRing<kStages, false>(t0, kStride, copy_end, copy);
   }
   float query[kGroup][kVec];
 #pragma unroll
@@ -380,8 +393,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
                            : q + ((b * p.q_heads + first_head + g) * kDim + lane * kVec),
                      query[g]);
   }
-  const int64_t pos = position[b * p.position_stride];
-  const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;
   float running_max[kGroup], running_sum[kGroup], acc[kGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -391,7 +402,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
   }
   for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kStages ? 0 : stage + 1) {
-    AdvanceRing<kStages>(t0, kStride, end, stage, copy);
+    AdvanceRing<kStages, false>(t0, first, kStride, end, stage, copy);
+    if (kPrep && t0 <= pos && pos < t0 + kKeysPerIteration) {  // the step's rows, this lane's dims
+#pragma unroll
+      for (int values = 0; values < 2; ++values) {
+        *reinterpret_cast<Pack<T, kVec>*>(slot(stage, values, pos - t0)) =
+            LoadPack<T, kVec>(step_rows[values] + lane * kVec);
+      }
+    }
     float key[kKeysPerIteration][kVec], value[kKeysPerIteration][kVec];
 #pragma unroll
     for (int u = 0; u < kKeysPerIteration; ++u) {
@@ -426,7 +444,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       running_max[g] = step_max;
     }
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");  // copies past `end` land before the exit
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy in flight at the exit
   if (begin > pos) return;  // a split past the position: no part in the merge
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -467,21 +485,40 @@ constexpr int kTileKeys = 16;
 constexpr int kMmaStages = 2;
 // Note [Deep ring for a small grid]
 // With kMmaStages a warp has one tile in flight while it computes another: at batch 64 (512
-// blocks, several an SM) deeper rings were slower (docs/decode-performance.md). A grid of a few
-// blocks (a step of 1 to 4 rows of Qwen3-0.6B's shape: 8 to 32) leaves the device's bandwidth to
-// them, and a warp's 2 to 4 tiles of a split of 256 keys would each wait a memory round trip
-// (at batch 16, 128 blocks, one an SM, a ring of 4 was slower).
-// Where the grid has at most a kMmaDeepGridShare-th as many blocks as the device has SMs, the ring
-// holds kMmaDeepStages tiles, so that a warp's whole split is in flight at once (for heads of up
-// to 128 dims: 4 tiles of 256 would take 264 KiB). The ring's depth changes when a copy is issued,
-// not what is summed: the same bits.
-constexpr int kMmaDeepStages = 4;
+// blocks, several an SM) deeper rings were slower, and so was copying both stages before the
+// preparation (docs/decode-performance.md). A grid of a few blocks (a step of 1 to 4 rows of
+// Qwen3-0.6B's shape: 8 to 32) leaves the device's bandwidth to them, and a warp's 2 to 4 tiles of
+// a split of 256 keys would each wait a memory round trip (at batch 16, 128 blocks, one an SM, a
+// ring of 4 was slower). Where the grid has at most a kMmaDeepGridShare-th as many blocks as the
+// device has SMs, a block has kMmaDeepWarps warps with rings of kMmaDeepStages tiles, all copied
+// up front (kFillAll): a split of up to 256 keys is in flight at once, before the wait, and each
+// warp sums at most two of its tiles (4 warps of 4 tiles each were about 2% slower at batch 1).
+// The form needs its ring within kMmaDeepMaxBytes and its static arrays within 48 KiB: heads of up
+// to 128 dims, and up to 4 query heads of 128 dims per block. The warps take other keys than in
+// the shallow form, so the sums' order and the bits differ between the two forms (a decode step of
+// a given batch always takes the same one).
+constexpr int kMmaDeepWarps = 8;
+constexpr int kMmaDeepStages = 2;
 constexpr int kMmaDeepGridShare = 4;
 constexpr int kMmaDeepMaxBytes = 160 * 1024;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
 
-template <int kDim, int kGroup, bool kPrep, int kRing>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+// The tensor-core kernel's static shared memory, one struct so that its launch can check the size
+// of each form (at most 48 KiB).
+template <int kDim, int kGroup, bool kPrep, int kBlockWarps>
+struct MmaAttentionShared {
+  alignas(16) __nv_bfloat16 prepared_q[kPrep ? kGroup : 1][kDim];
+  alignas(16) __nv_bfloat16 step_rows[kPrep ? 2 : 1][kDim];
+  float normed[kPrep ? kBlockWarps : 1][kMaxHeadDim];
+  // P [high, low part][head][key], padded.
+  alignas(16) __nv_bfloat16 weights[kBlockWarps][2][8][kTileKeys + 8];
+  float warp_out[kBlockWarps][kGroup][kDim];
+  float warp_max[kBlockWarps][kGroup];
+  float warp_sum[kBlockWarps][kGroup];
+};
+
+template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll>
+__global__ void __launch_bounds__(kBlockWarps * 32)
     DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q, QkvPrepInputs prep,
                              __nv_bfloat16* k, __nv_bfloat16* v,
                              const int64_t* __restrict__ position, __nv_bfloat16* __restrict__ out,
@@ -492,13 +529,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   constexpr int kTile = kTileKeys * kRow;          // a staged tile of K or V
   constexpr int kSteps = kDim / 16;                // k16 steps over the dims; also dim tiles
   constexpr int kPieces = kTileKeys * kDim / 8;    // 16-byte pieces of a tile
-  __shared__ __align__(16) T prepared_q[kPrep ? kGroup : 1][kDim];
-  __shared__ float normed[kPrep ? kMmaWarps : 1][kMaxHeadDim];
-  // P [high, low part][head][key], padded.
-  __shared__ __align__(16) T weights[kMmaWarps][2][8][kTileKeys + 8];
-  __shared__ float warp_out[kMmaWarps][kGroup][kDim];
-  __shared__ float warp_max[kMmaWarps][kGroup];
-  __shared__ float warp_sum[kMmaWarps][kGroup];
+  __shared__ MmaAttentionShared<kDim, kGroup, kPrep, kBlockWarps> shared;
+  auto& [prepared_q, step_rows, normed, weights, warp_out, warp_max, warp_sum] = shared;
   extern __shared__ __align__(16) unsigned char ring_bytes[];
   if constexpr (!kPrep) PrecedingKernelsDone();  // with kPrep: in StartRing
   const int split = blockIdx.x;
@@ -511,33 +543,38 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int t = lane % 4;
   const int64_t begin = split * p.chunk;
   const int64_t chunk_end = begin + p.chunk < p.key_length ? begin + p.chunk : p.key_length;
+  const int64_t pos = position[b * p.position_stride];
+  const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;  // past the block's keys
+  const int64_t copy_end = kPrep && pos < end ? pos : end;        // past the rows its copies read
   // The warp's ring [kRing][K, V][kTileKeys][kRow].
   T* ring = reinterpret_cast<T*>(ring_bytes) + warp * (kRing * 2 * kTile);
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h;
-  constexpr int64_t kStride = kMmaWarps * kTileKeys;
+  constexpr int64_t kStride = kBlockWarps * kTileKeys;
+  // The tile at t0 into `stage`: its rows before copy_end.
   const auto copy = [&](int64_t t0, int stage) {
     T* to = ring + stage * 2 * kTile;
 #pragma unroll
     for (int i = lane; i < kPieces; i += 32) {
       const int key = i / (kDim / 8);
       const int col = i % (kDim / 8) * 8;
-      const int64_t at = t0 + key < chunk_end ? t0 + key : chunk_end - 1;
-      CopyAsync<16>(to + key * kRow + col, k_base + at * p.k_stride_t + col);
-      CopyAsync<16>(to + kTile + key * kRow + col, v_base + at * p.v_stride_t + col);
+      if (t0 + key >= copy_end) break;
+      CopyAsync<16>(to + key * kRow + col, k_base + (t0 + key) * p.k_stride_t + col);
+      CopyAsync<16>(to + kTile + key * kRow + col, v_base + (t0 + key) * p.v_stride_t + col);
     }
   };
-  int64_t t0 = begin + warp * kTileKeys;
+  const int64_t first = begin + warp * kTileKeys;
+  int64_t t0 = first;
   if constexpr (kPrep) {
-    const int64_t pos = position[b * p.position_stride];
-    if (!StartRing<kRing>(begin, t0, kStride, kTileKeys, chunk_end, pos, copy, [&] {
-          PrepareHeads<T, kDim, kGroup, kMmaWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                                   pos < chunk_end, prepared_q, normed);
+    if (!StartRing<kRing, kFillAll>(begin, t0, kStride, copy_end, pos, copy, [&] {
+          PrepareHeads<T, kDim, kGroup, kBlockWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                                     pos < chunk_end, prepared_q, step_rows,
+                                                     normed);
         })) {
       return;
     }
   } else {
-    FillRing<kRing>(t0, kStride, chunk_end, copy);
+    FillRing<kRing, kFillAll>(t0, kStride, copy_end, copy);
   }
   // Q^T as the B operand of S^T = K Q^T, per k16 step over the dims: column g is head g (zero
   // past the group), rows 2t, 2t + 1 and 2t + 8, 2t + 9 are its dims.
@@ -552,8 +589,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       query[step][1] = *reinterpret_cast<const uint32_t*>(row + 16 * step + 2 * t + 8);
     }
   }
-  const int64_t pos = position[b * p.position_stride];
-  const int64_t end = chunk_end < pos + 1 ? chunk_end : pos + 1;
   // Heads 2t and 2t + 1 of this lane: running maxima and sums (of its keys g, g + 8 of each
   // tile), and O^T's dims 16 i + g, 16 i + g + 8.
   float running_max[2] = {-FLT_MAX, -FLT_MAX};
@@ -562,10 +597,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kRing ? 0 : stage + 1) {
-    AdvanceRing<kRing>(t0, kStride, end, stage, copy);
-    __syncwarp();  // every lane's copies of the tile have landed
-    const T* keys = ring + stage * 2 * kTile;
+    AdvanceRing<kRing, kFillAll>(t0, first, kStride, end, stage, copy);
+    T* keys = ring + stage * 2 * kTile;
     T* values = ring + stage * 2 * kTile + kTile;
+    if (kPrep && t0 <= pos && pos < t0 + kTileKeys) {  // the step's rows, 16 bytes a lane
+      for (int i = lane; i < 2 * (kDim / 8); i += 32) {
+        const int col = i % (kDim / 8) * 8;
+        *reinterpret_cast<uint4*>((i < kDim / 8 ? keys : values) + (pos - t0) * kRow + col) =
+            *reinterpret_cast<const uint4*>(step_rows[i / (kDim / 8)] + col);
+      }
+    }
+    __syncwarp();  // every lane's copies and the step's rows are in the tile
     const int valid = end - t0 < kTileKeys ? static_cast<int>(end - t0) : kTileKeys;
     if (valid < kTileKeys) {  // rows past the position: zero, so that 0 weight gives 0
       for (int i = valid * (kDim / 8) + lane; i < kPieces; i += 32) {
@@ -636,7 +678,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
     __syncwarp();  // the ring stage and P are rewritten next
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");  // copies past `end` land before the exit
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy in flight at the exit
   if (begin > pos) return;  // a split past the position: no part in the merge
   // The sums over the warp's keys: add the 8 lanes g of each t.
 #pragma unroll
@@ -659,8 +701,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       warp_sum[warp][head] = running_sum[h];
     }
   }
-  MergeWarpsAndSplits<T, kDim, kGroup, kMmaWarps>(warp_out, warp_max, warp_sum, b, first_head,
-                                                  split, pos, out, partial_out, partial_stats, p);
+  MergeWarpsAndSplits<T, kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, b, first_head,
+                                                    split, pos, out, partial_out, partial_stats, p);
 }
 
 // How SmallLinearKernel gets its input rows x [rows, k_in].
@@ -1103,56 +1145,76 @@ struct AttentionArgs {
   int64_t batch;
 };
 
+// A form of the tensor-core kernel: kBlockWarps warps, each with a ring of kRing tiles (filled
+// with all of them up front with kFillAll).
+template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll>
+struct MmaAttentionForm {
+  static constexpr int kRingBytes = kBlockWarps * kRing * 2 * kTileKeys * (kDim + kRowPad) * 2;
+  // Whether the form may be taken (its ring within kMmaDeepMaxBytes, its static arrays within 48
+  // KiB), the same with and without kPrep: DecodeQkvAttention is bit for bit DecodeQkvPrep and
+  // then DecodeAttention.
+  static constexpr bool kFits =
+      kRingBytes <= kMmaDeepMaxBytes &&
+      sizeof(MmaAttentionShared<kDim, kGroup, true, kBlockWarps>) <= 48 * 1024;
+
+  // Once per form, before any capture (the engine's first step runs eagerly, and every launch
+  // opts in every form it may take): shared memory past the default 48 KiB.
+  static cudaError_t OptIn() {
+    static const cudaError_t opted = cudaFuncSetAttribute(
+        DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+    return opted;
+  }
+
+  static cudaError_t Run(dim3 grid, const AttentionArgs& a, const QkvPrepInputs& prep,
+                         const DecodeAttentionShape& p, cudaStream_t stream) {
+    using T = __nv_bfloat16;
+    return Launch(DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll>, grid,
+                  kBlockWarps * 32, kRingBytes, stream, static_cast<const T*>(a.q), prep,
+                  static_cast<T*>(a.k), static_cast<T*>(a.v), a.position, static_cast<T*>(a.out),
+                  a.partial_out, a.partial_stats, p);
+  }
+};
+
+// The tensor-core kernel for bf16 caches: the deep form where the grid is small and the form fits
+// (Note [Deep ring for a small grid]), else kMmaWarps warps of kMmaStages tiles.
+template <int kDim, int kGroup, bool kPrep>
+cudaError_t LaunchMmaAttention(dim3 grid, const AttentionArgs& a, const QkvPrepInputs& prep,
+                               const DecodeAttentionShape& p, cudaStream_t stream) {
+  using Shallow = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, kMmaStages, false>;
+  using Deep = MmaAttentionForm<kDim, kGroup, kPrep, kMmaDeepWarps, kMmaDeepStages, true>;
+  if (const cudaError_t opted = Shallow::OptIn(); opted != cudaSuccess) return opted;
+  if constexpr (Deep::kFits) {
+    if (const cudaError_t opted = Deep::OptIn(); opted != cudaSuccess) return opted;
+    if (static_cast<int64_t>(grid.x) * grid.y * grid.z * kMmaDeepGridShare <=
+        MultiprocessorCount()) {
+      return Deep::Run(grid, a, prep, p, stream);
+    }
+  }
+  return Shallow::Run(grid, a, prep, p, stream);
+}
+
 template <typename T, int kVec, int kGroup, bool kPrep>
 cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionShape& p,
                                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.q_heads / kGroup),
                   static_cast<unsigned>(a.batch));
-  constexpr int kDim = 32 * kVec;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const bool mma = kBf16 && p.tensor_cores;
+  // DecodeAttention's caches are only read; DecodeQkvAttention's are written too (kPrep).
+  const QkvPrepInputs prep = a.prep != nullptr ? *a.prep : QkvPrepInputs{};
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (p.tensor_cores)
+      return LaunchMmaAttention<32 * kVec, kGroup, kPrep>(grid, a, prep, p, stream);
+  }
   const auto kernel = DecodeAttentionKernel<T, kVec, kGroup, kPrep>;
-  constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * kDim * sizeof(T);
-  constexpr int mma_tile_bytes = kMmaWarps * 2 * kTileKeys * (kDim + kRowPad) * 2;
-  // Once per kernel, before any capture (the engine's first step runs eagerly): shared memory
-  // past the default 48 KiB (up to 128 KiB, for fp32 heads of 256).
+  constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * 32 * kVec * sizeof(T);
+  // Once per kernel, before any capture: shared memory past the default 48 KiB (up to 128 KiB,
+  // for fp32 heads of 256).
   static const cudaError_t opt_in =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring);
   if (opt_in != cudaSuccess) return opt_in;
-  auto mma_kernel = DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaStages>;
-  int mma_ring = kMmaStages * mma_tile_bytes;
-  static const cudaError_t mma_opt_in =
-      kBf16 ? cudaFuncSetAttribute(mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   kMmaStages * mma_tile_bytes)
-            : cudaSuccess;
-  if (mma_opt_in != cudaSuccess) return mma_opt_in;
-  // Note [Deep ring for a small grid]
-  if constexpr (kMmaDeepStages * mma_tile_bytes <= kMmaDeepMaxBytes) {
-    const auto deep = DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kMmaDeepStages>;
-    static const cudaError_t deep_opt_in =
-        kBf16 ? cudaFuncSetAttribute(deep, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kMmaDeepStages * mma_tile_bytes)
-              : cudaSuccess;
-    if (deep_opt_in != cudaSuccess) return deep_opt_in;
-    if (static_cast<int64_t>(grid.x) * grid.y * grid.z * kMmaDeepGridShare <=
-        MultiprocessorCount()) {
-      mma_kernel = deep;
-      mma_ring = kMmaDeepStages * mma_tile_bytes;
-    }
-  }
-  // DecodeAttention's caches are only read; DecodeQkvAttention's are written too (kPrep).
-  const QkvPrepInputs prep = a.prep != nullptr ? *a.prep : QkvPrepInputs{};
-  T* k = static_cast<T*>(a.k);
-  T* v = static_cast<T*>(a.v);
-  if constexpr (kBf16) {
-    if (mma) {
-      return Launch(mma_kernel, grid, kMmaWarps * 32, mma_ring, stream, static_cast<const T*>(a.q),
-                    prep, k, v, a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats,
-                    p);
-    }
-  }
-  return Launch(kernel, grid, kDecodeWarps * 32, ring, stream, static_cast<const T*>(a.q), prep, k,
-                v, a.position, static_cast<T*>(a.out), a.partial_out, a.partial_stats, p);
+  return Launch(kernel, grid, kDecodeWarps * 32, ring, stream, static_cast<const T*>(a.q), prep,
+                static_cast<T*>(a.k), static_cast<T*>(a.v), a.position, static_cast<T*>(a.out),
+                a.partial_out, a.partial_stats, p);
 }
 
 template <typename T, int kVec, int kGroup>
