@@ -530,7 +530,13 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
   constexpr int kSteps = kDim / 16;                // k16 steps over the dims; also dim tiles
   constexpr int kPieces = kTileKeys * kDim / 8;    // 16-byte pieces of a tile
   __shared__ MmaAttentionShared<kDim, kGroup, kPrep, kBlockWarps> shared;
-  auto& [prepared_q, step_rows, normed, weights, warp_out, warp_max, warp_sum] = shared;
+  auto& prepared_q = shared.prepared_q;
+  auto& step_rows = shared.step_rows;
+  auto& normed = shared.normed;
+  auto& weights = shared.weights;
+  auto& warp_out = shared.warp_out;
+  auto& warp_max = shared.warp_max;
+  auto& warp_sum = shared.warp_sum;
   extern __shared__ __align__(16) unsigned char ring_bytes[];
   if constexpr (!kPrep) PrecedingKernelsDone();  // with kPrep: in StartRing
   const int split = blockIdx.x;
@@ -1150,12 +1156,6 @@ struct AttentionArgs {
 template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll>
 struct MmaAttentionForm {
   static constexpr int kRingBytes = kBlockWarps * kRing * 2 * kTileKeys * (kDim + kRowPad) * 2;
-  // Whether the form may be taken (its ring within kMmaDeepMaxBytes, its static arrays within 48
-  // KiB), the same with and without kPrep: DecodeQkvAttention is bit for bit DecodeQkvPrep and
-  // then DecodeAttention.
-  static constexpr bool kFits =
-      kRingBytes <= kMmaDeepMaxBytes &&
-      sizeof(MmaAttentionShared<kDim, kGroup, true, kBlockWarps>) <= 48 * 1024;
 
   // Once per form, before any capture (the engine's first step runs eagerly, and every launch
   // opts in every form it may take): shared memory past the default 48 KiB.
@@ -1184,7 +1184,11 @@ cudaError_t LaunchMmaAttention(dim3 grid, const AttentionArgs& a, const QkvPrepI
   using Shallow = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, kMmaStages, false>;
   using Deep = MmaAttentionForm<kDim, kGroup, kPrep, kMmaDeepWarps, kMmaDeepStages, true>;
   if (const cudaError_t opted = Shallow::OptIn(); opted != cudaSuccess) return opted;
-  if constexpr (Deep::kFits) {
+  // The deep form where its ring is within kMmaDeepMaxBytes and its static arrays within 48 KiB,
+  // the same with and without kPrep: DecodeQkvAttention is bit for bit DecodeQkvPrep and then
+  // DecodeAttention.
+  if constexpr (Deep::kRingBytes <= kMmaDeepMaxBytes &&
+                sizeof(MmaAttentionShared<kDim, kGroup, true, kMmaDeepWarps>) <= 48 * 1024) {
     if (const cudaError_t opted = Deep::OptIn(); opted != cudaSuccess) return opted;
     if (static_cast<int64_t>(grid.x) * grid.y * grid.z * kMmaDeepGridShare <=
         MultiprocessorCount()) {
