@@ -26,8 +26,11 @@
 // order of the fp32 sums. Under programmatic launch (Note [Programmatic dependent launch]) the
 // first chunk (for K up to 128 kBlockWarps every weight vector of the warp) is loaded before the
 // wait.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "trainer/kernels/cuda_kernels.h"
@@ -162,6 +165,304 @@ cudaError_t DispatchSkinnyWarps(const void* x, const void* w, const void* bias, 
   return LaunchSkinnyLinear<kGroups, 16>(x, w, bias, y, rows, n_out, k_in, stream);
 }
 
+// Note [Shared-weight linear on tensor cores]
+// From 33 to 64 rows the decode step's projections were cuBLAS's GEMMs (q/k/v, gate/up) and a
+// batch of them over 4 slices of k (the o and down projections: Note [Split-k partial sums] in
+// fused_ops.h). cuBLAS's kernels take no part in programmatic launch (their SASS has no
+// griddepcontrol.wait), so each starts only once the kernel ahead has ended, streams its weights
+// from then on, and the kernel behind starts only once it has ended. This kernel gives each block
+// kFeatures features of one slice of k, few enough that the grid is at most a block per SM, and
+// one warpgroup:
+// - before its wait (Note [Programmatic dependent launch] in kernel_util.cuh) one thread has the
+//   tensor memory accelerator copy the block's weights [kFeatures, slice] into shared memory, in
+//   tiles of 64 dims (128 bytes a row, swizzled by 128 bytes as wgmma reads them), all counted
+//   by one mbarrier: they stream in while the kernel ahead runs;
+// - after it, the same thread copies x's slice [64 rows, slice] the same way, a tile of 64 dims
+//   on an mbarrier of its own (of at most `rows` rows: wgmma reads 64, and the sums of the rows
+//   past `rows` are never written out);
+// - the warpgroup sums Y [64 rows, kFeatures] += X [64, 16] W^T [16, kFeatures] by wgmma (bf16
+//   inputs, fp32 sums, both operands read from shared memory), four k16 steps a tile, each tile
+//   once its copy has landed.
+// Each row's sums go in the same order whatever the other rows hold: the same inputs give the same
+// bits (graph replays equal eager steps), which differ from cuBLAS's by the order of the fp32
+// sums. The output is y (rounded once, with the bias), or the fp32 partial sums [slices, rows,
+// n_out] of SplitKPartials, slice blockIdx.y covering k [slice y, slice (y + 1)).
+constexpr int kMmaLinearRows = 64;      // wgmma's m
+constexpr int kMmaLinearTile = 64;      // dims of a tile: 128 bytes, the swizzle's span
+constexpr int kMmaLinearMaxTiles = 16;  // a slice of at most 1024 dims
+constexpr int kMmaLinearThreads = 128;  // one warpgroup
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma and tensor-map copies: sm_90a's code only
+// A wgmma operand in shared memory: rows of 128 bytes (64 dims), swizzled by 128 bytes, groups of
+// 8 rows 1024 bytes apart (the layout of a 128-byte-swizzled tensor-map copy), from a 1024-byte
+// aligned tile; a k16 step further is 32 bytes further.
+__device__ __forceinline__ uint64_t WgmmaOperand(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// D [64, N] += A [64, 16] B^T (A and B K-major in shared memory, fp32 D in registers: thread t of
+// the warpgroup holds, for each 8 columns i, rows 16 (t / 32) + (t % 32) / 4 (+ 8) at columns
+// 8 i + 2 (t % 4) (+ 1), as d[4 i], d[4 i + 1] (and d[4 i + 2], d[4 i + 3] 8 rows below).
+__device__ __forceinline__ void Wgmma(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, "
+      "0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ void Wgmma(float (&d)[24], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23}, %24, %25, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+// The same tile into the shared memory of every block of the cluster in `blocks` (a bit a block),
+// at the same offset, each counted by the block's barrier at the same offset.
+__device__ __forceinline__ void CopyTileToCluster(void* shared, const CUtensorMap& map, int c0,
+                                                  int c1, uint64_t* barrier, uint16_t blocks) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(SharedAddress(shared)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(SharedAddress(barrier)),
+      "h"(blocks)
+      : "memory");
+}
+
+// A 2-d tile of a tensor map (dims: c0 inner, c1 outer) into shared memory, counted by `barrier`.
+__device__ __forceinline__ void CopyTile(void* shared, const CUtensorMap& map, int c0, int c1,
+                                         uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(SharedAddress(shared)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(SharedAddress(barrier))
+      : "memory");
+}
+
+#endif
+
+#ifndef RL_MMA_CLUSTER
+#define RL_MMA_CLUSTER 4
+#endif
+constexpr int kMmaLinearCluster = RL_MMA_CLUSTER;
+
+template <int kFeatures>
+__global__ void __cluster_dims__(kMmaLinearCluster, 1, 1) __launch_bounds__(kMmaLinearThreads)
+    SharedWeightMmaKernel(const __grid_constant__ CUtensorMap x_map,
+                          const __grid_constant__ CUtensorMap w_map, const Bf16* __restrict__ bias,
+                          Bf16* __restrict__ y, float* __restrict__ partials, int rows, int n_out,
+                          int slice, int x_box_rows, int w_box_rows) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // elsewhere never launched (SharedWeightMmaFits)
+  extern __shared__ unsigned char shared_bytes[];
+  __shared__ uint64_t weights_landed;
+  __shared__ uint64_t tile_landed[kMmaLinearMaxTiles];
+  // The tiles, from the first 1024-byte boundary: the weights' [tiles][kFeatures][64], then x's
+  // [tiles][64][64].
+  const uint32_t base = (SharedAddress(shared_bytes) + 1023) & ~1023u;
+  unsigned char* tiles = shared_bytes + (base - SharedAddress(shared_bytes));
+  constexpr int kWeightTileBytes = kFeatures * kMmaLinearTile * 2;
+  constexpr int kXTileBytes = kMmaLinearRows * kMmaLinearTile * 2;
+  const int count = slice / kMmaLinearTile;
+  unsigned char* x_tiles = tiles + count * kWeightTileBytes;
+  const int first = blockIdx.x * kFeatures;
+  const int k0 = blockIdx.y * slice;
+  if (threadIdx.x == 0) {
+    InitBarrier(&weights_landed);
+    for (int i = 0; i < count; ++i) InitBarrier(&tile_landed[i]);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    ArriveExpectingBytes(&weights_landed, count * w_box_rows * kMmaLinearTile * 2);
+    for (int i = 0; i < count; ++i) {
+      CopyTile(tiles + i * kWeightTileBytes, w_map, k0 + i * kMmaLinearTile, first,
+               &weights_landed);
+    }
+  }
+  __syncthreads();  // the barriers' initialisation, for every thread that waits on them
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+  PrecedingKernelsDone();
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every block's barriers are set
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < count; ++i) {
+      ArriveExpectingBytes(&tile_landed[i], x_box_rows * kMmaLinearTile * 2);
+      if (i % kMmaLinearCluster == static_cast<int>(rank)) {
+        CopyTileToCluster(x_tiles + i * kXTileBytes, x_map, k0 + i * kMmaLinearTile, 0,
+                          &tile_landed[i], (1 << kMmaLinearCluster) - 1);
+      }
+    }
+  }
+  float acc[kFeatures / 2];
+#pragma unroll
+  for (int i = 0; i < kFeatures / 2; ++i) acc[i] = 0.0f;
+  WaitBarrier(&weights_landed, 0);
+  const uint32_t w_base = SharedAddress(tiles);
+  const uint32_t x_base = SharedAddress(x_tiles);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  for (int i = 0; i < count; ++i) {
+    WaitBarrier(&tile_landed[i], 0);
+#pragma unroll
+    for (int step = 0; step < kMmaLinearTile / 16; ++step) {
+      Wgmma(acc, WgmmaOperand(x_base + i * kXTileBytes + 32 * step),
+            WgmmaOperand(w_base + i * kWeightTileBytes + 32 * step));
+    }
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // x has landed here
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < kFeatures / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kFeatures / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + lane / 4 + (e >= 2 ? 8 : 0);
+      const int feature = first + 8 * i + 2 * (lane % 4) + (e & 1);
+      if (row >= rows || feature >= n_out) continue;
+      const float sum = acc[4 * i + e];
+      if (partials != nullptr) {
+        partials[(static_cast<int64_t>(blockIdx.y) * rows + row) * n_out + feature] = sum;
+      } else {
+        const float b = bias != nullptr ? __bfloat162float(bias[feature]) : 0.0f;
+        y[static_cast<int64_t>(row) * n_out + feature] = __float2bfloat16_rn(sum + b);
+      }
+    }
+  }
+  // No block leaves while the copies it issued may still be landing in the others.
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
+// The device's opt-in shared memory a block (0 where it cannot be read), read once.
+int64_t OptInSharedBytes() {
+  static const int64_t bytes = [] {
+    int device = 0, per_block = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return int64_t{0};
+    }
+    return int64_t{per_block};
+  }();
+  return bytes;
+}
+
+// Dynamic shared bytes of a block of `features` features over a slice of k: the tiles and the
+// 1024 bytes their alignment may take.
+int64_t MmaLinearSharedBytes(int64_t features, int64_t slice) {
+  return (features + kMmaLinearRows) * slice * static_cast<int64_t>(sizeof(Bf16)) + 1024;
+}
+
+// Of a block's shared memory, what SharedWeightMmaKernel's static arrays (its barriers) take.
+constexpr int64_t kMmaLinearStaticBytes = 1024;
+
+// Whether the current device runs sm_90a's code (compute capability 9.0), read once.
+bool HopperDevice() {
+  static const bool hopper = [] {
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major == 9 && minor == 0;
+  }();
+  return hopper;
+}
+
+// The driver's cuTensorMapEncodeTiled, through the runtime (nothing links libcuda), or null.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                         cudaEnableDefault, &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+// A tensor map of the bf16 matrix [outer, inner] (row-major, 16-byte aligned) in tiles of
+// [box_outer, 64], swizzled by 128 bytes; elements past the matrix read as zeros.
+bool EncodeTiles(CUtensorMap* map, const void* data, int64_t outer, int64_t inner, int box_outer) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner * sizeof(Bf16))};
+  const cuuint32_t box[2] = {kMmaLinearTile, static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return TensorMapEncoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims,
+                            strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// SharedWeightMmaKernel's features a block: the fewer of 32 and 48 that keep the grid within a
+// block per SM, or 0 where neither does, or its tiles do not fit a block's shared memory.
+int SharedWeightMmaFeatures(int64_t n_out, int64_t slices, int64_t slice) {
+  for (const int features : {32, 48}) {
+    const int64_t blocks = (n_out + features - 1) / features;
+    if ((blocks + kMmaLinearCluster - 1) / kMmaLinearCluster * kMmaLinearCluster * slices <=
+        MultiprocessorCount()) {
+      return MmaLinearSharedBytes(features, slice) <= OptInSharedBytes() - kMmaLinearStaticBytes
+                 ? features
+                 : 0;
+    }
+  }
+  return 0;
+}
+
+template <int kFeatures>
+cudaError_t LaunchSharedWeightMma(const void* x, const void* w, const void* bias, void* y,
+                                  float* partials, int64_t rows, int64_t n_out, int64_t k_in,
+                                  int64_t slices, cudaStream_t stream) {
+  const auto kernel = SharedWeightMmaKernel<kFeatures>;
+  // Once per kernel, before any capture (the engine's first step runs eagerly): the device's
+  // opt-in shared memory but for the static arrays.
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(OptInSharedBytes() - kMmaLinearStaticBytes));
+  if (opt_in != cudaSuccess) return opt_in;
+  // Tiles of no more rows than the matrices have (the rows of a tile past them are read by wgmma
+  // but never written out).
+  const int x_box_rows = static_cast<int>(std::min<int64_t>(rows, kMmaLinearRows));
+  const int w_box_rows = static_cast<int>(std::min<int64_t>(n_out, kFeatures));
+  CUtensorMap x_map, w_map;
+  if (!EncodeTiles(&x_map, x, rows, k_in, x_box_rows) ||
+      !EncodeTiles(&w_map, w, n_out, k_in, w_box_rows)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t slice = k_in / slices;
+  const int64_t blocks = (n_out + kFeatures - 1) / kFeatures;
+  const dim3 grid(static_cast<unsigned>((blocks + kMmaLinearCluster - 1) / kMmaLinearCluster *
+                                        kMmaLinearCluster),
+                  static_cast<unsigned>(slices));
+  return Launch(kernel, grid, kMmaLinearThreads,
+                static_cast<size_t>(MmaLinearSharedBytes(kFeatures, slice)), stream, x_map, w_map,
+                static_cast<const Bf16*>(bias), static_cast<Bf16*>(y), partials,
+                static_cast<int>(rows), static_cast<int>(n_out), static_cast<int>(slice),
+                x_box_rows, w_box_rows);
+}
+
 }  // namespace
 
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
@@ -174,6 +475,30 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
   if (rows <= 16) return DispatchSkinnyWarps<2>(x, w, bias, y, rows, n_out, k_in, stream);
   if (rows <= 32) return DispatchSkinnyWarps<4>(x, w, bias, y, rows, n_out, k_in, stream);
   return DispatchSkinnyWarps<8>(x, w, bias, y, rows, n_out, k_in, stream);
+}
+
+}  // namespace rl::kernels
+
+namespace rl::kernels {
+
+bool SharedWeightMmaFits(int64_t rows, int64_t n_out, int64_t k_in, int64_t slices) {
+  return rows >= 1 && rows <= kMmaLinearRows && n_out >= 1 && slices >= 1 &&
+         k_in % (slices * kMmaLinearTile) == 0 &&
+         k_in / slices <= kMmaLinearTile * kMmaLinearMaxTiles && HopperDevice() &&
+         TensorMapEncoder() != nullptr && SharedWeightMmaFeatures(n_out, slices, k_in / slices) > 0;
+}
+
+cudaError_t SharedWeightMmaLinear(const void* x, const void* w, const void* bias, void* y,
+                                  float* partials, int64_t rows, int64_t n_out, int64_t k_in,
+                                  int64_t slices, cudaStream_t stream) {
+  if (!SharedWeightMmaFits(rows, n_out, k_in, slices) || (partials == nullptr) == (y == nullptr) ||
+      (partials != nullptr && bias != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return SharedWeightMmaFeatures(n_out, slices, k_in / slices) == 32
+             ? LaunchSharedWeightMma<32>(x, w, bias, y, partials, rows, n_out, k_in, slices, stream)
+             : LaunchSharedWeightMma<48>(x, w, bias, y, partials, rows, n_out, k_in, slices,
+                                         stream);
 }
 
 }  // namespace rl::kernels
