@@ -130,18 +130,6 @@ constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                          int64_t n_out, int64_t k_in, cudaStream_t stream);
 
-// For 1 to 64 bf16 rows on tensor cores (wgmma), each block's weights copied into shared memory
-// before the wait for the kernel ahead (linear_kernels.cu, Note [Shared-weight linear on tensor
-// cores]): y [rows, n_out] = x [rows, k_in] w^T + bias, rounded once (y non-null), or the fp32
-// partial sums [slices, rows, n_out] over `slices` equal slices of k (partials non-null, no bias).
-// x, w [n_out, k_in] and the output contiguous and 16-byte aligned. SharedWeightMmaFits says where
-// it takes a shape: an sm_90 device, each slice a multiple of 64 dims and at most 1024, and the
-// grid within a block per SM with its weights and x's slice in a block's shared memory.
-bool SharedWeightMmaFits(int64_t rows, int64_t n_out, int64_t k_in, int64_t slices);
-cudaError_t SharedWeightMmaLinear(const void* x, const void* w, const void* bias, void* y,
-                                  float* partials, int64_t rows, int64_t n_out, int64_t k_in,
-                                  int64_t slices, cudaStream_t stream);
-
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;
 // A block's weights, norm weight and staged input, where SmallLinear holds them in shared memory

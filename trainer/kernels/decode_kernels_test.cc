@@ -257,49 +257,6 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
                                at::randn({2049, 1024}, On(at::kBFloat16)), {}));
 }
 
-// Note [Shared-weight linear on tensor cores]: against fp64 from 33 to 64 rows (rows that end
-// within a warp's 16, warps without rows), features that end within a block's, blocks of 32 and
-// 48 features, 4 to 16 tiles of 64 dims, with and without a bias; the same bits again; each row's
-// output the same bits whatever the batch's other rows; and the shapes it does not take.
-TEST_CASE("SharedWeightMma is x w^T + b up to one rounding, for 33 to 64 rows") {
-  if (!HaveGpuOrWarn()) return;
-  at::manual_seed(23);
-  struct LinearCase {
-    bool with_bias;
-    int64_t n, k;
-  };
-  for (const int64_t rows : {33, 40, 48, 64}) {
-    for (const LinearCase& c :
-         {LinearCase{false, 4096, 1024}, LinearCase{true, 6144, 1024}, LinearCase{true, 1000, 1024},
-          LinearCase{false, 6144, 256}, LinearCase{true, 130, 256}, LinearCase{false, 1000, 640}}) {
-      INFO(rows << " rows, n " << c.n << ", k " << c.k << ", bias " << c.with_bias);
-      const at::Tensor x = at::randn({rows, 1, c.k}, On(at::kBFloat16));
-      const at::Tensor w = at::randn({c.n, c.k}, On(at::kBFloat16)) / std::sqrt(double(c.k));
-      const at::Tensor b = c.with_bias ? at::randn({c.n}, On(at::kBFloat16)) : at::Tensor();
-      REQUIRE(SharedWeightMmaTakes(x, w, b));
-      at::Tensor expected = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
-      if (c.with_bias) expected = expected + b.to(at::kDouble);
-      const at::Tensor y = SharedWeightMma(x, w, b);
-      REQUIRE(y.sizes() == expected.sizes());
-      // |y| < 8: one bf16 rounding is below 3.2e-2.
-      CHECK((y.to(at::kDouble) - expected).abs().max().item<double>() < 3.2e-2);
-      CHECK(SameBits(y, SharedWeightMma(x, w, b)));
-      // The first 33 rows alone give their rows of the whole batch.
-      CHECK(SameBits(SharedWeightMma(x.narrow(0, 0, 33), w, b), y.narrow(0, 0, 33)));
-    }
-  }
-  const at::Tensor w = at::randn({4096, 1024}, On(at::kBFloat16));
-  CHECK_FALSE(SharedWeightMmaTakes(at::randn({32, 1024}, On(at::kBFloat16)), w, {}));  // Skinny
-  CHECK_FALSE(SharedWeightMmaTakes(at::randn({65, 1024}, On(at::kBFloat16)), w, {}));  // cuBLAS's
-  CHECK_FALSE(SharedWeightMmaTakes(at::randn({64, 1024}, On(at::kFloat)), w.to(at::kFloat), {}));
-  CHECK_FALSE(SharedWeightMmaTakes(at::randn({64, 1000}, On(at::kBFloat16)),
-                                   at::randn({64, 1000}, On(at::kBFloat16)), {}));  // k % 64
-  CHECK_FALSE(SharedWeightMmaTakes(at::randn({64, 3072}, On(at::kBFloat16)),
-                                   at::randn({1024, 3072}, On(at::kBFloat16)), {}));  // too deep
-  CHECK_FALSE(SharedWeightMmaTakes(at::randn({64, 1024}, On(at::kBFloat16)),
-                                   at::randn({151936, 1024}, On(at::kBFloat16)), {}));  // a head
-}
-
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(8);

@@ -313,19 +313,11 @@ at::Tensor SplitKPartials(const at::Tensor& x, const at::Tensor& w) {
   const int64_t slice = k / kPartialSlices;
   // Views, no copies: x's slices [kPartialSlices, rows, slice] (row stride k) and w's transposed
   // [kPartialSlices, slice, n] (column stride k), a strided batch for cuBLAS with fp32 outputs.
+  const at::Tensor x_slices = x.view({rows, kPartialSlices, slice}).transpose(0, 1);
+  const at::Tensor w_slices = w.view({n, kPartialSlices, slice}).permute({1, 2, 0});
   std::vector<int64_t> shape{kPartialSlices};
   shape.insert(shape.end(), x.sizes().begin(), x.sizes().end());
   shape.back() = n;
-  if (kernels::SharedWeightMmaFits(rows, n, k, kPartialSlices) && Aligned(x, 8) && Aligned(w, 8)) {
-    at::Tensor partials = at::empty(shape, x.options().dtype(at::kFloat));
-    const c10::cuda::CUDAGuard guard(x.device());
-    RL_CHECK_CUDA(kernels::SharedWeightMmaLinear(
-        x.data_ptr(), w.data_ptr(), nullptr, nullptr, partials.data_ptr<float>(), rows, n, k,
-        kPartialSlices, c10::cuda::getCurrentCUDAStream()));
-    return partials;
-  }
-  const at::Tensor x_slices = x.view({rows, kPartialSlices, slice}).transpose(0, 1);
-  const at::Tensor w_slices = w.view({n, kPartialSlices, slice}).permute({1, 2, 0});
   return at::bmm(x_slices, w_slices, at::kFloat).view(shape);
 }
 
@@ -390,25 +382,6 @@ at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tens
       x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t rows) {
         return kernels::SkinnyLinear(in, weight, bias, y, rows, w.size(0), w.size(1),
                                      c10::cuda::getCurrentCUDAStream());
-      });
-}
-
-bool SharedWeightMmaTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (!x.defined() || x.dim() == 0 || x.scalar_type() != at::kBFloat16 ||
-      !LinearFits(x, x.size(-1), w, b, kSkinnyLinearPaysMaxRows + 1, kSkinnyLinearMaxRows)) {
-    return false;
-  }
-  return kernels::SharedWeightMmaFits(x.numel() / x.size(-1), w.size(0), w.size(1), 1);
-}
-
-at::Tensor SharedWeightMma(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  RL_CHECK(SharedWeightMmaTakes(x, w, b), Error,
-           "SharedWeightMma: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
-           fmt::join(w.sizes(), ", "));
-  return RunLinear(
-      x, w, b, [&](const void* in, const void* weight, const void* bias, void* y, int64_t rows) {
-        return kernels::SharedWeightMmaLinear(in, weight, bias, y, nullptr, rows, w.size(0),
-                                              w.size(1), 1, c10::cuda::getCurrentCUDAStream());
       });
 }
 

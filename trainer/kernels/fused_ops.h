@@ -117,12 +117,6 @@ bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
-// The same for 33 to 64 rows of bf16 x, each block's weights in shared memory (Note
-// [Shared-weight linear on tensor cores] in linear_kernels.cu), where the kernel takes the shape
-// (SharedWeightMmaFits in cuda_kernels.h). SplitKPartials takes it too where it fits.
-bool SharedWeightMmaTakes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-at::Tensor SharedWeightMma(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-
 // The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
 // one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
 // apply to an input x whose staged rows have k elements (x [..., k] for the norm, gate_up

@@ -165,46 +165,6 @@ __device__ __forceinline__ void CommitCopies() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-// Bulk copies (cp.async.bulk: the tensor memory accelerator's copies of contiguous bytes, global
-// to shared memory) complete on an mbarrier in shared memory, which counts the bytes it expects.
-// Each thread that waits on it must see it initialised (a barrier after InitBarrier).
-__device__ __forceinline__ void InitBarrier(uint64_t* barrier) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SharedAddress(barrier)));
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
-// The barrier's one arrival, telling it to expect `bytes` more bytes in its current phase.
-__device__ __forceinline__ void ArriveExpectingBytes(uint64_t* barrier, uint32_t bytes) {
-  asm volatile(
-      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SharedAddress(barrier)),
-      "r"(bytes)
-      : "memory");
-}
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by one
-// bulk copy, counted by `barrier` as they land.
-__device__ __forceinline__ void BulkCopy(void* shared, const void* global, uint32_t bytes,
-                                         uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(SharedAddress(shared)),
-      "l"(global), "r"(bytes), "r"(SharedAddress(barrier))
-      : "memory");
-}
-
-// Waits until the barrier's phase of parity `phase` has completed (every expected byte landed).
-__device__ __forceinline__ void WaitBarrier(uint64_t* barrier, uint32_t phase) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(SharedAddress(barrier)),
-      "r"(phase)
-      : "memory");
-}
-
 // ldmatrix .x4: lanes 8m to 8m + 7 give the addresses of rows 0 to 7 (16 bytes each, in shared
 // memory) of matrix m; each lane receives in r[m] its two elements of matrix m, row lane / 4,
 // columns 2 (lane % 4) and + 1 (the matrix transposed first with `transpose`).
@@ -218,13 +178,6 @@ __device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row, 
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(SharedAddress(row)));
   }
-}
-
-// LoadMatrices (not transposed) from a shared-memory address in bytes.
-__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], uint32_t row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(row));
 }
 
 // The current device's SM count (132 if it cannot be read), read once.

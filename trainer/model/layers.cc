@@ -53,7 +53,6 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
   if (impl == Kernels::kFused) {
     if (kernels::SmallLinearTakes(x, w, b)) return kernels::SmallLinear(x, w, b);
     if (kernels::SkinnyLinearPays(x, w, b)) return kernels::SkinnyLinear(x, w, b);
-    if (kernels::SharedWeightMmaTakes(x, w, b)) return kernels::SharedWeightMma(x, w, b);
   }
   return Linear(x, w, b);
 }
