@@ -1206,8 +1206,9 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
   // DecodeAttention's caches are only read; DecodeQkvAttention's are written too (kPrep).
   const QkvPrepInputs prep = a.prep != nullptr ? *a.prep : QkvPrepInputs{};
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (p.tensor_cores)
+    if (p.tensor_cores) {
       return LaunchMmaAttention<32 * kVec, kGroup, kPrep>(grid, a, prep, p, stream);
+    }
   }
   const auto kernel = DecodeAttentionKernel<T, kVec, kGroup, kPrep>;
   constexpr int ring = kDecodeWarps * kStages * 2 * kKeysPerIteration * 32 * kVec * sizeof(T);

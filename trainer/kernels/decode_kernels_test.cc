@@ -601,8 +601,9 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
       // The first position, one in the middle, the last, and the last and first rows of a ring
       // stage, where the block puts the step's rows into its ring (Note [The step's key and
       // value in the ring] in decode_kernels.cu): 16-key tiles on tensor cores (63 / 64: the
-      // last warp's first tile and the first warp's second, at batch 1 in one split), iterations
-      // of 4 keys on CUDA cores (35 / 36: the first warp's third and the second warp's).
+      // last row of warp 3's first tile and the first of the next tile, warp 4's at batch 1, in
+      // the 8-warp form, and warp 0's second at batch 64, in the 4-warp form), iterations of 4
+      // keys on CUDA cores (35 / 36: the first warp's third and the second warp's).
       for (const int64_t position : {int64_t{0}, int64_t{16}, int64_t{35}, int64_t{36}, int64_t{63},
                                      int64_t{64}, c.key_length / 2 + 3, c.key_length - 1}) {
         if (position >= c.key_length) continue;
