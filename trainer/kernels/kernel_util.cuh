@@ -222,12 +222,6 @@ inline int MultiprocessorCount() {
 // starts while the one ahead still runs; the wait of the kernel behind still returns only after
 // this one, and so every one ahead, has finished (Note [Small linear with weights in shared
 // memory] in decode_kernels.cu says where that pays).
-__device__ __forceinline__ void PrecedingKernelsDone() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 // The wait of PrecedingKernelsDone() alone, for a kernel that lets the kernel behind start later,
 // by LetDependentsStart() once it has done part of its work (Note [Small linear with weights in
@@ -244,6 +238,12 @@ __device__ __forceinline__ void LetDependentsStart() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// The wait, then the trigger: Note [Programmatic dependent launch] above.
+__device__ __forceinline__ void PrecedingKernelsDone() {
+  WaitForPrecedingKernels();
+  LetDependentsStart();
 }
 
 // kernel<<<grid, block, shared, stream>>>(args...), asking for programmatic dependent launch
