@@ -11,8 +11,15 @@ set -euo pipefail
 trainer="$1" config="$2"
 here="$(dirname "$0")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+status=0
 "$here/mpi_run.sh" 2 "$trainer" --config "$config" --num-rollout 100 \
-  --metrics-out "$tmp/metrics.jsonl" > "$tmp/log" 2>&1 || { tail -n 40 "$tmp/log"; exit 1; }
+  --metrics-out "$tmp/metrics.jsonl" > "$tmp/log" 2>&1 || status=$?
+if [ "$status" -ne 0 ] || ! [ -s "$tmp/metrics.jsonl" ]; then
+  lines=$( (wc -l < "$tmp/metrics.jsonl") 2>/dev/null || echo no)
+  echo "FAIL: the run exited with status $status, $lines lines of metrics; the end of its log:"
+  tail -n 40 "$tmp/log"
+  exit 1
+fi
 rewards=$(sed -n 's/.*"reward_mean":\([-0-9.e]*\).*/\1/p' "$tmp/metrics.jsonl")
 first=$(echo "$rewards" | head -n 5 | awk '{s += $1} END {printf "%.4f", s / NR}')
 last=$(echo "$rewards" | tail -n 10 | awk '{s += $1} END {printf "%.4f", s / NR}')
