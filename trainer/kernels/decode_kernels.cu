@@ -41,23 +41,44 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
 // One head of a row of qkv as DecodeQkvPrep writes it, into dst, by one warp: a value head as it
 // is; a query or key head normalised by `norm` (unless null) and rotated by cos / sin. Lane l
 // holds the head's elements l, l + 32, ... (as RmsNormKernel's block of kThreads holds one element
-// per thread). `normed` is the warp's scratch of kMaxHeadDim floats.
+// per thread). `normed` is the warp's scratch of kMaxHeadDim floats. A lane loads every element it
+// needs (the head's, the norm's weights, cos and sin) before it uses the first, so that the head
+// costs one memory round trip rather than one for each phase and RoPE element.
 template <typename T>
 __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restrict__ norm,
                          const T* __restrict__ cos, const T* __restrict__ sin,
                          const QkvPrepShape& p, float* __restrict__ normed, T* __restrict__ dst) {
   constexpr int kPerLane = kMaxHeadDim / 32;
   const int lane = threadIdx.x % 32;
-  if (value) {
-    for (int64_t j = lane; j < p.dim; j += 32) dst[j] = in[j];
-    return;
-  }
-  float x[kPerLane];
+  const bool normalise = !value && norm != nullptr;
+  const bool rotate = !value && p.half > 0;
+  // Element j's value, norm weight, and the cos and sin of its RoPE pair r, loaded from indices
+  // clamped into range (the lanes past them discard theirs) so that no load waits on a branch.
+  T raw_x[kPerLane], raw_weight[kPerLane], raw_cos[kPerLane], raw_sin[kPerLane];
+#pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
-    x[i] = j < p.dim ? ToFloat(in[j]) : 0.0f;
+    const int64_t in_head = j < p.dim ? j : 0;
+    const int64_t r = j < p.half ? j : j < 2 * p.half ? j - p.half : 0;
+    raw_x[i] = in[in_head];
+    if (normalise) raw_weight[i] = norm[in_head];
+    if (rotate) {
+      raw_cos[i] = cos[r];
+      raw_sin[i] = sin[r];
+    }
   }
-  if (norm != nullptr) {
+  float x[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) x[i] = lane + 32 * i < p.dim ? ToFloat(raw_x[i]) : 0.0f;
+  if (value) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t j = lane + 32 * i;
+      if (j < p.dim) dst[j] = FromFloat<T>(x[i]);
+    }
+    return;
+  }
+  if (normalise) {
     // RmsNormKernel's sum of squares bit for bit: its warp i sums elements [32 i, 32 i + 32)
     // (the same butterfly as here), then lanes 0-7 of one warp hold the 8 warp sums (zeros past
     // the row) and a butterfly adds them; offsets 16 and 8 add zeros there, 4, 2, 1 remain.
@@ -69,19 +90,21 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
       for (int i = 0; i < kWarps; ++i) sums[i] = next[i];
     }
     const float inv = rsqrtf(sums[0] / static_cast<float>(p.dim) + p.eps);
+#pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      const int64_t j = lane + 32 * i;
-      if (j < p.dim) x[i] = ToFloat(RmsNormed<T>(x[i], inv, ToFloat(norm[j])));
+      if (lane + 32 * i < p.dim) x[i] = ToFloat(RmsNormed<T>(x[i], inv, ToFloat(raw_weight[i])));
     }
   }
+#pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
     if (j < p.dim) normed[j] = x[i];
   }
   __syncwarp();
+#pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
-    if (j >= p.dim) break;
+    if (j >= p.dim) continue;
     if (j >= 2 * p.half) {
       dst[j] = FromFloat<T>(x[i]);
       continue;
@@ -90,7 +113,7 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
     const int64_t r = j < p.half ? j : j - p.half;
     const float x1 = normed[p.interleaved ? 2 * r : r];
     const float x2 = normed[p.interleaved ? 2 * r + 1 : r + p.half];
-    dst[j] = Rotated<T>(j < p.half, x1, x2, ToFloat(cos[r]), ToFloat(sin[r]));
+    dst[j] = Rotated<T>(j < p.half, x1, x2, ToFloat(raw_cos[i]), ToFloat(raw_sin[i]));
   }
   __syncwarp();  // `normed` may be the warp's next head's
 }
@@ -907,6 +930,13 @@ __global__ void __launch_bounds__(kThreads)
 // 1.008x a decode step at batch 1 (within the noise) and 1.007x to 1.018x at batch 2, in two calls
 // on H100s (Qwen3-0.6B's shape, the same bits). The same after the staging of every form was
 // slower (0.98x at batch 1), and of the SiluMul form alone too (0.98x).
+//
+// At one row the weights' copies bypass the L1 (cp.async .cg, kBypassL1), where .ca also cached
+// them there, though each is read once from shared memory: 1.026x a decode step at batch 1 on an
+// H100 (Qwen3-0.6B's shape, `decode_ab.sh`; 1.032x with the attention's one-round-trip
+// preparation, against main before both). At two rows the same was 0.951x, so they keep .ca. Why
+// is not measured; a guess is that copies landing sooner compete harder with the shared-memory
+// reads of the kernel ahead, whose two rows sum 4 features at once.
 template <typename T, int kRows, SmallInput kMode>
 __global__ void __launch_bounds__(kThreads)
     SharedWeightLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
@@ -924,15 +954,17 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32;
   const int64_t first = blockIdx.x * per_block;
   const int64_t count = min(per_block, n_out - first);
+  // At one row the copies bypass the L1; at two they do not (see the Note).
+  constexpr bool kBypassL1 = kRows == 1;
   if constexpr (kMode == SmallInput::kAddNorm) {
     for (int64_t i = threadIdx.x * kVec; i < k_in; i += kThreads * kVec) {
-      CopyAsync<16>(norm + i, norm_weight + i);
+      CopyAsync<16, kBypassL1>(norm + i, norm_weight + i);
     }
     CommitCopies();
   }
   const T* piece = w + first * k_in;
   for (int64_t i = threadIdx.x * kVec; i < count * k_in; i += kThreads * kVec) {
-    CopyAsync<16>(weights + i, piece + i);
+    CopyAsync<16, kBypassL1>(weights + i, piece + i);
   }
   CommitCopies();
   // The kernel behind may start before this one's wait (the plain form), after its staging (the
