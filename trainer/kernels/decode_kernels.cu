@@ -53,7 +53,8 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
   const bool normalise = !value && norm != nullptr;
   const bool rotate = !value && p.half > 0;
   // Element j's value, norm weight, and the cos and sin of its RoPE pair r, loaded from indices
-  // clamped into range (the lanes past them discard theirs) so that no load waits on a branch.
+  // clamped into range so that no load waits on a branch: elements past the head (or past the
+  // RoPE pairs) load index 0 and are discarded.
   T raw_x[kPerLane], raw_weight[kPerLane], raw_cos[kPerLane], raw_sin[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -74,7 +75,7 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t j = lane + 32 * i;
-      if (j < p.dim) dst[j] = FromFloat<T>(x[i]);
+      if (j < p.dim) dst[j] = raw_x[i];  // the bits as they are, NaNs' too
     }
     return;
   }
@@ -931,12 +932,12 @@ __global__ void __launch_bounds__(kThreads)
 // on H100s (Qwen3-0.6B's shape, the same bits). The same after the staging of every form was
 // slower (0.98x at batch 1), and of the SiluMul form alone too (0.98x).
 //
-// At one row the weights' copies bypass the L1 (cp.async .cg, kBypassL1), where .ca also cached
-// them there, though each is read once from shared memory: 1.026x a decode step at batch 1 on an
-// H100 (Qwen3-0.6B's shape, `decode_ab.sh`; 1.032x with the attention's one-round-trip
-// preparation, against main before both). At two rows the same was 0.951x, so they keep .ca. Why
-// is not measured; a guess is that copies landing sooner compete harder with the shared-memory
-// reads of the kernel ahead, whose two rows sum 4 features at once.
+// At one row the weights' copies (the norm's weight too) bypass the L1 (cp.async .cg, kBypassL1),
+// where .ca also cached them there, though no block fetches a weight twice: 1.026x a decode step
+// at batch 1 on an H100 (Qwen3-0.6B's shape, `decode_ab.sh`; 1.032x with the attention's
+// one-round-trip preparation, against main before both). At two rows the same was 0.951x, so
+// they keep .ca. Why is not measured; a guess is that copies landing sooner compete harder with
+// the shared-memory reads of the kernel ahead, whose two rows sum 4 features at once.
 template <typename T, int kRows, SmallInput kMode>
 __global__ void __launch_bounds__(kThreads)
     SharedWeightLinearKernel(const T* __restrict__ x, const T* __restrict__ add,

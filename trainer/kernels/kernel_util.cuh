@@ -144,10 +144,11 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
 
 // kBytes (4, 8, 16 or a multiple of 16, aligned to the lesser of itself and 16) from global to
 // shared memory without passing through registers (cp.async); they may be read once this thread's
-// cp.async.wait_group has counted them. Copies of 16 bytes are cached in the L1 on the way (.ca),
-// or with kBypassL1 in the L2 only (.cg), as larger copies always are.
+// cp.async.wait_group has counted them. Copies of up to 16 bytes go through the L1 (.ca); with
+// kBypassL1 a 16-byte one goes to the L2 only (.cg), as larger ones always do.
 template <int kBytes, bool kBypassL1 = false>
 __device__ __forceinline__ void CopyAsync(void* shared, const void* global) {
+  static_assert(!kBypassL1 || kBytes >= 16, "cp.async.cg copies 16 bytes");
   const uint32_t to = SharedAddress(shared);
   if constexpr (kBytes < 16 || (kBytes == 16 && !kBypassL1)) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(to), "l"(global), "n"(kBytes));
