@@ -68,9 +68,6 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
       raw_sin[i] = sin[r];
     }
   }
-  float x[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) x[i] = lane + 32 * i < p.dim ? ToFloat(raw_x[i]) : 0.0f;
   if (value) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
@@ -79,6 +76,9 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
     }
     return;
   }
+  float x[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) x[i] = lane + 32 * i < p.dim ? ToFloat(raw_x[i]) : 0.0f;
   if (normalise) {
     // RmsNormKernel's sum of squares bit for bit: its warp i sums elements [32 i, 32 i + 32)
     // (the same butterfly as here), then lanes 0-7 of one warp hold the 8 warp sums (zeros past
