@@ -63,7 +63,7 @@ case "$mode" in
       { cat "$tmp/remat.log"; fail "rematerialize run failed"; }
     run 2 pinned --num-rollout 1 --no-rematerialize-param-from-master-weight ||
       { cat "$tmp/pinned.log"; fail "pinned run failed"; }
-    params=$(sed -n 's/.*actor: \([0-9]*\) trained parameters.*/\1/p' "$tmp/remat.log" | head -n 1)
+    params=$(sed -n 's/.*actor: \([0-9]*\) trained parameters.*/\1/p;T;q' "$tmp/remat.log")
     remat=$(sed -n 's/.*"host_pinned_bytes":\([0-9]*\).*/\1/p' "$tmp/remat.jsonl")
     pinned=$(sed -n 's/.*"host_pinned_bytes":\([0-9]*\).*/\1/p' "$tmp/pinned.jsonl")
     echo "trained params $params; host pinned bytes: rematerialize $remat, pinned $pinned"

@@ -20,9 +20,21 @@ if [ "$status" -ne 0 ] || ! [ -s "$tmp/metrics.jsonl" ]; then
   tail -n 40 "$tmp/log"
   exit 1
 fi
-rewards=$(sed -n 's/.*"reward_mean":\([-0-9.e]*\).*/\1/p' "$tmp/metrics.jsonl")
-first=$(echo "$rewards" | head -n 5 | awk '{s += $1} END {printf "%.4f", s / NR}')
-last=$(echo "$rewards" | tail -n 10 | awk '{s += $1} END {printf "%.4f", s / NR}')
+# The means of the first 5 and the last 10 rewards, by one awk that reads every line: a reader
+# that stops early (`head`) can end the writer ahead of it by SIGPIPE, which pipefail and set -e
+# turned into a silent exit with status 141 (it happened).
+means=$(sed -n 's/.*"reward_mean":\([-0-9.e]*\).*/\1/p' "$tmp/metrics.jsonl" | awk '
+  { reward[NR] = $1 }
+  END {
+    if (NR == 0) exit 1
+    first = NR < 5 ? NR : 5
+    last = NR < 10 ? NR : 10
+    for (i = 1; i <= first; ++i) f += reward[i]
+    for (i = NR - last + 1; i <= NR; ++i) l += reward[i]
+    printf "%.4f %.4f", f / first, l / last
+  }') || { echo "FAIL: no reward_mean in $tmp/metrics.jsonl"; exit 1; }
+first="${means% *}"
+last="${means#* }"
 echo "mean reward: first 5 iterations $first, last 10 iterations $last"
 awk -v f="$first" -v l="$last" 'BEGIN { exit !(f < 0.1 && l >= 0.3 && l >= 4 * f) }' ||
   { echo "FAIL: no learning"; exit 1; }
