@@ -150,6 +150,15 @@ cudaError_t SmallLinearAddRmsNorm(const void* x, const void* add, const void* no
                                   int64_t rows, int64_t n_out, int64_t k_in, DtypeCode dtype,
                                   cudaStream_t stream);
 
+// SmallLinearAddRmsNorm of bf16 x with add given as `slices` (1 to kMaxOPartialSlices) fp32
+// partial sums [slices, rows, k_in] (DecodeQkvAttentionO's o.partials; 16-byte aligned, k_in a
+// multiple of 4): add is their sum in slice order rounded to bf16.
+cudaError_t SmallLinearAddPartialsRmsNorm(const void* x, const float* partials, int slices,
+                                          const void* norm_weight, float eps, void* sum,
+                                          const void* w, const void* bias, void* y, int64_t rows,
+                                          int64_t n_out, int64_t k_in, DtypeCode dtype,
+                                          cudaStream_t stream);
+
 // SmallLinear of SiluMul(gate_up) for gate_up [rows, 2 inner]: the gated MLP's activation folded
 // into its down projection (w [n_out, inner]); bit for bit SiluMul's values as the input.
 cudaError_t SmallLinearSiluMul(const void* gate_up, const void* w, const void* bias, void* y,
@@ -257,6 +266,42 @@ cudaError_t DecodeQkvAttention(const QkvPrepInputs& prep, const int64_t* positio
                                float* partial_stats, int64_t batch,
                                const DecodeAttentionShape& shape, DtypeCode dtype,
                                cudaStream_t stream);
+
+// The o projection folded into DecodeQkvAttentionO: w [hidden, q_heads dim] bf16 with contiguous
+// rows; partials [kv_heads, batch, hidden] fp32 receives each head group's share of the o
+// projection of the attention's output (added in head order it is the projection, up to the
+// order of the sums).
+struct OProjection {
+  const void* w = nullptr;
+  float* partials = nullptr;
+  int64_t hidden = 0;
+  int64_t batch = 0;
+};
+// The blocks of a cluster of DecodeQkvAttentionO, which split the keys of one (row, key/value
+// head) and the o projection's output features; and the most bytes of the o projection's weights
+// a block holds in shared memory.
+constexpr int kAttentionOCluster = 8;
+// The most keys DecodeQkvAttentionO is taken for: a split of at least 256 keys each on tensor
+// cores (PlanDecodeAttention) gives DecodeQkvAttention no more than the cluster's splits there,
+// and past it the cluster's 8 would run fewer blocks over longer splits.
+constexpr int64_t kAttentionOMaxKeys = int64_t{kAttentionOCluster} * 256;
+// The most partial sums (key/value heads) SmallLinearAddPartialsRmsNorm adds.
+constexpr int kMaxOPartialSlices = 8;
+constexpr int64_t kOSliceMaxBytes = 80 * 1024;
+
+// True when DecodeQkvAttentionO takes this layout: DecodeQkvAttentionSupports with heads of 128
+// dims, 1, 2 or 4 query heads per key/value head, at most kMaxOPartialSlices key/value heads,
+// and a hidden size (a multiple of 4 kAttentionOCluster) whose slice of the o projection per
+// block (hidden / kAttentionOCluster rows) fits kOSliceMaxBytes.
+bool DecodeQkvAttentionOSupports(int64_t q_heads, int64_t kv_heads, int64_t dim, int64_t hidden);
+
+// DecodeQkvAttention of bf16 caches (tensor cores) with the o projection folded in (Note [The o
+// projection in the attention's clusters] in decode_kernels.cu): the cache writes as
+// DecodeQkvAttention's, and o.partials instead of the attention's output. shape as for
+// DecodeQkvAttention; its splits are the cluster's (kAttentionOCluster), whatever it says.
+cudaError_t DecodeQkvAttentionO(const QkvPrepInputs& prep, const int64_t* position, void* k_cache,
+                                void* v_cache, const OProjection& o, DecodeAttentionShape shape,
+                                cudaStream_t stream);
 
 // The DSA indexer's scores for one decode position per row (Note [DSA index scores kernel] in
 // dsa_kernels.cu): out[b, t] = sum_h weights[b, h] relu(scale (q[b, h] . keys[b, t])) (fp32 sums)

@@ -1,5 +1,6 @@
 // The decode-step kernels of cuda_kernels.h: SmallLinear (with its staged inputs), SiluMul,
 // DecodeQkvPrep and DecodeAttention.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -205,13 +206,15 @@ __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t lim
 // tensor-core kernel zeroes its values there).
 
 // The start of a DecodeQkvAttention block (kPrep): FillRing (Note [The step's key and value in
-// the ring]), PrecedingKernelsDone(), then the block's preparation `prepare()`. Returns false,
-// having prepared nothing, for a split past the position (no part in the merge).
-template <int kRing, bool kFillAll, typename Copy, typename Prepare>
+// the ring]), `more_copies()` (the o projection's weights, in a group of their own after the
+// ring's), PrecedingKernelsDone(), then the block's preparation `prepare()`. Returns false, having
+// prepared nothing, for a split past the position (no part in the merge of the keys).
+template <int kRing, bool kFillAll, typename Copy, typename Prepare, typename MoreCopies>
 __device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride,
                                           int64_t copy_end, int64_t pos, const Copy& copy,
-                                          const Prepare& prepare) {
+                                          const Prepare& prepare, const MoreCopies& more_copies) {
   FillRing<kRing, kFillAll>(t0, stride, copy_end, copy);
+  more_copies();
   PrecedingKernelsDone();
   if (begin > pos) return false;
   prepare();
@@ -269,6 +272,28 @@ __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, 
   __syncthreads();  // the query heads and the step's rows, before they are read
 }
 
+// A block's warps merged at head g, dim d: the largest of their maxima, and their sums and
+// unnormalised outputs rescaled to it, in warp order.
+struct Merged {
+  float max, sum, out;
+};
+template <int kDim, int kGroup, int kBlockWarps>
+__device__ __forceinline__ Merged MergeWarps(const float (&warp_out)[kBlockWarps][kGroup][kDim],
+                                             const float (&warp_max)[kBlockWarps][kGroup],
+                                             const float (&warp_sum)[kBlockWarps][kGroup], int g,
+                                             int d) {
+  float m = -FLT_MAX;
+  for (int w = 0; w < kBlockWarps; ++w) m = fmaxf(m, warp_max[w][g]);
+  float sum = 0.0f, o = 0.0f;
+  for (int w = 0; w < kBlockWarps; ++w) {
+    if (warp_sum[w][g] == 0.0f) continue;  // a warp that saw no key
+    const float scale = expf(warp_max[w][g] - m);
+    sum += warp_sum[w][g] * scale;
+    o += warp_out[w][g][d] * scale;
+  }
+  return {m, sum, o};
+}
+
 // The end of a decode attention block: the warps' unnormalised outputs warp_out [w][g][d], maxima
 // and sums merged in warp order, then written normalised (one split) or as the split's partial
 // results, the last split of the (row, head group) to finish merging the splits in split order.
@@ -286,23 +311,16 @@ __device__ void MergeWarpsAndSplits(const float (&warp_out)[kBlockWarps][kGroup]
   for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
     const int g = i / kDim;
     const int d = i % kDim;
-    float m = -FLT_MAX;
-    for (int w = 0; w < kBlockWarps; ++w) m = fmaxf(m, warp_max[w][g]);
-    float sum = 0.0f, o = 0.0f;
-    for (int w = 0; w < kBlockWarps; ++w) {
-      if (warp_sum[w][g] == 0.0f) continue;  // a warp that saw no key
-      const float scale = expf(warp_max[w][g] - m);
-      sum += warp_sum[w][g] * scale;
-      o += warp_out[w][g][d] * scale;
-    }
+    const Merged warps =
+        MergeWarps<kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, g, d);
     const int64_t row = b * p.q_heads + first_head + g;  // [B, Hq]
     if (p.splits == 1) {
-      out[row * kDim + d] = FromFloat<T>(o / sum);
+      out[row * kDim + d] = FromFloat<T>(warps.out / warps.sum);
     } else {
-      partial_out[(row * p.splits + split) * kDim + d] = o;
+      partial_out[(row * p.splits + split) * kDim + d] = warps.out;
       if (d == 0) {
-        partial_stats[(row * p.splits + split) * 2] = m;
-        partial_stats[(row * p.splits + split) * 2 + 1] = sum;
+        partial_stats[(row * p.splits + split) * 2] = warps.max;
+        partial_stats[(row * p.splits + split) * 2 + 1] = warps.sum;
       }
     }
   }
@@ -404,7 +422,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
           PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
                                                       pos < chunk_end, prepared_q, step_rows,
                                                       normed);
-        })) {
+        }, [] {})) {
       return;
     }
   } else {
@@ -527,6 +545,120 @@ constexpr int kMmaDeepGridShare = 4;
 constexpr int kMmaDeepMaxBytes = 160 * 1024;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
 
+// Note [The o projection in the attention's clusters]
+// At one row the o projection, a kernel of its own between the attention and the gate/up
+// projection, cost 4.7 us of a 25.6 us layer of Qwen3-0.6B's shape on an H100, though it reads
+// 4 MB (docs/decode-performance.md, "What the o projection costs at one row, by ablation"): its
+// place in the chain, not its reads. So DecodeQkvAttentionO folds it into the attention: the keys
+// of a (row, key/value head) are split over a cluster of R blocks (R = the attention's splits),
+// each of which copies, before its wait, the o projection's weights of a 1/R slice of the output
+// features over the head group's kGroup * kDim input columns into shared memory. Once its keys are
+// summed (its warps merged as in MergeWarpsAndSplits), each block reads the R blocks' maxima,
+// sums and unnormalised outputs from their shared memory, merges them in rank order (every block
+// alike, so all hold the same head output, rounded to bf16 as the attention's output is), and
+// sums its features' products with that output, a thread per feature in the order of the columns.
+// It writes fp32 partial sums [kv_heads, batch, hidden]: the o projection of one head group each,
+// which the gate/up projection's staging adds in head order and rounds (SmallLinearAddRmsNorm with
+// partials) before the residual add. A split past the position has no keys but still sums its
+// slice. So the attention's output never goes to memory, and the kernel behind is the gate/up
+// projection. The sums are the o projection's in another order (by head group, then added), so
+// the bits differ from the unfolded kernels by rounding; graphs and eager steps run the same
+// kernels and stay equal. On H100s (Qwen3-0.6B's shape, `decode_ab.sh`) a batch-1 step was
+// 1.020x, 1.021x and 1.026x faster; the attention then ends 1.05 us later a layer, about half of
+// what the o kernel took (docs/decode-performance.md, "The o projection in the attention's
+// clusters"). At two rows, a slice copied per row, it was 0.854x, so only one row folds; clusters
+// of 4 blocks (twice the slice a block) were 0.950x. Up to kAttentionOMaxKeys keys, where
+// DecodeQkvAttention splits the keys no more finely.
+template <int kGroup, int kDim>
+struct ClusterMerge {
+  float out[kGroup][kDim];
+  float max[kGroup];
+  float sum[kGroup];
+  alignas(16) __nv_bfloat16 head[kGroup * kDim];
+};
+
+// The o projection's row stride in shared memory: a slice's rows padded by 16 bytes, so that the 8
+// threads of a quarter warp read 16-byte pieces of 8 rows from 8 different bank groups.
+template <int kGroup, int kDim>
+constexpr int kORow = kGroup * kDim + 8;
+
+// The end of a DecodeQkvAttentionO block (Note [The o projection in the attention's clusters]):
+// the warps merged into `merge`, the cluster's blocks merged into merge.head, then this block's
+// slice of the o projection (`o_weights` [features][kORow], copied at the start) into
+// o.partials[kv_head, b, rank * features + f].
+template <int kDim, int kGroup, int kBlockWarps>
+__device__ void MergeClusterAndProject(const float (&warp_out)[kBlockWarps][kGroup][kDim],
+                                       const float (&warp_max)[kBlockWarps][kGroup],
+                                       const float (&warp_sum)[kBlockWarps][kGroup],
+                                       ClusterMerge<kGroup, kDim>& merge,
+                                       const __nv_bfloat16* o_weights, const OProjection& o,
+                                       int64_t features, int64_t kv_head, int64_t b) {
+  namespace cg = cooperative_groups;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
+    const int g = i / kDim;
+    const int d = i % kDim;
+    const Merged warps = MergeWarps<kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, g, d);
+    merge.out[g][d] = warps.out;
+    if (d == 0) {
+      merge.max[g] = warps.max;
+      merge.sum[g] = warps.sum;
+    }
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's merge.out, max and sum are written
+  constexpr int kRanks = kAttentionOCluster;
+  for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
+    const int g = i / kDim;
+    const int d = i % kDim;
+    // Every block's numbers loaded first, so that the remote loads go out at once.
+    float block_max[kRanks], block_sum[kRanks], block_out[kRanks];
+#pragma unroll
+    for (int r = 0; r < kRanks; ++r) {
+      block_max[r] = *cluster.map_shared_rank(&merge.max[g], r);
+      block_sum[r] = *cluster.map_shared_rank(&merge.sum[g], r);
+      block_out[r] = *cluster.map_shared_rank(&merge.out[g][d], r);
+    }
+    float m = -FLT_MAX;
+#pragma unroll
+    for (int r = 0; r < kRanks; ++r) m = fmaxf(m, block_max[r]);
+    float sum = 0.0f, out = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRanks; ++r) {
+      if (block_sum[r] == 0.0f) continue;  // a split past the position
+      const float scale = expf(block_max[r] - m);
+      sum += block_sum[r] * scale;
+      out += block_out[r] * scale;
+    }
+    merge.head[i] = FromFloat<__nv_bfloat16>(out / sum);
+  }
+  // This block has read the others; they may leave once every block has (the wait at the end).
+  cg::cluster_group::arrival_token read_all = cluster.barrier_arrive();
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's copies of the slice
+  __syncthreads();  // every thread's copies, and merge.head
+  // A thread per feature: the products of each of a vector's 8 columns summed apart (8 chains of
+  // fma a quarter as long as one), then the 8 sums added in order.
+  constexpr int kVec = 8;
+  constexpr int kIn = kGroup * kDim;
+  const int64_t first = static_cast<int64_t>(cluster.block_rank()) * features;
+  for (int64_t f = threadIdx.x; f < features; f += blockDim.x) {
+    const __nv_bfloat16* row = o_weights + f * kORow<kGroup, kDim>;
+    float acc[kVec] = {};
+#pragma unroll 4
+    for (int kk = 0; kk < kIn; kk += kVec) {
+      const Pack<__nv_bfloat16, kVec> w = LoadPack<__nv_bfloat16, kVec>(row + kk);
+      const Pack<__nv_bfloat16, kVec> x = LoadPack<__nv_bfloat16, kVec>(merge.head + kk);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[e] += ToFloat(w.v[e]) * ToFloat(x.v[e]);
+    }
+    float total = acc[0];
+#pragma unroll
+    for (int e = 1; e < kVec; ++e) total += acc[e];
+    o.partials[(kv_head * o.batch + b) * o.hidden + first + f] = total;
+  }
+  cluster.barrier_wait(std::move(read_all));
+}
+
 // The tensor-core kernel's static shared memory, one struct so that its launch can check the size
 // of each form (at most 48 KiB).
 template <int kDim, int kGroup, bool kPrep, int kBlockWarps>
@@ -541,13 +673,15 @@ struct MmaAttentionShared {
   float warp_sum[kBlockWarps][kGroup];
 };
 
-template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll>
+template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll,
+          bool kOSlice>
 __global__ void __launch_bounds__(kBlockWarps * 32)
     DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q, QkvPrepInputs prep,
                              __nv_bfloat16* k, __nv_bfloat16* v,
                              const int64_t* __restrict__ position, __nv_bfloat16* __restrict__ out,
                              float* __restrict__ partial_out, float* __restrict__ partial_stats,
-                             DecodeAttentionShape p) {
+                             DecodeAttentionShape p, OProjection o) {
+  static_assert(!kOSlice || kPrep, "the o projection is folded into DecodeQkvAttention only");
   using T = __nv_bfloat16;
   constexpr int kRow = kDim + kRowPad;             // a staged key row, elements
   constexpr int kTile = kTileKeys * kRow;          // a staged tile of K or V
@@ -593,16 +727,33 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
       CopyAsync<16>(to + kTile + key * kRow + col, v_base + (t0 + key) * p.v_stride_t + col);
     }
   };
+  // With kOSlice: this block's slice of the o projection, `features` rows of the head group's
+  // columns, after the ring (Note [The o projection in the attention's clusters]).
+  T* o_weights = reinterpret_cast<T*>(ring_bytes) + kBlockWarps * (kRing * 2 * kTile);
+  const int64_t features = kOSlice ? o.hidden / gridDim.x : 0;
+  const auto copy_o_weights = [&] {
+    if constexpr (kOSlice) {
+      constexpr int kIn = kGroup * kDim;
+      const T* from = static_cast<const T*>(o.w) + split * features * (p.q_heads * kDim) +
+                      kv_head * kIn;
+      for (int64_t i = threadIdx.x; i < features * (kIn / 8); i += blockDim.x) {
+        const int64_t f = i / (kIn / 8);
+        const int col = static_cast<int>(i % (kIn / 8)) * 8;
+        CopyAsync<16, true>(o_weights + f * kORow<kGroup, kDim> + col,
+                            from + f * (p.q_heads * kDim) + col);
+      }
+      CommitCopies();
+    }
+  };
   const int64_t first = begin + warp * kTileKeys;
   int64_t t0 = first;
   if constexpr (kPrep) {
-    if (!StartRing<kRing, kFillAll>(begin, t0, kStride, copy_end, pos, copy, [&] {
+    const bool has_keys = StartRing<kRing, kFillAll>(begin, t0, kStride, copy_end, pos, copy, [&] {
           PrepareHeads<T, kDim, kGroup, kBlockWarps>(prep, k, v, b, first_head, kv_head, pos,
                                                      pos < chunk_end, prepared_q, step_rows,
                                                      normed);
-        })) {
-      return;
-    }
+        }, copy_o_weights);
+    if (!kOSlice && !has_keys) return;  // with kOSlice it still sums its slice
   } else {
     FillRing<kRing, kFillAll>(t0, kStride, copy_end, copy);
   }
@@ -708,8 +859,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
     }
     __syncwarp();  // the ring stage and P are rewritten next
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy in flight at the exit
-  if (begin > pos) return;  // a split past the position: no part in the merge
+  if constexpr (!kOSlice) {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy in flight at the exit
+    if (begin > pos) return;  // a split past the position: no part in the merge
+  }
   // The sums over the warp's keys: add the 8 lanes g of each t.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -731,14 +884,26 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
       warp_sum[warp][head] = running_sum[h];
     }
   }
-  MergeWarpsAndSplits<T, kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, b, first_head,
-                                                    split, pos, out, partial_out, partial_stats, p);
+  if constexpr (kOSlice) {
+    // The block's keys merged (read by the cluster's other blocks), and the head group's output.
+    __shared__ ClusterMerge<kGroup, kDim> merge;
+    MergeClusterAndProject<kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, merge,
+                                                      o_weights, o, features, kv_head, b);
+  } else {
+    MergeWarpsAndSplits<T, kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, b, first_head,
+                                                      split, pos, out, partial_out, partial_stats,
+                                                      p);
+  }
 }
 
 // How SmallLinearKernel gets its input rows x [rows, k_in].
 enum class SmallInput {
   kPlain,    // x itself (from global memory, or staged where SharedWeightLinearKernel has room)
   kAddNorm,  // RmsNorm(x + add) (or of x, without add), staged in shared memory
+  // RmsNorm(x + add), add given as fp32 partial sums [slices, rows, k_in] added in slice order and
+  // rounded (DecodeQkvAttentionO's, Note [The o projection in the attention's clusters]), as
+  // AddPartialsRmsNorm adds SplitKPartials's; staged in shared memory
+  kAddPartialsNorm,
   kSiluMul,  // silu(gate) * up of x [rows, 2 k_in], staged in shared memory
 };
 
@@ -748,8 +913,10 @@ enum class SmallInput {
 // inputs go by 16-byte vectors over all rows at once (SiluMul's where x is aligned to them), each
 // thread's loaded before it uses the first, so that the staging costs about one memory round trip
 // (elementwise with kLoadsAhead, three for Qwen3-0.6B's down projection).
+// kAddPartialsNorm reads `partials` and `slices` in place of add.
 template <typename T, SmallInput kMode>
 __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
+                           const float* __restrict__ partials, int slices,
                            const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
                            T* staged, int64_t rows, int64_t k_in) {
   constexpr int kVec = 16 / sizeof(T);
@@ -781,6 +948,35 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
           *reinterpret_cast<Vector*>(staged + i * kVec) = out;
         });
   } else {
+    if constexpr (kMode == SmallInput::kAddPartialsNorm) {
+      // x + the partial sums into the staged rows, 4 elements of all rows a thread at a time:
+      // every slice's 16 bytes loaded before the first add, so that it costs one memory round
+      // trip (elementwise, each element's slices after the one before took four).
+      constexpr int kEach = 4;
+      for (int64_t e0 = threadIdx.x * kEach; e0 < rows * k_in; e0 += blockDim.x * kEach) {
+        float4 part[kMaxOPartialSlices];
+        T in[kEach];
+#pragma unroll
+        for (int s = 0; s < kMaxOPartialSlices; ++s) {
+          if (s < slices) {
+            part[s] = *reinterpret_cast<const float4*>(partials + s * rows * k_in + e0);
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < kEach; ++e) in[e] = x[e0 + e];
+#pragma unroll
+        for (int e = 0; e < kEach; ++e) {
+          const auto element = [&](int s) { return reinterpret_cast<const float*>(&part[s])[e]; };
+          float total = element(0);
+#pragma unroll
+          for (int s = 1; s < kMaxOPartialSlices; ++s) {
+            if (s < slices) total = __fadd_rn(total, element(s));
+          }
+          staged[e0 + e] = AddRounded<T>(ToFloat(in[e]), ToFloat(FromFloat<T>(total)));
+        }
+      }
+      __syncthreads();
+    }
     __shared__ float scratch[kWarps];
     for (int64_t m = 0; m < rows; ++m) {
       T* row = staged + m * k_in;
@@ -790,12 +986,20 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
             k_in, [&](int64_t i) { return make_float2(ToFloat(gate[i]), ToFloat(gate[k_in + i])); },
             [&](int64_t i, float2 gu) { row[i] = SiluTimes<T>(gu.x, gu.y); });
       } else {
-        const float inv = RowInverseRms(x + m * k_in, add != nullptr ? add + m * k_in : nullptr,
-                                        k_in, eps, scratch, [&](int64_t i, T v) {
-                                          if (add != nullptr && blockIdx.x == 0)
-                                            sum[m * k_in + i] = v;
-                                          row[i] = v;
-                                        });
+        float inv;
+        if constexpr (kMode == SmallInput::kAddPartialsNorm) {
+          // The rows already hold x + add (above): the norm reads them there.
+          inv = RowInverseRms(row, static_cast<const T*>(nullptr), k_in, eps, scratch,
+                              [&](int64_t i, T v) {
+                                if (blockIdx.x == 0) sum[m * k_in + i] = v;
+                              });
+        } else {
+          inv = RowInverseRms(x + m * k_in, add != nullptr ? add + m * k_in : nullptr, k_in, eps,
+                              scratch, [&](int64_t i, T v) {
+                                if (add != nullptr && blockIdx.x == 0) sum[m * k_in + i] = v;
+                                row[i] = v;
+                              });
+        }
         ForEachLoadedAhead(
             k_in, [&](int64_t i) { return make_float2(ToFloat(row[i]), ToFloat(norm_weight[i])); },
             [&](int64_t i, float2 vw) { row[i] = RmsNormed<T>(vw.x, inv, vw.y); });
@@ -846,6 +1050,7 @@ __device__ __forceinline__ void StoreFeature(float (&acc)[kRows], const T* __res
 template <typename T, int kRows, SmallInput kMode, int kPacks>
 __global__ void __launch_bounds__(kThreads)
     SmallLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
+                      const float* __restrict__ partials, int slices,
                       const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
                       const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                       int64_t rows, int64_t n_out, int64_t k_in) {
@@ -871,7 +1076,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* input = x;
   if constexpr (kMode != SmallInput::kPlain) {
     T* staged = reinterpret_cast<T*>(staged_bytes);
-    StageInput<T, kMode>(x, add, norm_weight, eps, sum, staged, rows, k_in);
+    StageInput<T, kMode>(x, add, partials, slices, norm_weight, eps, sum, staged, rows, k_in);
     input = staged;
   }
   if (!active) return;
@@ -941,23 +1146,25 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int kRows, SmallInput kMode>
 __global__ void __launch_bounds__(kThreads)
     SharedWeightLinearKernel(const T* __restrict__ x, const T* __restrict__ add,
+                             const float* __restrict__ partials, int slices,
                              const T* __restrict__ norm_weight, float eps, T* __restrict__ sum,
                              const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
                              int64_t rows, int64_t n_out, int64_t k_in, int64_t per_block,
                              bool staged_input) {
   constexpr int kVec = 16 / sizeof(T);
-  // [per_block, k_in] weights, then (kAddNorm) the norm's weight [k_in], then the staged input.
+  constexpr bool kNorm = kMode == SmallInput::kAddNorm || kMode == SmallInput::kAddPartialsNorm;
+  // [per_block, k_in] weights, then (kNorm) the norm's weight [k_in], then the staged input.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   T* weights = reinterpret_cast<T*>(shared_bytes);
   T* norm = weights + per_block * k_in;
-  T* staged = norm + (kMode == SmallInput::kAddNorm ? k_in : 0);
+  T* staged = norm + (kNorm ? k_in : 0);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t first = blockIdx.x * per_block;
   const int64_t count = min(per_block, n_out - first);
   // At one row the copies bypass the L1; at two they do not (see the Note).
   constexpr bool kBypassL1 = kRows == 1;
-  if constexpr (kMode == SmallInput::kAddNorm) {
+  if constexpr (kNorm) {
     for (int64_t i = threadIdx.x * kVec; i < k_in; i += kThreads * kVec) {
       CopyAsync<16, kBypassL1>(norm + i, norm_weight + i);
     }
@@ -971,7 +1178,7 @@ __global__ void __launch_bounds__(kThreads)
   // The kernel behind may start before this one's wait (the plain form), after its staging (the
   // norm's form) or after its wait: see the Note.
   if constexpr (kMode == SmallInput::kPlain) LetDependentsStart();
-  if constexpr (kMode == SmallInput::kAddNorm) {
+  if constexpr (kNorm) {
     WaitForPrecedingKernels();
   } else {
     PrecedingKernelsDone();
@@ -981,11 +1188,10 @@ __global__ void __launch_bounds__(kThreads)
   if (staged_here) {
     // The norm's weight (the older group) has landed for this thread's copies; StageInput's
     // barriers show every thread's before it reads them.
-    if constexpr (kMode == SmallInput::kAddNorm)
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    StageInput<T, kMode>(x, add, norm, eps, sum, staged, rows, k_in);
+    if constexpr (kNorm) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    StageInput<T, kMode>(x, add, partials, slices, norm, eps, sum, staged, rows, k_in);
   }
-  if constexpr (kMode == SmallInput::kAddNorm) LetDependentsStart();
+  if constexpr (kNorm) LetDependentsStart();
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
   // At two rows a warp takes its features 4 at a time (f, f + kWarps, ...), their sums side by
@@ -1033,6 +1239,8 @@ struct SharedWeightPlan {
 struct SmallLinearArgs {
   const void* x;
   const void* add;
+  const float* partials;  // kAddPartialsNorm's add (StageInput)
+  int slices;
   const void* norm_weight;
   float eps;
   void* sum;
@@ -1054,7 +1262,8 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
   if (opt_in != cudaSuccess) return opt_in;
   const int64_t blocks = (a.n_out + kWarps - 1) / kWarps;
   return Launch(kernel, blocks, kThreads, staged, stream, static_cast<const T*>(a.x),
-                static_cast<const T*>(a.add), static_cast<const T*>(a.norm_weight), a.eps,
+                static_cast<const T*>(a.add), a.partials, a.slices,
+                static_cast<const T*>(a.norm_weight), a.eps,
                 static_cast<T*>(a.sum), static_cast<const T*>(a.w), static_cast<const T*>(a.bias),
                 static_cast<T*>(a.y), a.rows, a.n_out, a.k_in);
 }
@@ -1078,7 +1287,7 @@ int64_t SharedWeightCap() {
 }
 
 // SharedWeightLinearKernel's features per block and shared bytes, or 0 features where they do
-// not fit SharedWeightCap() or the norm's weight (`norm`: the kAddNorm form) is not 16-byte
+// not fit SharedWeightCap() or the norm's weight (`norm`: the norm's forms) is not 16-byte
 // aligned (cp.async copies 16 bytes at once; the weights and inputs always are). A folded form
 // (`staged`) stages its input rows; a plain one does where they fit beside the weights, so that
 // its warps read them from shared memory, not from the L2 at each step of each feature's sum.
@@ -1117,7 +1326,7 @@ cudaError_t LaunchSharedWeightLinear(const SmallLinearArgs& a, const SharedWeigh
                                      cudaStream_t stream) {
   const int64_t blocks = (a.n_out + plan.per_block - 1) / plan.per_block;
   return Launch(SharedWeightLinearKernel<T, kRows, kMode>, blocks, kThreads, plan.bytes, stream,
-                static_cast<const T*>(a.x), static_cast<const T*>(a.add),
+                static_cast<const T*>(a.x), static_cast<const T*>(a.add), a.partials, a.slices,
                 static_cast<const T*>(a.norm_weight), a.eps, static_cast<T*>(a.sum),
                 static_cast<const T*>(a.w), static_cast<const T*>(a.bias), static_cast<T*>(a.y),
                 a.rows, a.n_out, a.k_in, plan.per_block, plan.staged_input);
@@ -1133,7 +1342,9 @@ cudaError_t LaunchSmallLinearPacks(const SmallLinearArgs& a, cudaStream_t stream
   constexpr int64_t kVec = 16 / sizeof(T);
   if (SharedWeightLinear::On()) {
     const SharedWeightPlan plan = PlanSharedWeights(
-        a.rows, a.n_out, a.k_in, sizeof(T), kMode == SmallInput::kAddNorm ? a.norm_weight : nullptr,
+        a.rows, a.n_out, a.k_in, sizeof(T),
+        kMode == SmallInput::kAddNorm || kMode == SmallInput::kAddPartialsNorm ? a.norm_weight
+                                                                               : nullptr,
         kMode != SmallInput::kPlain);
     if (plan.per_block > 0 && SharedWeightKernelReady<T, kRows, kMode>()) {
       return LaunchSharedWeightLinear<T, kRows, kMode>(a, plan, stream);
@@ -1158,8 +1369,13 @@ cudaError_t DispatchSmallLinear(const SmallLinearArgs& a, DtypeCode dtype, cudaS
     return cudaErrorInvalidValue;
   }
   if (a.rows == 0 || a.n_out == 0) return cudaSuccess;
-  return dtype == kBFloat16 ? DispatchSmallLinearRows<__nv_bfloat16, kMode>(a, stream)
-                            : DispatchSmallLinearRows<float, kMode>(a, stream);
+  if constexpr (kMode == SmallInput::kAddPartialsNorm) {  // bf16 only: DecodeQkvAttentionO's
+    return dtype == kBFloat16 ? DispatchSmallLinearRows<__nv_bfloat16, kMode>(a, stream)
+                              : cudaErrorInvalidValue;
+  } else {
+    return dtype == kBFloat16 ? DispatchSmallLinearRows<__nv_bfloat16, kMode>(a, stream)
+                              : DispatchSmallLinearRows<float, kMode>(a, stream);
+  }
 }
 
 // The most query heads per block that divide the heads per key/value head.
@@ -1185,27 +1401,35 @@ struct AttentionArgs {
 };
 
 // A form of the tensor-core kernel: kBlockWarps warps, each with a ring of kRing tiles (filled
-// with all of them up front with kFillAll).
-template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll>
+// with all of them up front with kFillAll); with kOSlice, DecodeQkvAttentionO's, whose blocks
+// hold up to kOSliceMaxBytes of the o projection's weights past the ring.
+template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll,
+          bool kOSlice = false>
 struct MmaAttentionForm {
   static constexpr int kRingBytes = kBlockWarps * kRing * 2 * kTileKeys * (kDim + kRowPad) * 2;
+  static constexpr int kMaxBytes = kRingBytes + (kOSlice ? kOSliceMaxBytes : 0);
+  // A function, so that the kernel is instantiated only for the forms that run.
+  static constexpr auto Kernel() {
+    return DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll, kOSlice>;
+  }
 
   // Once per form, before any capture (the engine's first step runs eagerly, and every launch
   // opts in every form it may take): shared memory past the default 48 KiB.
   static cudaError_t OptIn() {
-    static const cudaError_t opted = cudaFuncSetAttribute(
-        DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+    static const cudaError_t opted =
+        cudaFuncSetAttribute(Kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxBytes);
     return opted;
   }
 
+  // With kOSlice: `o_bytes` of the o projection's slice, and clusters of grid.x blocks.
   static cudaError_t Run(dim3 grid, const AttentionArgs& a, const QkvPrepInputs& prep,
-                         const DecodeAttentionShape& p, cudaStream_t stream) {
+                         const DecodeAttentionShape& p, cudaStream_t stream,
+                         const OProjection& o = {}, int64_t o_bytes = 0) {
     using T = __nv_bfloat16;
-    return Launch(DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll>, grid,
-                  kBlockWarps * 32, kRingBytes, stream, static_cast<const T*>(a.q), prep,
-                  static_cast<T*>(a.k), static_cast<T*>(a.v), a.position, static_cast<T*>(a.out),
-                  a.partial_out, a.partial_stats, p);
+    return LaunchClusters(Kernel(), grid, kBlockWarps * 32, kRingBytes + o_bytes,
+                          kOSlice ? grid.x : 0, stream, static_cast<const T*>(a.q), prep,
+                          static_cast<T*>(a.k), static_cast<T*>(a.v), a.position,
+                          static_cast<T*>(a.out), a.partial_out, a.partial_stats, p, o);
   }
 };
 
@@ -1229,6 +1453,35 @@ cudaError_t LaunchMmaAttention(dim3 grid, const AttentionArgs& a, const QkvPrepI
     }
   }
   return Shallow::Run(grid, a, prep, p, stream);
+}
+
+// DecodeQkvAttentionO (Note [The o projection in the attention's clusters]): kOSliceWarps warps
+// a block, each with a ring of two tiles filled up front, so that a split of up to 128 keys (of
+// 1024, with clusters of 8) is in flight at once.
+constexpr int kOSliceWarps = 4;
+constexpr int kOSliceRing = 2;
+
+template <int kDim, int kGroup>
+using OSliceForm = MmaAttentionForm<kDim, kGroup, true, kOSliceWarps, kOSliceRing, true, true>;
+
+template <int kDim, int kGroup>
+int64_t OSliceBytes(int64_t hidden) {
+  return hidden / kAttentionOCluster * kORow<kGroup, kDim> * 2;
+}
+
+template <int kDim, int kGroup>
+cudaError_t LaunchAttentionO(const QkvPrepInputs& prep, const int64_t* position, void* k_cache,
+                             void* v_cache, const OProjection& o, const DecodeAttentionShape& p,
+                             cudaStream_t stream) {
+  using Form = OSliceForm<kDim, kGroup>;
+  const int64_t o_bytes = OSliceBytes<kDim, kGroup>(o.hidden);
+  if (o_bytes > kOSliceMaxBytes) return cudaErrorInvalidValue;
+  if (const cudaError_t opted = Form::OptIn(); opted != cudaSuccess) return opted;
+  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.q_heads / kGroup),
+                  static_cast<unsigned>(o.batch));
+  const AttentionArgs a{nullptr, &prep, k_cache, v_cache, position, nullptr, nullptr, nullptr,
+                        o.batch};
+  return Form::Run(grid, a, prep, p, stream, o, o_bytes);
 }
 
 template <typename T, int kVec, int kGroup, bool kPrep>
@@ -1312,7 +1565,8 @@ bool SmallLinearSharesWeights(int64_t rows, int64_t n_out, int64_t k_in, const v
 cudaError_t SmallLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                         int64_t n_out, int64_t k_in, DtypeCode dtype, cudaStream_t stream) {
   return DispatchSmallLinear<SmallInput::kPlain>(
-      {x, nullptr, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, k_in}, dtype, stream);
+      {x, nullptr, nullptr, 0, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, k_in}, dtype,
+      stream);
 }
 
 cudaError_t SmallLinearAddRmsNorm(const void* x, const void* add, const void* norm_weight,
@@ -1320,14 +1574,29 @@ cudaError_t SmallLinearAddRmsNorm(const void* x, const void* add, const void* no
                                   int64_t rows, int64_t n_out, int64_t k_in, DtypeCode dtype,
                                   cudaStream_t stream) {
   return DispatchSmallLinear<SmallInput::kAddNorm>(
-      {x, add, norm_weight, eps, sum, w, bias, y, rows, n_out, k_in}, dtype, stream);
+      {x, add, nullptr, 0, norm_weight, eps, sum, w, bias, y, rows, n_out, k_in}, dtype, stream);
+}
+
+cudaError_t SmallLinearAddPartialsRmsNorm(const void* x, const float* partials, int slices,
+                                          const void* norm_weight, float eps, void* sum,
+                                          const void* w, const void* bias, void* y, int64_t rows,
+                                          int64_t n_out, int64_t k_in, DtypeCode dtype,
+                                          cudaStream_t stream) {
+  if (partials == nullptr || slices < 1 || slices > kMaxOPartialSlices || k_in % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(partials) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  return DispatchSmallLinear<SmallInput::kAddPartialsNorm>(
+      {x, nullptr, partials, slices, norm_weight, eps, sum, w, bias, y, rows, n_out, k_in}, dtype,
+      stream);
 }
 
 cudaError_t SmallLinearSiluMul(const void* gate_up, const void* w, const void* bias, void* y,
                                int64_t rows, int64_t n_out, int64_t inner, DtypeCode dtype,
                                cudaStream_t stream) {
   return DispatchSmallLinear<SmallInput::kSiluMul>(
-      {gate_up, nullptr, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, inner}, dtype, stream);
+      {gate_up, nullptr, nullptr, 0, nullptr, 0.0f, nullptr, w, bias, y, rows, n_out, inner},
+      dtype, stream);
 }
 
 cudaError_t SiluMul(const void* gate_up, void* out, int64_t rows, int64_t inner, DtypeCode dtype,
@@ -1427,6 +1696,47 @@ cudaError_t DecodeQkvAttention(const QkvPrepInputs& prep, const int64_t* positio
   return RunDecodeAttention(
       {nullptr, &prep, k_cache, v_cache, position, out, partial_out, partial_stats, batch}, s.dim,
       shape, dtype, stream);
+}
+
+bool DecodeQkvAttentionOSupports(int64_t q_heads, int64_t kv_heads, int64_t dim, int64_t hidden) {
+  if (!DecodeQkvAttentionSupports(q_heads, kv_heads, dim) || kv_heads > kMaxOPartialSlices ||
+      hidden <= 0 || hidden % (4 * kAttentionOCluster) != 0 || dim != 128) {
+    return false;
+  }
+  switch (q_heads / kv_heads) {
+    case 1:
+      return OSliceBytes<128, 1>(hidden) <= kOSliceMaxBytes;
+    case 2:
+      return OSliceBytes<128, 2>(hidden) <= kOSliceMaxBytes;
+    case 4:
+      return OSliceBytes<128, 4>(hidden) <= kOSliceMaxBytes;
+    default:
+      return false;
+  }
+}
+
+cudaError_t DecodeQkvAttentionO(const QkvPrepInputs& prep, const int64_t* position, void* k_cache,
+                                void* v_cache, const OProjection& o, DecodeAttentionShape shape,
+                                cudaStream_t stream) {
+  const QkvPrepShape& s = prep.shape;
+  if (!DecodeQkvAttentionOSupports(shape.q_heads, shape.kv_heads, s.dim, o.hidden) ||
+      s.q_heads != shape.q_heads || s.kv_heads != shape.kv_heads || 2 * s.half > s.dim ||
+      shape.key_length < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (o.batch == 0) return cudaSuccess;
+  // A cluster's splits: every block takes part in the merge and sums its slice, with keys or not.
+  shape.splits = kAttentionOCluster;
+  shape.chunk = (shape.key_length + kAttentionOCluster - 1) / kAttentionOCluster;
+  shape.tensor_cores = true;
+  switch (shape.q_heads / shape.kv_heads) {
+    case 1:
+      return LaunchAttentionO<128, 1>(prep, position, k_cache, v_cache, o, shape, stream);
+    case 2:
+      return LaunchAttentionO<128, 2>(prep, position, k_cache, v_cache, o, shape, stream);
+    default:
+      return LaunchAttentionO<128, 4>(prep, position, k_cache, v_cache, o, shape, stream);
+  }
 }
 
 }  // namespace rl::kernels

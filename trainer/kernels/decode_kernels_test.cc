@@ -639,6 +639,100 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
   CHECK_FALSE(DecodeQkvAttentionTakes(32, cache));
 }
 
+// Note [The o projection in the attention's clusters] in decode_kernels.cu: the partial sums are
+// each head group's share of the o projection of DecodeQkvAttention's output (the attention's
+// keys merged over a cluster, so within rounding of it), the caches are written bit for bit as
+// DecodeQkvAttention writes them, and the gate/up projection's staging adds the partial sums in
+// head order, bit for bit.
+TEST_CASE("DecodeQkvAttentionO is DecodeQkvAttention and the o projection, by head group") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(11);
+  struct OCase {
+    int64_t batch, q_heads, kv_heads, hidden, key_length;
+  };
+  // Qwen3-0.6B's shape; 4 query heads per key/value head at two rows, splits of 256 keys (two
+  // ring tiles a warp); one query head each, over fewer keys than a cluster has blocks at the
+  // first position.
+  for (const OCase& c : {OCase{1, 16, 8, 1024, 256}, OCase{2, 32, 8, 512, 2048},
+                         OCase{1, 8, 8, 2048, 64}}) {
+    for (const int64_t position : {int64_t{0}, int64_t{5}, int64_t{33}, c.key_length / 2 + 3,
+                                   c.key_length - 1}) {
+      const int64_t dim = 128, half = 64;
+      const at::ScalarType bf16 = at::kBFloat16;
+      const at::Tensor qkv =
+          at::randn({c.batch, 1, (c.q_heads + 2 * c.kv_heads) * dim}, On(bf16)) * 2;
+      const at::Tensor q_norm = at::randn({dim}, On(bf16));
+      const at::Tensor k_norm = at::randn({dim}, On(bf16));
+      const at::Tensor cos = at::randn({1, half}, On(bf16));
+      const at::Tensor sin = at::randn({1, half}, On(bf16));
+      const at::Tensor key = at::randn({c.batch, c.kv_heads, c.key_length, dim}, On(bf16));
+      const at::Tensor value = at::randn_like(key);
+      const at::Tensor pos = at::full({1}, position, On(at::kLong));
+      const at::Tensor o_proj = at::randn({c.hidden, c.q_heads * dim}, On(bf16)) / 32;
+      const DecodeCache fused_cache{key.clone(), value.clone(), pos};
+      const DecodeCache cache{key.clone(), value.clone(), pos};
+      REQUIRE(DecodeQkvAttentionOTakes(c.q_heads, cache, c.key_length, o_proj, {}));
+      const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+      const at::Tensor partials =
+          DecodeQkvAttentionO(qkv, q_norm, k_norm, 1e-6, cos, sin, false, c.q_heads, c.kv_heads,
+                              dim, fused_cache, c.key_length, scale, o_proj);
+      const at::Tensor attention = DecodeQkvAttention(qkv, q_norm, k_norm, 1e-6, cos, sin, false,
+                                                      c.q_heads, c.kv_heads, dim, cache,
+                                                      c.key_length, scale);  // [B, Hq dim]
+      INFO("batch " << c.batch << ", heads " << c.q_heads << "/" << c.kv_heads << ", hidden "
+                    << c.hidden << ", position " << position);
+      CHECK(SameBits(fused_cache.key, cache.key));
+      CHECK(SameBits(fused_cache.value, cache.value));
+      REQUIRE(partials.sizes() == at::IntArrayRef({c.kv_heads, c.batch, 1, c.hidden}));
+      // Head group h's columns of the attention's output times those of o_proj, in fp64.
+      const int64_t columns = c.q_heads / c.kv_heads * dim;
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        const at::Tensor want =
+            at::matmul(attention.narrow(1, h * columns, columns).to(at::kDouble),
+                       o_proj.narrow(1, h * columns, columns).to(at::kDouble).t());
+        const double err = (partials[h].view({c.batch, c.hidden}).to(at::kDouble) - want)
+                               .abs()
+                               .max()
+                               .item<double>();
+        // The attention's output rounded to bf16 either way, from keys merged in another order:
+        // about one rounding of the output (2^-8 of it), summed over a group's columns.
+        INFO("head group " << h << ": largest error " << err << " of "
+                           << want.abs().max().item<double>());
+        CHECK(err <= 0.02 * want.abs().max().item<double>() + 1e-3);
+      }
+      // The gate/up projection's staging adds the partial sums in head order, then rounds.
+      const at::Tensor x = at::randn({c.batch, 1, c.hidden}, On(bf16)) * 3;
+      const at::Tensor norm = at::randn({c.hidden}, On(bf16));
+      const at::Tensor w = at::randn({2048, c.hidden}, On(bf16)) / 32;
+      at::Tensor total = partials[0].clone();
+      for (int64_t h = 1; h < c.kv_heads; ++h) total = total + partials[h];
+      const SummedLinear folded = SmallLinearAddPartialsRmsNorm(x, partials, norm, 1e-6, w, {});
+      const SummedLinear want = SmallLinearAddRmsNorm(x, total.to(bf16), norm, 1e-6, w, {});
+      CHECK(SameBits(folded.sum, want.sum));
+      CHECK(SameBits(folded.out, want.out));
+    }
+  }
+  // Layouts it does not take: a hidden size not a multiple of the cluster, a slice past its
+  // shared memory (2048 features of 2 query heads), heads of 64 dims, an o projection with a bias,
+  // more keys than kAttentionOMaxKeys.
+  const at::Tensor key = at::zeros({1, 8, 4096, 128}, On(at::kBFloat16));
+  const DecodeCache cache{key, key.clone(), at::zeros({1}, On(at::kLong))};
+  const at::Tensor o_proj = at::zeros({1024, 2048}, On(at::kBFloat16));
+  CHECK(DecodeQkvAttentionOTakes(16, cache, 64, o_proj, {}));
+  CHECK(DecodeQkvAttentionOTakes(16, cache, kAttentionOMaxKeys, o_proj, {}));
+  CHECK_FALSE(DecodeQkvAttentionOTakes(16, cache, kAttentionOMaxKeys + 1, o_proj, {}));
+  CHECK_FALSE(
+      DecodeQkvAttentionOTakes(16, cache, 64, at::zeros({1020, 2048}, On(at::kBFloat16)), {}));
+  CHECK_FALSE(
+      DecodeQkvAttentionOTakes(16, cache, 64, at::zeros({2048, 2048}, On(at::kBFloat16)), {}));
+  CHECK_FALSE(
+      DecodeQkvAttentionOTakes(16, cache, 64, o_proj, at::zeros({1024}, On(at::kBFloat16))));
+  const at::Tensor small_key = at::zeros({1, 8, 64, 64}, On(at::kBFloat16));
+  const DecodeCache small{small_key, small_key.clone(), at::zeros({1}, On(at::kLong))};
+  CHECK_FALSE(
+      DecodeQkvAttentionOTakes(16, small, 64, at::zeros({1024, 1024}, On(at::kBFloat16)), {}));
+}
+
 // Note [Ragged decode] in trainer/model/layers.h: with a position and cos / sin per row, each
 // row's preparation is bit for bit that row alone, and its attention reads its keys up to its own
 // position (past it the caches hold NaN).

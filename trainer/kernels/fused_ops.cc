@@ -417,6 +417,37 @@ SummedLinear SmallLinearAddRmsNorm(const at::Tensor& x, const at::Tensor& add,
   return out;
 }
 
+SummedLinear SmallLinearAddPartialsRmsNorm(const at::Tensor& x, const at::Tensor& partials,
+                                           const at::Tensor& norm_weight, double eps,
+                                           const at::Tensor& w, const at::Tensor& b) {
+  const int64_t k = x.size(-1);
+  RL_CHECK(SmallLinearStagedTakes(x, k, w, b) && x.scalar_type() == at::kBFloat16 &&
+               partials.scalar_type() == at::kFloat &&
+               partials.is_contiguous() && partials.dim() == x.dim() + 1 &&
+               partials.size(0) >= 1 && partials.size(0) <= kMaxOPartialSlices && k % 4 == 0 &&
+               partials[0].sizes() == x.sizes() &&
+               partials.device() == x.device() && !partials.requires_grad() &&
+               norm_weight.numel() == k && norm_weight.scalar_type() == x.scalar_type(),
+           Error,
+           "SmallLinearAddPartialsRmsNorm: x [{}], partial sums [{}] and w [{}] do not fit the "
+           "kernel",
+           fmt::join(x.sizes(), ", "), fmt::join(partials.sizes(), ", "),
+           fmt::join(w.sizes(), ", "));
+  const at::Tensor in = x.contiguous();
+  const at::Tensor nw = norm_weight.contiguous();
+  const at::Tensor bias = b.defined() ? b.contiguous() : b;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  SummedLinear out{at::empty_like(in), at::empty(shape, x.options())};
+  const c10::cuda::CUDAGuard guard(x.device());
+  RL_CHECK_CUDA(kernels::SmallLinearAddPartialsRmsNorm(
+      in.data_ptr(), partials.data_ptr<float>(), static_cast<int>(partials.size(0)),
+      nw.data_ptr(), static_cast<float>(eps), out.sum.data_ptr(), w.data_ptr(),
+      bias.defined() ? bias.data_ptr() : nullptr, out.out.data_ptr(), in.numel() / k, w.size(0),
+      k, CodeOf(in), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b) {
   const int64_t inner = gate_up.size(-1) / 2;
   RL_CHECK(gate_up.size(-1) == 2 * inner && SmallLinearStagedTakes(gate_up, inner, w, b), Error,
@@ -539,15 +570,14 @@ struct AttentionPlan {
   }
 };
 
-AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& cache,
-                            int64_t key_length, double scale, int blocks_per_sm,
-                            bool tensor_cores) {
-  AttentionPlan plan;
-  DecodeAttentionShape& shape = plan.shape;
+// PlanDecodeAttention's split, with the caches' strides.
+DecodeAttentionShape CacheAttentionShape(int64_t batch, int64_t q_heads, const DecodeCache& cache,
+                                         int64_t key_length, double scale, int blocks_per_sm,
+                                         bool tensor_cores) {
   const bool mma = tensor_cores && cache.key.scalar_type() == at::kBFloat16 &&
                    CacheRowsAligned(cache.key, 8) && CacheRowsAligned(cache.value, 8);
-  shape = PlanDecodeAttention(batch, q_heads, cache.key.size(1), key_length,
-                              static_cast<float>(scale), blocks_per_sm, mma);
+  DecodeAttentionShape shape = PlanDecodeAttention(
+      batch, q_heads, cache.key.size(1), key_length, static_cast<float>(scale), blocks_per_sm, mma);
   shape.k_stride_b = cache.key.stride(0);
   shape.k_stride_h = cache.key.stride(1);
   shape.k_stride_t = cache.key.stride(2);
@@ -555,6 +585,16 @@ AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& c
   shape.v_stride_h = cache.value.stride(1);
   shape.v_stride_t = cache.value.stride(2);
   shape.position_stride = RowStride(cache.position, batch, 1);
+  return shape;
+}
+
+AttentionPlan PlanAttention(int64_t batch, int64_t q_heads, const DecodeCache& cache,
+                            int64_t key_length, double scale, int blocks_per_sm,
+                            bool tensor_cores) {
+  AttentionPlan plan;
+  DecodeAttentionShape& shape = plan.shape;
+  shape = CacheAttentionShape(batch, q_heads, cache, key_length, scale, blocks_per_sm,
+                              tensor_cores);
   if (shape.splits > 1) {
     const at::TensorOptions fp32 = cache.key.options().dtype(at::kFloat);
     const int64_t dim = cache.key.size(3);
@@ -647,6 +687,44 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
       cache.value.data_ptr(), out.data_ptr(), plan.PartialOut(), plan.PartialStats(), batch,
       plan.shape, CodeOf(qkv), c10::cuda::getCurrentCUDAStream()));
   return out;
+}
+
+bool DecodeQkvAttentionOTakes(int64_t q_heads, const DecodeCache& cache, int64_t key_length,
+                              const at::Tensor& o_proj, const at::Tensor& o_bias) {
+  const at::Tensor& k = cache.key;
+  return DecodeQkvAttentionTakes(q_heads, cache) && key_length <= kAttentionOMaxKeys &&
+         k.scalar_type() == at::kBFloat16 &&
+         CacheRowsAligned(k, 8) && CacheRowsAligned(cache.value, 8) && !o_bias.defined() &&
+         o_proj.defined() && o_proj.dim() == 2 && o_proj.scalar_type() == at::kBFloat16 &&
+         o_proj.is_contiguous() && o_proj.device() == k.device() && !o_proj.requires_grad() &&
+         o_proj.size(1) == q_heads * k.size(3) && Aligned(o_proj, 8) &&
+         DecodeQkvAttentionOSupports(q_heads, k.size(1), k.size(3), o_proj.size(0));
+}
+
+at::Tensor DecodeQkvAttentionO(const at::Tensor& qkv, const at::Tensor& q_norm,
+                               const at::Tensor& k_norm, double eps, const at::Tensor& cos,
+                               const at::Tensor& sin, bool interleaved, int64_t q_heads,
+                               int64_t kv_heads, int64_t dim, const DecodeCache& cache,
+                               int64_t key_length, double scale, const at::Tensor& o_proj) {
+  const PrepTensors prep = CheckedPrep("DecodeQkvAttentionO", qkv, q_norm, k_norm, eps, cos, sin,
+                                       interleaved, q_heads, kv_heads, dim, cache);
+  const int64_t batch = qkv.size(0);
+  RL_CHECK(DecodeQkvAttentionOTakes(q_heads, cache, key_length, o_proj, {}) && key_length >= 1 &&
+               key_length <= cache.key.size(2),
+           Error,
+           "DecodeQkvAttentionO: {} query heads against caches [{}] over {} keys, o projection "
+           "[{}]",
+           q_heads, fmt::join(cache.key.sizes(), ", "), key_length,
+           fmt::join(o_proj.sizes(), ", "));
+  const int64_t hidden = o_proj.size(0);
+  at::Tensor partials = at::empty({kv_heads, batch, 1, hidden}, qkv.options().dtype(at::kFloat));
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  RL_CHECK_CUDA(kernels::DecodeQkvAttentionO(
+      prep.Inputs(qkv), cache.position.data_ptr<int64_t>(), cache.key.data_ptr(),
+      cache.value.data_ptr(), {o_proj.data_ptr(), partials.data_ptr<float>(), hidden, batch},
+      CacheAttentionShape(batch, q_heads, cache, key_length, scale, 0, true),
+      c10::cuda::getCurrentCUDAStream()));
+  return partials;
 }
 
 bool DsaIndexScoresTakes(const at::Tensor& q, const at::Tensor& keys) {

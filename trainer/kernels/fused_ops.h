@@ -132,6 +132,11 @@ struct SummedLinear {
 SummedLinear SmallLinearAddRmsNorm(const at::Tensor& x, const at::Tensor& add,
                                    const at::Tensor& norm_weight, double eps, const at::Tensor& w,
                                    const at::Tensor& b);
+// SmallLinearAddRmsNorm with add given as fp32 partial sums [slices, ...x's shape] (those of
+// DecodeQkvAttentionO): add is their sum in slice order, rounded to x's dtype.
+SummedLinear SmallLinearAddPartialsRmsNorm(const at::Tensor& x, const at::Tensor& partials,
+                                           const at::Tensor& norm_weight, double eps,
+                                           const at::Tensor& w, const at::Tensor& b);
 // Linear(SiluMul(gate_up), w, b): the activation folded into the down projection.
 at::Tensor SmallLinearSiluMul(const at::Tensor& gate_up, const at::Tensor& w, const at::Tensor& b);
 
@@ -178,6 +183,20 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
                               const at::Tensor& sin, bool interleaved, int64_t q_heads,
                               int64_t kv_heads, int64_t dim, const DecodeCache& cache,
                               int64_t key_length, double scale);
+
+// DecodeQkvAttention with the o projection o_proj [hidden, q_heads dim] (bf16, no bias) folded in
+// (DecodeQkvAttentionO in cuda_kernels.h): returns the o projection's fp32 partial sums
+// [kv_heads, B, 1, hidden], one per key/value head's group of query heads, for
+// SmallLinearAddPartialsRmsNorm. Added in head order they are Linear(DecodeQkvAttention(...),
+// o_proj) up to the order of the sums. DecodeQkvAttentionOTakes says whether it applies (over at
+// most kAttentionOMaxKeys keys: where DecodeQkvAttention would split them no more finely).
+bool DecodeQkvAttentionOTakes(int64_t q_heads, const DecodeCache& cache, int64_t key_length,
+                              const at::Tensor& o_proj, const at::Tensor& o_bias);
+at::Tensor DecodeQkvAttentionO(const at::Tensor& qkv, const at::Tensor& q_norm,
+                               const at::Tensor& k_norm, double eps, const at::Tensor& cos,
+                               const at::Tensor& sin, bool interleaved, int64_t q_heads,
+                               int64_t kv_heads, int64_t dim, const DecodeCache& cache,
+                               int64_t key_length, double scale, const at::Tensor& o_proj);
 
 // The DSA indexer's scores of one decode step (Note [DSA index scores kernel] in dsa_kernels.cu):
 // for q [B, H, D] (bf16), weights [B, H] (fp32, the head weights with their H^-0.5), the index

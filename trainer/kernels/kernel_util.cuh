@@ -250,32 +250,45 @@ __device__ __forceinline__ void PrecedingKernelsDone() {
 
 // kernel<<<grid, block, shared, stream>>>(args...), asking for programmatic dependent launch
 // while a ProgrammaticLaunch scope is on (Note [Programmatic dependent launch]); `kernel` must then
-// call PrecedingKernelsDone() in every block before it reads anything but its weights. Returns
+// call PrecedingKernelsDone() in every block before it reads anything but its weights. With
+// `cluster` > 0 the blocks run in clusters of that many along x (grid.x a multiple of it). Returns
 // the launch's error (and clears it, as cudaGetLastError after <<<>>> does).
 template <typename... Params, typename... Args>
-cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
-                   cudaStream_t stream, const Args&... args) {
-  cudaLaunchAttribute programmatic = {};
-  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  programmatic.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t LaunchClusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                           unsigned cluster, cudaStream_t stream, const Args&... args) {
+  // The cluster's shape (with `cluster`), then the programmatic launch (while the scope is on).
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned own = 0;  // the attributes besides the programmatic one
+  if (cluster > 0) {
+    attrs[own].id = cudaLaunchAttributeClusterDimension;
+    attrs[own++].val.clusterDim = {cluster, 1, 1};
+  }
+  attrs[own].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[own].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared;
   config.stream = stream;
-  config.attrs = &programmatic;
-  config.numAttrs = ProgrammaticLaunch::On() ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = own + (ProgrammaticLaunch::On() ? 1 : 0);
   cudaError_t launched = cudaLaunchKernelEx(&config, kernel, args...);
-  if (launched != cudaSuccess && config.numAttrs > 0) {
+  if (launched != cudaSuccess && config.numAttrs > own) {
     // Where the ordinary launch succeeds, a driver or stream refused the attribute: launch the
     // ordinary way from now on (ProgrammaticLaunch::On() then says false).
     (void)cudaGetLastError();
-    config.numAttrs = 0;
+    config.numAttrs = own;
     launched = cudaLaunchKernelEx(&config, kernel, args...);
     if (launched == cudaSuccess) ProgrammaticLaunch::Refused();
   }
   const cudaError_t last = cudaGetLastError();
   return launched != cudaSuccess ? launched : last;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                   cudaStream_t stream, const Args&... args) {
+  return LaunchClusters(kernel, grid, block, shared, 0, stream, args...);
 }
 
 }  // namespace

@@ -438,10 +438,17 @@ bool Decoder::SmallDecodeLayer(const Layer& layer, const AttentionContext& ctx, 
   const double eps = config_.rms_norm_eps;
   const kernels::SummedLinear qkv =
       kernels::SmallLinearAddRmsNorm(x, pending, layer.input_norm, eps, w.qkv_proj, w.qkv_bias);
-  const at::Tensor attention =
-      Linear(GqaDecodeAttention(w, qkv.out, ctx), w.o_proj, w.o_bias, kernels_);
+  // At one row the o projection is folded into the attention, as partial sums that the gate/up
+  // projection adds (Note [The o projection in the attention's clusters] in decode_kernels.cu).
+  const at::Tensor o_partials =
+      x.size(0) == 1 ? GqaDecodeAttentionO(w, qkv.out, ctx) : at::Tensor();
   const kernels::SummedLinear gate_up =
-      kernels::SmallLinearAddRmsNorm(qkv.sum, attention, layer.post_norm, eps, mlp.gate_up_proj, {});
+      o_partials.defined()
+          ? kernels::SmallLinearAddPartialsRmsNorm(qkv.sum, o_partials, layer.post_norm, eps,
+                                                   mlp.gate_up_proj, {})
+          : kernels::SmallLinearAddRmsNorm(
+                qkv.sum, Linear(GqaDecodeAttention(w, qkv.out, ctx), w.o_proj, w.o_bias, kernels_),
+                layer.post_norm, eps, mlp.gate_up_proj, {});
   pending = kernels::SmallLinearSiluMul(gate_up.out, mlp.down_proj, {});
   x = gate_up.sum;
   return true;

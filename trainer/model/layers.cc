@@ -418,7 +418,9 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // where they fit: Note [Small linear with weights in shared memory] in
 // trainer/kernels/decode_kernels.cu), and a dense layer
 // (Decoder::SmallDecodeLayer) folds each AddRmsNorm into the projection after it and SiluMul into
-// the down projection (each block of those computes its input rows itself): 5 kernels. From 3 to
+// the down projection (each block of those computes its input rows itself): 5 kernels; at one row
+// the o projection is folded into the attention as well (DecodeQkvAttentionO, Note [The o
+// projection in the attention's clusters] in trainer/kernels/decode_kernels.cu): 4. From 3 to
 // 32 bf16 rows the projections of up to 2048 features are SkinnyLinear (Note [Skinny linear
 // kernel] in trainer/kernels/linear_kernels.cu: 16 features a block on tensor cores, where it
 // beat cuBLAS); the rest keep cuBLAS. From 33 to 64 rows the o and down projections of up to 2048
@@ -461,6 +463,22 @@ at::Tensor GqaDecodeAttention(const GqaWeights& w, const at::Tensor& qkv,
       rows, w.q_norm, w.k_norm, c.rms_norm_eps, ctx.rope->cos, ctx.rope->sin, c.rope_interleave,
       c.num_attention_heads, c.num_key_value_heads, c.head_dim, cache);
   return kernels::DecodeAttention(query, cache, key_length, c.attention_scale()).view(shape);
+}
+
+at::Tensor GqaDecodeAttentionO(const GqaWeights& w, const at::Tensor& qkv,
+                               const AttentionContext& ctx) {
+  const ModelConfig& c = *ctx.config;
+  const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
+  const int64_t key_length = ctx.key_mask.size(-1);
+  if (!kernels::DecodeQkvAttentionOTakes(c.num_attention_heads, cache, key_length, w.o_proj,
+                                         w.o_bias)) {
+    return {};
+  }
+  const at::Tensor rows = qkv.stride(-1) == 1 ? qkv : qkv.contiguous();
+  return kernels::DecodeQkvAttentionO(rows, w.q_norm, w.k_norm, c.rms_norm_eps, ctx.rope->cos,
+                                      ctx.rope->sin, c.rope_interleave, c.num_attention_heads,
+                                      c.num_key_value_heads, c.head_dim, cache, key_length,
+                                      c.attention_scale(), w.o_proj);
 }
 
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x, const AttentionContext& ctx) {

@@ -175,6 +175,11 @@ at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
 bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x);
 at::Tensor GqaDecodeAttention(const GqaWeights& w, const at::Tensor& qkv,
                               const AttentionContext& ctx);
+// GqaDecodeAttention with the o projection folded in, where kernels::DecodeQkvAttentionOTakes
+// says it applies (else undefined): the o projection's fp32 partial sums [Hkv, B, 1, H], for
+// kernels::SmallLinearAddPartialsRmsNorm (Decoder::SmallDecodeLayer at one row).
+at::Tensor GqaDecodeAttentionO(const GqaWeights& w, const at::Tensor& qkv,
+                               const AttentionContext& ctx);
 
 // A decode step with a cache (one new position), Kernels::kFused and ctx.latent_mla_decode attends
 // in the latent space (Note [MLA decode in the latent space] in layers.cc).
