@@ -564,11 +564,12 @@ constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 row
 // projection. The sums are the o projection's in another order (by head group, then added), so
 // the bits differ from the unfolded kernels by rounding; graphs and eager steps run the same
 // kernels and stay equal. On H100s (Qwen3-0.6B's shape, `decode_ab.sh`) a batch-1 step was
-// 1.020x, 1.021x and 1.026x faster; the attention then ends 1.05 us later a layer, about half of
-// what the o kernel took (docs/decode-performance.md, "The o projection in the attention's
-// clusters"). At two rows, a slice copied per row, it was 0.854x, so only one row folds; clusters
-// of 4 blocks (twice the slice a block) were 0.950x. Up to kAttentionOMaxKeys keys, where
-// DecodeQkvAttention splits the keys no more finely.
+// 1.020x, 1.021x and 1.026x faster (1.109x with a 1900-token prompt, within the noise with 1024);
+// the attention then ends 1.05 us later a layer, about half of what the o kernel took
+// (docs/decode-performance.md, "The o projection in the attention's clusters"). At two rows, a
+// slice copied per row, it was 0.854x, so only one row folds; clusters of 4 blocks (twice the
+// slice a block) were 0.950x, blocks of 2 warps 0.874x, of 8 no faster. Up to kAttentionOMaxKeys
+// keys, where DecodeQkvAttention splits the keys no more finely.
 template <int kGroup, int kDim>
 struct ClusterMerge {
   float out[kGroup][kDim];
