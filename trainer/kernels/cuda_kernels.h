@@ -278,8 +278,7 @@ struct OProjection {
   int64_t batch = 0;
 };
 // The blocks of a cluster of DecodeQkvAttentionO, which split the keys of one (row, key/value
-// head) and the o projection's output features; and the most bytes of the o projection's weights
-// a block holds in shared memory.
+// head) and the o projection's output features.
 constexpr int kAttentionOCluster = 8;
 // The most keys DecodeQkvAttentionO is taken for: a split of at least 256 keys each on tensor
 // cores (PlanDecodeAttention) gives DecodeQkvAttention no more than the cluster's splits there,
@@ -287,6 +286,7 @@ constexpr int kAttentionOCluster = 8;
 constexpr int64_t kAttentionOMaxKeys = int64_t{kAttentionOCluster} * 256;
 // The most partial sums (key/value heads) SmallLinearAddPartialsRmsNorm adds.
 constexpr int kMaxOPartialSlices = 8;
+// The most bytes of the o projection's weights a DecodeQkvAttentionO block holds in shared memory.
 constexpr int64_t kOSliceMaxBytes = 80 * 1024;
 
 // True when DecodeQkvAttentionO takes this layout: DecodeQkvAttentionSupports with heads of 128
