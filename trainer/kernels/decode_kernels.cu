@@ -580,8 +580,9 @@ struct ClusterMerge {
 
 // The o projection's row stride in shared memory: a slice's rows padded by 16 bytes, so that the 8
 // threads of a quarter warp read 16-byte pieces of 8 rows from 8 different bank groups.
+constexpr int64_t ORowElements(int64_t group, int64_t dim) { return group * dim + 8; }
 template <int kGroup, int kDim>
-constexpr int kORow = kGroup * kDim + 8;
+constexpr int kORow = ORowElements(kGroup, kDim);
 
 // The end of a DecodeQkvAttentionO block (Note [The o projection in the attention's clusters]):
 // the warps merged into `merge`, the cluster's blocks merged into merge.head, then this block's
@@ -908,6 +909,11 @@ enum class SmallInput {
   kSiluMul,  // silu(gate) * up of x [rows, 2 k_in], staged in shared memory
 };
 
+// The forms whose staging ends in an RmsNorm (and so copy the norm's weight with the weights).
+constexpr bool NormsInput(SmallInput mode) {
+  return mode == SmallInput::kAddNorm || mode == SmallInput::kAddPartialsNorm;
+}
+
 // The staged inputs of SmallLinearKernel, computed by the whole block into `staged` [rows, k_in]
 // (x's dtype) with the roundings of RmsNormKernel (the same loop and BlockSum, kThreads threads)
 // and SiluMulKernel, or (kPlain) x itself. Block 0 writes x + add to `sum`. The plain and SiluMul
@@ -1153,7 +1159,7 @@ __global__ void __launch_bounds__(kThreads)
                              int64_t rows, int64_t n_out, int64_t k_in, int64_t per_block,
                              bool staged_input) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr bool kNorm = kMode == SmallInput::kAddNorm || kMode == SmallInput::kAddPartialsNorm;
+  constexpr bool kNorm = NormsInput(kMode);
   // [per_block, k_in] weights, then (kNorm) the norm's weight [k_in], then the staged input.
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   T* weights = reinterpret_cast<T*>(shared_bytes);
@@ -1344,8 +1350,7 @@ cudaError_t LaunchSmallLinearPacks(const SmallLinearArgs& a, cudaStream_t stream
   if (SharedWeightLinear::On()) {
     const SharedWeightPlan plan = PlanSharedWeights(
         a.rows, a.n_out, a.k_in, sizeof(T),
-        kMode == SmallInput::kAddNorm || kMode == SmallInput::kAddPartialsNorm ? a.norm_weight
-                                                                               : nullptr,
+        NormsInput(kMode) ? a.norm_weight : nullptr,
         kMode != SmallInput::kPlain);
     if (plan.per_block > 0 && SharedWeightKernelReady<T, kRows, kMode>()) {
       return LaunchSharedWeightLinear<T, kRows, kMode>(a, plan, stream);
@@ -1408,7 +1413,6 @@ template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFi
           bool kOSlice = false>
 struct MmaAttentionForm {
   static constexpr int kRingBytes = kBlockWarps * kRing * 2 * kTileKeys * (kDim + kRowPad) * 2;
-  static constexpr int kMaxBytes = kRingBytes + (kOSlice ? kOSliceMaxBytes : 0);
   // A function, so that the kernel is instantiated only for the forms that run.
   static constexpr auto Kernel() {
     return DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll, kOSlice>;
@@ -1417,6 +1421,7 @@ struct MmaAttentionForm {
   // Once per form, before any capture (the engine's first step runs eagerly, and every launch
   // opts in every form it may take): shared memory past the default 48 KiB.
   static cudaError_t OptIn() {
+    constexpr int kMaxBytes = kRingBytes + (kOSlice ? kOSliceMaxBytes : 0);
     static const cudaError_t opted =
         cudaFuncSetAttribute(Kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxBytes);
     return opted;
@@ -1465,9 +1470,9 @@ constexpr int kOSliceRing = 2;
 template <int kDim, int kGroup>
 using OSliceForm = MmaAttentionForm<kDim, kGroup, true, kOSliceWarps, kOSliceRing, true, true>;
 
-template <int kDim, int kGroup>
-int64_t OSliceBytes(int64_t hidden) {
-  return hidden / kAttentionOCluster * kORow<kGroup, kDim> * 2;
+// The bytes of a DecodeQkvAttentionO block's slice of the o projection (bf16 rows of kORow).
+int64_t OSliceBytes(int64_t hidden, int64_t group, int64_t dim) {
+  return hidden / kAttentionOCluster * ORowElements(group, dim) * 2;
 }
 
 template <int kDim, int kGroup>
@@ -1475,7 +1480,7 @@ cudaError_t LaunchAttentionO(const QkvPrepInputs& prep, const int64_t* position,
                              void* v_cache, const OProjection& o, const DecodeAttentionShape& p,
                              cudaStream_t stream) {
   using Form = OSliceForm<kDim, kGroup>;
-  const int64_t o_bytes = OSliceBytes<kDim, kGroup>(o.hidden);
+  const int64_t o_bytes = OSliceBytes(o.hidden, kGroup, kDim);
   if (o_bytes > kOSliceMaxBytes) return cudaErrorInvalidValue;
   if (const cudaError_t opted = Form::OptIn(); opted != cudaSuccess) return opted;
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.q_heads / kGroup),
@@ -1704,16 +1709,9 @@ bool DecodeQkvAttentionOSupports(int64_t q_heads, int64_t kv_heads, int64_t dim,
       hidden <= 0 || hidden % (4 * kAttentionOCluster) != 0 || dim != 128) {
     return false;
   }
-  switch (q_heads / kv_heads) {
-    case 1:
-      return OSliceBytes<128, 1>(hidden) <= kOSliceMaxBytes;
-    case 2:
-      return OSliceBytes<128, 2>(hidden) <= kOSliceMaxBytes;
-    case 4:
-      return OSliceBytes<128, 4>(hidden) <= kOSliceMaxBytes;
-    default:
-      return false;
-  }
+  const int64_t group = q_heads / kv_heads;
+  return (group == 1 || group == 2 || group == 4) &&
+         OSliceBytes(hidden, group, dim) <= kOSliceMaxBytes;
 }
 
 cudaError_t DecodeQkvAttentionO(const QkvPrepInputs& prep, const int64_t* position, void* k_cache,
