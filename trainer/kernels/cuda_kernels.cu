@@ -105,9 +105,7 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ add
       }
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) {
-        addend[j] = part[0][j];
-#pragma unroll
-        for (int s = 1; s < kPartialSlices; ++s) addend[j] = __fadd_rn(addend[j], part[s][j]);
+        addend[j] = SlicesSum<kPartialSlices>([&](int s) { return part[s][j]; });
       }
     }
     float squares = 0.0f;

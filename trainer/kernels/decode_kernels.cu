@@ -272,24 +272,25 @@ __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, 
   __syncthreads();  // the query heads and the step's rows, before they are read
 }
 
-// A block's warps merged at head g, dim d: the largest of their maxima, and their sums and
-// unnormalised outputs rescaled to it, in warp order.
+// Parts of an attention's softmax merged at head g, dim d: the largest of their maxima, and their
+// sums and unnormalised outputs rescaled to it, in part order, skipping a part that saw no key (sum
+// 0). The parts are a block's warps, or (with one head and one dim) a cluster's blocks.
 struct Merged {
   float max, sum, out;
 };
-template <int kDim, int kGroup, int kBlockWarps>
-__device__ __forceinline__ Merged MergeWarps(const float (&warp_out)[kBlockWarps][kGroup][kDim],
-                                             const float (&warp_max)[kBlockWarps][kGroup],
-                                             const float (&warp_sum)[kBlockWarps][kGroup], int g,
+template <int kDim, int kGroup, int kParts>
+__device__ __forceinline__ Merged MergeParts(const float (&part_out)[kParts][kGroup][kDim],
+                                             const float (&part_max)[kParts][kGroup],
+                                             const float (&part_sum)[kParts][kGroup], int g,
                                              int d) {
   float m = -FLT_MAX;
-  for (int w = 0; w < kBlockWarps; ++w) m = fmaxf(m, warp_max[w][g]);
+  for (int p = 0; p < kParts; ++p) m = fmaxf(m, part_max[p][g]);
   float sum = 0.0f, o = 0.0f;
-  for (int w = 0; w < kBlockWarps; ++w) {
-    if (warp_sum[w][g] == 0.0f) continue;  // a warp that saw no key
-    const float scale = expf(warp_max[w][g] - m);
-    sum += warp_sum[w][g] * scale;
-    o += warp_out[w][g][d] * scale;
+  for (int p = 0; p < kParts; ++p) {
+    if (part_sum[p][g] == 0.0f) continue;
+    const float scale = expf(part_max[p][g] - m);
+    sum += part_sum[p][g] * scale;
+    o += part_out[p][g][d] * scale;
   }
   return {m, sum, o};
 }
@@ -312,7 +313,7 @@ __device__ void MergeWarpsAndSplits(const float (&warp_out)[kBlockWarps][kGroup]
     const int g = i / kDim;
     const int d = i % kDim;
     const Merged warps =
-        MergeWarps<kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, g, d);
+        MergeParts<kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, g, d);
     const int64_t row = b * p.q_heads + first_head + g;  // [B, Hq]
     if (p.splits == 1) {
       out[row * kDim + d] = FromFloat<T>(warps.out / warps.sum);
@@ -600,7 +601,7 @@ __device__ void MergeClusterAndProject(const float (&warp_out)[kBlockWarps][kGro
   for (int i = threadIdx.x; i < kGroup * kDim; i += blockDim.x) {
     const int g = i / kDim;
     const int d = i % kDim;
-    const Merged warps = MergeWarps<kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, g, d);
+    const Merged warps = MergeParts<kDim, kGroup, kBlockWarps>(warp_out, warp_max, warp_sum, g, d);
     merge.out[g][d] = warps.out;
     if (d == 0) {
       merge.max[g] = warps.max;
@@ -614,25 +615,15 @@ __device__ void MergeClusterAndProject(const float (&warp_out)[kBlockWarps][kGro
     const int g = i / kDim;
     const int d = i % kDim;
     // Every block's numbers loaded first, so that the remote loads go out at once.
-    float block_max[kRanks], block_sum[kRanks], block_out[kRanks];
+    float block_max[kRanks][1], block_sum[kRanks][1], block_out[kRanks][1][1];
 #pragma unroll
     for (int r = 0; r < kRanks; ++r) {
-      block_max[r] = *cluster.map_shared_rank(&merge.max[g], r);
-      block_sum[r] = *cluster.map_shared_rank(&merge.sum[g], r);
-      block_out[r] = *cluster.map_shared_rank(&merge.out[g][d], r);
+      block_max[r][0] = *cluster.map_shared_rank(&merge.max[g], r);
+      block_sum[r][0] = *cluster.map_shared_rank(&merge.sum[g], r);
+      block_out[r][0][0] = *cluster.map_shared_rank(&merge.out[g][d], r);
     }
-    float m = -FLT_MAX;
-#pragma unroll
-    for (int r = 0; r < kRanks; ++r) m = fmaxf(m, block_max[r]);
-    float sum = 0.0f, out = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRanks; ++r) {
-      if (block_sum[r] == 0.0f) continue;  // a split past the position
-      const float scale = expf(block_max[r] - m);
-      sum += block_sum[r] * scale;
-      out += block_out[r] * scale;
-    }
-    merge.head[i] = FromFloat<__nv_bfloat16>(out / sum);
+    const Merged blocks = MergeParts<1, 1, kRanks>(block_out, block_max, block_sum, 0, 0);
+    merge.head[i] = FromFloat<__nv_bfloat16>(blocks.out / blocks.sum);
   }
   // This block has read the others; they may leave once every block has (the wait at the end).
   cg::cluster_group::arrival_token read_all = cluster.barrier_arrive();
@@ -973,12 +964,8 @@ __device__ void StageInput(const T* __restrict__ x, const T* __restrict__ add,
         for (int e = 0; e < kEach; ++e) in[e] = x[e0 + e];
 #pragma unroll
         for (int e = 0; e < kEach; ++e) {
-          const auto element = [&](int s) { return reinterpret_cast<const float*>(&part[s])[e]; };
-          float total = element(0);
-#pragma unroll
-          for (int s = 1; s < kMaxOPartialSlices; ++s) {
-            if (s < slices) total = __fadd_rn(total, element(s));
-          }
+          const float total = SlicesSum<kMaxOPartialSlices>(
+              [&](int s) { return reinterpret_cast<const float*>(&part[s])[e]; }, slices);
           staged[e0 + e] = AddRounded<T>(ToFloat(in[e]), ToFloat(FromFloat<T>(total)));
         }
       }

@@ -74,6 +74,20 @@ __device__ __forceinline__ T SiluTimes(float g, float u) {
   return FromFloat<T>(__fmul_rn(ToFloat(FromFloat<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))))), u));
 }
 
+// One element of fp32 partial sums over slices of k, part(s) for s < slices, added in slice order:
+// a split-k GEMM's (Note [Split-k partial sums] in fused_ops.h) or DecodeQkvAttentionO's, one
+// slice per head group. Rounding the total to the dtype, as a GEMM rounds its output, is the
+// caller's.
+template <int kMaxSlices, typename Part>
+__device__ __forceinline__ float SlicesSum(const Part& part, int slices = kMaxSlices) {
+  float total = part(0);
+#pragma unroll
+  for (int s = 1; s < kMaxSlices; ++s) {
+    if (s < slices) total = __fadd_rn(total, part(s));
+  }
+  return total;
+}
+
 // Thread t's elements t, t + blockDim.x, ... of [0, n), in that order: kLoadsAhead of them loaded
 // (load(i)) before the first is used (use(i, loaded)), so that a thread pays a memory round trip
 // per kLoadsAhead elements, not one per element.
