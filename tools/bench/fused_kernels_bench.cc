@@ -131,8 +131,8 @@ void DecodeKernelSpeeds(const at::Device& device) {
                                          at::full({1}, position, on(at::kLong))};
     const at::Tensor qkv = at::randn({batch, 1, (q_heads + 2 * kv_heads) * dim}, on(at::kBFloat16));
     const at::Tensor norm = at::randn({dim}, on(at::kBFloat16));
-    const at::Tensor cos = at::randn({1, dim / 2}, on(at::kBFloat16));
-    const at::Tensor sin = at::randn({1, dim / 2}, on(at::kBFloat16));
+    const at::Tensor cos = at::randn({keys, dim / 2}, on(at::kBFloat16));  // a RoPE table
+    const at::Tensor sin = at::randn({keys, dim / 2}, on(at::kBFloat16));
     const double fused = GraphMicrosPerCall([&] {
       rl::kernels::DecodeQkvAttention(qkv, norm, norm, 1e-6, cos, sin, false, q_heads, kv_heads,
                                       dim, cache, keys, 0.088);

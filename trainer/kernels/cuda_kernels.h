@@ -181,19 +181,20 @@ struct QkvPrepShape {
   int64_t k_stride_b = 0, k_stride_h = 0, k_stride_t = 0;  // the key cache [B, Hkv, T, dim]
   int64_t v_stride_b = 0, v_stride_h = 0, v_stride_t = 0;  // the value cache
   float eps = 0;
-  // Row b's cos / sin start at cos + b rope_stride and its position is position[b
-  // position_stride]: 0 where the whole batch shares one, else each row has its own (Note [Ragged
-  // decode] in trainer/model/layers.h).
+  // Row b's position is p = position[b position_stride] (0 where the whole batch shares one, else
+  // each row has its own: Note [Ragged decode] in trainer/model/layers.h), and its cos / sin start
+  // at cos + p rope_stride: the rows of a RoPE table, one per position.
   int64_t rope_stride = 0;
   int64_t position_stride = 0;
 };
 
 // One decode position of GQA attention before the attention itself: per row b of qkv (the q, k
 // and v heads of one token, head after head, `dim` each), the q and k heads normalised by
-// RmsNorm with q_norm / k_norm [dim] (skipped where null), rotated by the position's cos / sin
-// [half] like Rope, and then q written to q_out [batch, q_heads, dim] (contiguous) and k and v to
-// the caches at the row's position (on the device; shape.rope_stride and shape.position_stride
-// say whether rows share them). Bit for bit what RmsNorm, Rope and copies compute.
+// RmsNorm with q_norm / k_norm [dim] (skipped where null), rotated by its position's row of the
+// RoPE table cos / sin [positions, half] like Rope, and then q written to q_out [batch, q_heads,
+// dim] (contiguous) and k and v to the caches at the row's position (on the device, below the
+// table's and the caches' lengths; shape.position_stride says whether rows share it). Bit for bit
+// what RmsNorm, Rope and copies compute.
 cudaError_t DecodeQkvPrep(const void* qkv, const void* q_norm, const void* k_norm,
                           const void* cos, const void* sin, const int64_t* position, void* q_out,
                           void* k_cache, void* v_cache, int64_t batch, const QkvPrepShape& shape,

@@ -400,6 +400,9 @@ TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the sam
   const at::Tensor angles = at::rand({1, 64}, On(at::kFloat)) * 6;
   const at::Tensor cos = angles.cos().to(at::kBFloat16);
   const at::Tensor sin = angles.sin().to(at::kBFloat16);
+  const at::Tensor table = at::rand({256, 64}, On(at::kFloat)) * 6;  // a RoPE table's angles
+  const at::Tensor table_cos = table.cos().to(at::kBFloat16);
+  const at::Tensor table_sin = table.sin().to(at::kBFloat16);
   std::vector<DecodeCache> caches;
   const at::Tensor positions = at::randint(256, {64}, On(at::kLong));
   for (int layer = 0; layer < 4; ++layer) {
@@ -422,8 +425,9 @@ TEST_CASE("Programmatic dependent launch gives a chain of decode kernels the sam
     at::Tensor wide = rows;
     for (const DecodeCache& cache : caches) {
       const at::Tensor qkv = SkinnyLinear(wide, w_qkv, {});
-      const at::Tensor attended = DecodeQkvAttention(qkv, head_norm, head_norm, 1e-6, cos, sin,
-                                                     false, 16, 8, 128, cache, 256, 0.088);
+      const at::Tensor attended = DecodeQkvAttention(qkv, head_norm, head_norm, 1e-6, table_cos,
+                                                     table_sin, false, 16, 8, 128, cache, 256,
+                                                     0.088);
       const at::Tensor o = SkinnyLinear(attended.view({64, 1, 2048}), w_o, {});
       const at::Tensor rotated = RopeInference(o.view({64, 1, 8, 128}), cos, sin, false);
       wide = AddRmsNorm(rotated.view({64, 1, 1024}), wide, norm, 1e-6).normed;
@@ -474,8 +478,8 @@ TEST_CASE("DecodeQkvPrep is RmsNorm, RoPE and the cache writes, bit for bit") {
       const at::Tensor qkv = at::randn({batch, 1, width}, On(dtype)) * 2;
       const at::Tensor q_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
       const at::Tensor k_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
-      const at::Tensor cos = at::randn({1, c.half}, On(dtype));
-      const at::Tensor sin = at::randn({1, c.half}, On(dtype));
+      const at::Tensor cos = at::randn({max_length, c.half}, On(dtype));  // a RoPE table
+      const at::Tensor sin = at::randn({max_length, c.half}, On(dtype));
       at::Tensor key = at::zeros({batch + 1, c.kv_heads, max_length, c.dim}, On(dtype));
       at::Tensor value = at::zeros_like(key);
       const at::Tensor pos = at::full({1}, position, On(at::kLong));
@@ -492,8 +496,12 @@ TEST_CASE("DecodeQkvPrep is RmsNorm, RoPE and the cache writes, bit for bit") {
         q_ref = FusedRmsNorm(q_ref, q_norm, 1e-6);
         k_ref = FusedRmsNorm(k_ref, k_norm, 1e-6);
       }
-      q_ref = RopeInference(q_ref, cos, sin, c.interleaved).view({batch, c.q_heads, c.dim});
-      k_ref = RopeInference(k_ref, cos, sin, c.interleaved).view({batch, c.kv_heads, c.dim});
+      const at::Tensor row_cos = cos.narrow(0, position, 1);  // the position's angles
+      const at::Tensor row_sin = sin.narrow(0, position, 1);
+      q_ref = RopeInference(q_ref, row_cos, row_sin, c.interleaved)
+                  .view({batch, c.q_heads, c.dim});
+      k_ref = RopeInference(k_ref, row_cos, row_sin, c.interleaved)
+                  .view({batch, c.kv_heads, c.dim});
       CHECK(SameBits(q, q_ref));
       CHECK(SameBits(key.narrow(0, 0, batch).select(2, position), k_ref));
       CHECK(SameBits(value.narrow(0, 0, batch).select(2, position), v_ref));
@@ -611,8 +619,8 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
         const at::Tensor qkv = at::randn({c.batch, 1, width}, On(dtype)) * 2;
         const at::Tensor q_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
         const at::Tensor k_norm = c.norms ? at::randn({c.dim}, On(dtype)) : at::Tensor();
-        const at::Tensor cos = at::randn({1, c.half}, On(dtype));
-        const at::Tensor sin = at::randn({1, c.half}, On(dtype));
+        const at::Tensor cos = at::randn({c.key_length, c.half}, On(dtype));  // a RoPE table
+        const at::Tensor sin = at::randn({c.key_length, c.half}, On(dtype));
         const at::Tensor key = at::randn({c.batch + 1, c.kv_heads, c.key_length, c.dim}, On(dtype));
         const at::Tensor value = at::randn_like(key);
         const at::Tensor pos = at::full({1}, position, On(at::kLong));
@@ -663,8 +671,8 @@ TEST_CASE("DecodeQkvAttentionO is DecodeQkvAttention and the o projection, by he
           at::randn({c.batch, 1, (c.q_heads + 2 * c.kv_heads) * dim}, On(bf16)) * 2;
       const at::Tensor q_norm = at::randn({dim}, On(bf16));
       const at::Tensor k_norm = at::randn({dim}, On(bf16));
-      const at::Tensor cos = at::randn({1, half}, On(bf16));
-      const at::Tensor sin = at::randn({1, half}, On(bf16));
+      const at::Tensor cos = at::randn({c.key_length, half}, On(bf16));  // a RoPE table
+      const at::Tensor sin = at::randn({c.key_length, half}, On(bf16));
       const at::Tensor key = at::randn({c.batch, c.kv_heads, c.key_length, dim}, On(bf16));
       const at::Tensor value = at::randn_like(key);
       const at::Tensor pos = at::full({1}, position, On(at::kLong));
@@ -733,9 +741,9 @@ TEST_CASE("DecodeQkvAttentionO is DecodeQkvAttention and the o projection, by he
       DecodeQkvAttentionOTakes(16, small, 64, at::zeros({1024, 1024}, On(at::kBFloat16)), {}));
 }
 
-// Note [Ragged decode] in trainer/model/layers.h: with a position and cos / sin per row, each
-// row's preparation is bit for bit that row alone, and its attention reads its keys up to its own
-// position (past it the caches hold NaN).
+// Note [Ragged decode] in trainer/model/layers.h: with a position per row (and so its row of the
+// RoPE table), each row's preparation is bit for bit that row alone, and its attention reads its
+// keys up to its own position (past it the caches hold NaN).
 TEST_CASE("The decode kernels take a position and RoPE angles per row") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(12);
@@ -748,8 +756,8 @@ TEST_CASE("The decode kernels take a position and RoPE angles per row") {
     const at::Tensor qkv = at::randn({batch, 1, width}, On(dtype)) * 2;
     const at::Tensor q_norm = at::randn({dim}, On(dtype));
     const at::Tensor k_norm = at::randn({dim}, On(dtype));
-    const at::Tensor cos = at::randn({batch, 1, half}, On(dtype));
-    const at::Tensor sin = at::randn({batch, 1, half}, On(dtype));
+    const at::Tensor cos = at::randn({key_length, half}, On(dtype));  // a RoPE table
+    const at::Tensor sin = at::randn({key_length, half}, On(dtype));
     const at::Tensor pos = at::tensor(positions, at::kLong).to(On(at::kLong).device());
     at::Tensor key = at::randn({batch, kv_heads, key_length, dim}, On(dtype));
     at::Tensor value = at::randn_like(key);
@@ -775,8 +783,8 @@ TEST_CASE("The decode kernels take a position and RoPE angles per row") {
       const at::Tensor own_key = key.narrow(0, b, 1).clone();
       const at::Tensor own_value = value.narrow(0, b, 1).clone();
       const DecodeCache own{own_key, own_value, at::full({1}, p, On(at::kLong))};
-      const at::Tensor own_q = DecodeQkvPrep(qkv.narrow(0, b, 1), q_norm, k_norm, 1e-6, cos[b],
-                                             sin[b], false, q_heads, kv_heads, dim, own);
+      const at::Tensor own_q = DecodeQkvPrep(qkv.narrow(0, b, 1), q_norm, k_norm, 1e-6, cos, sin,
+                                             false, q_heads, kv_heads, dim, own);
       CHECK(SameBits(q.narrow(0, b, 1), own_q));
       CHECK(SameBits(cache.key.narrow(0, b, 1), own.key));
       CHECK(SameBits(cache.value.narrow(0, b, 1), own.value));

@@ -515,10 +515,10 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   const at::Tensor& k = cache.key;
   const at::Tensor& v = cache.value;
   const at::Tensor& pos = cache.position;
-  const int64_t rope_stride = RowStride(cos, batch, half);
   const int64_t position_stride = RowStride(pos, batch, 1);
   RL_CHECK(qkv.dim() == 3 && qkv.size(1) == 1 && qkv.size(2) >= (q_heads + 2 * kv_heads) * dim &&
-               qkv.stride(2) == 1 && dim <= kMaxHeadDim && 2 * half <= dim && rope_stride >= 0 &&
+               qkv.stride(2) == 1 && dim <= kMaxHeadDim && 2 * half <= dim && cos.dim() == 2 &&
+               cos.size(0) >= 1 &&
                sin.sizes() == cos.sizes() && q_norm.defined() == k_norm.defined() && k.dim() == 4 &&
                v.dim() == 4 && k.size(0) >= batch && k.size(1) == kv_heads && k.size(3) == dim &&
                k.stride(3) == 1 && v.sizes() == k.sizes() && v.stride(3) == 1 &&
@@ -551,7 +551,7 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   shape.v_stride_h = v.stride(1);
   shape.v_stride_t = v.stride(2);
   shape.eps = static_cast<float>(eps);
-  shape.rope_stride = rope_stride;
+  shape.rope_stride = half;  // p.cos is contiguous
   shape.position_stride = position_stride;
   return p;
 }
@@ -676,9 +676,11 @@ at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
                                        interleaved, q_heads, kv_heads, dim, cache);
   const int64_t batch = qkv.size(0);
   RL_CHECK(DecodeQkvAttentionTakes(q_heads, cache) && key_length >= 1 &&
-               key_length <= cache.key.size(2),
-           Error, "DecodeQkvAttention: {} query heads against caches [{}] over {} keys", q_heads,
-           fmt::join(cache.key.sizes(), ", "), key_length);
+               key_length <= cache.key.size(2) && key_length <= cos.size(0),
+           Error,
+           "DecodeQkvAttention: {} query heads against caches [{}] over {} keys, a RoPE table of "
+           "{} positions",
+           q_heads, fmt::join(cache.key.sizes(), ", "), key_length, cos.size(0));
   const AttentionPlan plan = PlanAttention(batch, q_heads, cache, key_length, scale, 0, true);
   at::Tensor out = at::empty({batch, q_heads * dim}, qkv.options());
   const c10::cuda::CUDAGuard guard(qkv.device());
@@ -710,11 +712,11 @@ at::Tensor DecodeQkvAttentionO(const at::Tensor& qkv, const at::Tensor& q_norm,
                                        interleaved, q_heads, kv_heads, dim, cache);
   const int64_t batch = qkv.size(0);
   RL_CHECK(DecodeQkvAttentionOTakes(q_heads, cache, key_length, o_proj, {}) && key_length >= 1 &&
-               key_length <= cache.key.size(2),
+               key_length <= cache.key.size(2) && key_length <= cos.size(0),
            Error,
-           "DecodeQkvAttentionO: {} query heads against caches [{}] over {} keys, o projection "
-           "[{}]",
-           q_heads, fmt::join(cache.key.sizes(), ", "), key_length,
+           "DecodeQkvAttentionO: {} query heads against caches [{}] over {} keys, a RoPE table of "
+           "{} positions, o projection [{}]",
+           q_heads, fmt::join(cache.key.sizes(), ", "), key_length, cos.size(0),
            fmt::join(o_proj.sizes(), ", "));
   const int64_t hidden = o_proj.size(0);
   at::Tensor partials = at::empty({kv_heads, batch, 1, hidden}, qkv.options().dtype(at::kFloat));

@@ -154,8 +154,9 @@ struct DecodeCache {
 };
 
 // DecodeQkvPrep (cuda_kernels.h): q/k norms (q_norm and k_norm both defined, or both not), RoPE
-// with the position's cos/sin ([1, half], or [B, 1, half] with a position per row) and the cache
-// writes of qkv [B, 1, (Hq + 2 Hkv) dim] (rows contiguous); returns q [B, Hq, dim].
+// by the row of the table cos/sin [positions, half] (MakeRopeTable's, from position 0) at each
+// row's position, which the caller keeps below the table's length as below the caches', and the
+// cache writes of qkv [B, 1, (Hq + 2 Hkv) dim] (rows contiguous); returns q [B, Hq, dim].
 at::Tensor DecodeQkvPrep(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
                          double eps, const at::Tensor& cos, const at::Tensor& sin,
                          bool interleaved, int64_t q_heads, int64_t kv_heads, int64_t dim,
@@ -174,7 +175,8 @@ at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_
                            double scale, int blocks_per_sm = 0, bool tensor_cores = true);
 
 // DecodeQkvPrep and DecodeAttention in one kernel (cuda_kernels.h), bit for bit the two: the
-// arguments of both; returns DecodeAttention's output (q is not returned). DecodeQkvAttentionTakes
+// arguments of both (the RoPE table covering the key_length positions); returns DecodeAttention's
+// output (q is not returned). DecodeQkvAttentionTakes
 // says whether it applies: DecodeAttentionTakes, with 1, 2, 4 or 8 query heads per key/value
 // head.
 bool DecodeQkvAttentionTakes(int64_t q_heads, const DecodeCache& cache);

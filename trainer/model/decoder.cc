@@ -543,15 +543,11 @@ at::Tensor Decoder::DecodeStep(const at::Tensor& tokens, const at::Tensor& posit
   // step writes a weight.
   const kernels::ProgrammaticLaunch programmatic(programmatic_launch_ && device_.is_cuda());
   const at::Tensor index = position.reshape({-1});  // [1] or [B]: Note [Ragged decode]
-  const int64_t rows = index.size(0);
-  const RopeTable step_rope{rope.cos.index_select(0, index).unsqueeze(1),  // [rows, 1, half]
-                            rope.sin.index_select(0, index).unsqueeze(1)};
   AttentionContext ctx;
   ctx.config = &config_;
-  ctx.rope = &step_rope;
+  ctx.rope = &rope;
   ctx.position = index;
-  ctx.key_mask = (at::arange(key_length, index.options()) <= index.view({rows, 1}))
-                     .view({rows, 1, key_length});
+  ctx.key_length = key_length;
   const at::Tensor ids = tokens.to(device_);
   const at::Tensor x = tensor_group_ == nullptr
                            ? at::embedding(embed_tokens_, ids)

@@ -57,6 +57,26 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
   return Linear(x, w, b);
 }
 
+const RopeTable& AttentionContext::StepRope() const {
+  if (!position.defined()) return *rope;
+  if (!step_->rope.cos.defined()) {
+    step_->rope = {rope->cos.index_select(0, position).unsqueeze(1),  // [B or 1, 1, half]
+                   rope->sin.index_select(0, position).unsqueeze(1)};
+  }
+  return step_->rope;
+}
+
+const at::Tensor& AttentionContext::KeyMask() const {
+  RL_CHECK(position.defined() && key_length >= 1, Error,
+           "a key mask needs a device-side position and a key length; got {} keys", key_length);
+  if (!step_->key_mask.defined()) {
+    const int64_t rows = position.size(0);
+    step_->key_mask = (at::arange(key_length, position.options()) <= position.view({rows, 1}))
+                          .view({rows, 1, key_length});
+  }
+  return step_->key_mask;
+}
+
 namespace {
 
 // The last projection of a block, whose output the caller adds to the residual: its split-k
@@ -91,7 +111,7 @@ struct Visibility {
 };
 
 Visibility Visible(const AttentionContext& ctx, int64_t s, int64_t t, at::Device device) {
-  if (ctx.key_mask.defined()) return {false, ctx.key_mask};  // device-side positions
+  if (ctx.position.defined()) return {false, ctx.KeyMask()};  // device-side positions
   // One decode step: the query sees every key, so no mask (and no mask kernels) is needed.
   if (s == 1 && ctx.start + 1 == t) return {};
   if (ctx.start == 0 && s == t) return {true, {}};
@@ -301,7 +321,7 @@ at::Tensor AppendToCache(const at::Tensor& cache, int64_t dim, const at::Tensor&
     std::vector<int64_t> shape(static_cast<size_t>(value.dim()), 1);
     shape[0] = ctx.position.size(0);
     rows.scatter_(dim, ctx.position.view(shape).expand(value.sizes()), value);
-    return rows.narrow(dim, 0, ctx.key_mask.size(-1));
+    return rows.narrow(dim, 0, ctx.key_length);
   }
   const int64_t s = value.size(dim);
   rows.narrow(dim, ctx.start, s).copy_(value);
@@ -389,13 +409,14 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 
 namespace {
 
-// ApplyRope of x [B, S, H, D] (heads after positions) by ctx.rope ([S, half], or [B or 1, S,
-// half] with a position per row): in an inference decoder on CUDA, the RoPE kernel (the same bits
+// ApplyRope of x [B, S, H, D] (heads after positions) by ctx.StepRope() ([S, half], or [B or 1,
+// S, half] with a position per row): in an inference decoder on CUDA, the RoPE kernel (the same bits
 // in one kernel, where the ops take about eight: kernels::RopeInference), else the ops. Returns
 // [B, S, H, D].
 at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeLayout layout) {
-  const at::Tensor& cos = ctx.rope->cos;
-  const at::Tensor& sin = ctx.rope->sin;
+  const RopeTable& rope = ctx.StepRope();
+  const at::Tensor& cos = rope.cos;
+  const at::Tensor& sin = rope.sin;
   if (ctx.kernels == Kernels::kFused && kernels::Supported(x) && !x.requires_grad() &&
       cos.scalar_type() == x.scalar_type()) {
     return kernels::RopeInference(x, cos, sin, layout == RopeLayout::kInterleaved);
@@ -450,7 +471,7 @@ at::Tensor GqaDecodeAttention(const GqaWeights& w, const at::Tensor& qkv,
   const ModelConfig& c = *ctx.config;
   const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
   const at::Tensor rows = qkv.stride(-1) == 1 ? qkv : qkv.contiguous();
-  const int64_t key_length = ctx.key_mask.size(-1);
+  const int64_t key_length = ctx.key_length;
   const std::vector<int64_t> shape{qkv.size(0), 1, c.num_attention_heads * c.head_dim};
   if (kernels::DecodeQkvAttentionTakes(c.num_attention_heads, cache)) {
     return kernels::DecodeQkvAttention(rows, w.q_norm, w.k_norm, c.rms_norm_eps, ctx.rope->cos,
@@ -469,7 +490,7 @@ at::Tensor GqaDecodeAttentionO(const GqaWeights& w, const at::Tensor& qkv,
                                const AttentionContext& ctx) {
   const ModelConfig& c = *ctx.config;
   const kernels::DecodeCache cache{ctx.cache->key, ctx.cache->value, ctx.position};
-  const int64_t key_length = ctx.key_mask.size(-1);
+  const int64_t key_length = ctx.key_length;
   if (!kernels::DecodeQkvAttentionOTakes(c.num_attention_heads, cache, key_length, w.o_proj,
                                          w.o_bias)) {
     return {};
@@ -573,7 +594,7 @@ at::Tensor IndexerTopk(const IndexerWeights& w, const at::Tensor& x, const at::T
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(s, kIndexerScoreElements / std::max<int64_t>(1, b * heads * t)));
   const at::Tensor causal =  // [B or 1, S, T]
-      ctx.key_mask.defined() ? ctx.key_mask : CausalMask(ctx.start, s, t, x.device()).unsqueeze(0);
+      ctx.position.defined() ? ctx.KeyMask() : CausalMask(ctx.start, s, t, x.device()).unsqueeze(0);
   std::vector<at::Tensor> parts;
   for (int64_t q0 = 0; q0 < s; q0 += chunk) {
     const int64_t n = std::min(chunk, s - q0);

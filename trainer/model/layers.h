@@ -17,6 +17,7 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <vector>
 
 #include "launch/communicator.h"
@@ -130,8 +131,8 @@ struct MoeWeights {
 // A decode step normally takes its position on the host (`start`), which fixes the cache slot it
 // writes and the number of keys it reads. With `position` defined instead (S == 1, a cache given),
 // the slots come from the device: row r's new keys are written at position[r] ([B] int64 on the
-// model's device; [1]: one for every row) and attention reads the first key_mask.size(-1) cache
-// positions, those past the row's position masked out (`key_mask` [B or 1, 1, T] bool, true for
+// model's device; [1]: one for every row) and attention reads the first `key_length` (T) cache
+// positions, those past the row's position masked out (KeyMask(): [B or 1, 1, T] bool, true for
 // keys <= position[r]). The shapes and the kernels then depend only on (batch, T), not on the
 // positions, so the step can be captured in a CUDA graph once and replayed at every position < T.
 // The masked cache positions must hold finite values (a NaN there would survive the zero
@@ -139,19 +140,21 @@ struct MoeWeights {
 //
 // Note [Ragged decode]
 // The rows of a decode step need not be at one position: each row's position, RoPE angles (the
-// step's RopeTable is then [B, 1, half], a row each) and visible keys are its own, so rows of
-// different prompt lengths, or admitted at different steps, decode in one batch (the rollout
-// engine's continuous batching, Note [Rollout batching] in trainer/rollout/engine.h). T is the
-// longest row's; a row reads only its keys up to its position (the decode kernels stop there; the
-// LibTorch ops mask the rest). A row sees what it would see alone: the same positions, angles and
-// keys.
+// table's row at that position: StepRope() is then [B, 1, half], a row each) and visible keys are
+// its own, so rows of different prompt lengths, or admitted at different steps, decode in one
+// batch (the rollout engine's continuous batching, Note [Rollout batching] in
+// trainer/rollout/engine.h). T is the longest row's; a row reads only its keys up to its position
+// (the decode kernels stop there; the LibTorch ops mask the rest). A row sees what it would see
+// alone: the same positions, angles and keys.
 struct AttentionContext {
   const ModelConfig* config = nullptr;
-  const RopeTable* rope = nullptr;  // the S new positions ([B or 1, S, half] with `position`)
+  // The angles of the S new positions [S, half]; with `position`, the whole table from position
+  // 0 (MakeRopeTable's, covering the key_length positions), of which StepRope() takes each row's.
+  const RopeTable* rope = nullptr;
   int64_t start = 0;                // position of the first query (host-side positions)
   LayerKv* cache = nullptr;         // null: no cache, keys are the S new positions
   at::Tensor position;              // [B] or [1]: Note [Decode at a device position]
-  at::Tensor key_mask;              // [B or 1, 1, T] bool, with `position`
+  int64_t key_length = 0;           // T, with `position`
   Kernels kernels = Kernels::kLibTorch;  // the Decoder's (Note [Inference kernels]): RoPE
   // With Kernels::kFused: MLA decode steps attend in the latent space (Note [MLA decode in the
   // latent space] in layers.cc); false keeps the expanded keys and values of training.
@@ -162,6 +165,23 @@ struct AttentionContext {
   // where they pay. Decoder::Layers sets it without tensor parallelism, whose all-reduce takes
   // whole outputs.
   bool partial_sums = false;
+
+  // The new positions' angles: `rope` itself, or with `position` its rows at each row's position
+  // ([B or 1, 1, half]: Note [Ragged decode]).
+  const RopeTable& StepRope() const;
+  // With `position`: [B or 1, 1, T] bool, true for the keys each row sees (Note [Decode at a
+  // device position]).
+  const at::Tensor& KeyMask() const;
+
+ private:
+  // What StepRope() and KeyMask() make with `position`, on their first call (the GQA decode
+  // kernels need neither, so a step of such layers makes none: 4 kernels fewer), kept by this
+  // context and its copies.
+  struct StepViews {
+    RopeTable rope;
+    at::Tensor key_mask;
+  };
+  std::shared_ptr<StepViews> step_ = std::make_shared<StepViews>();
 };
 
 at::Tensor GqaAttention(const GqaWeights& w, const at::Tensor& x /*[B, S, H]*/,
