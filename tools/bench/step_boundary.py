@@ -22,5 +22,6 @@ t0 = window[0]["ts"]
 latest_end = t0
 for e in window:
     gap = e["ts"] - latest_end
-    print(f"{e['ts'] - t0:9.2f} {e['dur']:8.2f} gap {gap:7.2f}  {e.get('cat'):10s} {e['name'][:90]}")
+    print(f"{e['ts'] - t0:9.2f} {e['dur']:8.2f} gap {gap:7.2f}  {e.get('cat'):10s} "
+          f"{e['name'][:90]}")
     latest_end = max(latest_end, e["ts"] + e["dur"])

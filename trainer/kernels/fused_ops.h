@@ -176,9 +176,8 @@ at::Tensor DecodeAttention(const at::Tensor& q, const DecodeCache& cache, int64_
 
 // DecodeQkvPrep and DecodeAttention in one kernel (cuda_kernels.h), bit for bit the two: the
 // arguments of both (the RoPE table covering the key_length positions); returns DecodeAttention's
-// output (q is not returned). DecodeQkvAttentionTakes
-// says whether it applies: DecodeAttentionTakes, with 1, 2, 4 or 8 query heads per key/value
-// head.
+// output (q is not returned). DecodeQkvAttentionTakes says whether it applies:
+// DecodeAttentionTakes, with 1, 2, 4 or 8 query heads per key/value head.
 bool DecodeQkvAttentionTakes(int64_t q_heads, const DecodeCache& cache);
 at::Tensor DecodeQkvAttention(const at::Tensor& qkv, const at::Tensor& q_norm,
                               const at::Tensor& k_norm, double eps, const at::Tensor& cos,

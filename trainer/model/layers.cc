@@ -410,9 +410,9 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 namespace {
 
 // ApplyRope of x [B, S, H, D] (heads after positions) by ctx.StepRope() ([S, half], or [B or 1,
-// S, half] with a position per row): in an inference decoder on CUDA, the RoPE kernel (the same bits
-// in one kernel, where the ops take about eight: kernels::RopeInference), else the ops. Returns
-// [B, S, H, D].
+// S, half] with a position per row): in an inference decoder on CUDA, the RoPE kernel (the same
+// bits in one kernel, where the ops take about eight: kernels::RopeInference), else the ops.
+// Returns [B, S, H, D].
 at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeLayout layout) {
   const RopeTable& rope = ctx.StepRope();
   const at::Tensor& cos = rope.cos;
