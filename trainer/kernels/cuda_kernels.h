@@ -360,19 +360,37 @@ cudaError_t CombineExperts(const void* rows, const int64_t* inverse, const float
                            const void* shared, void* out, int64_t tokens, int64_t k, int64_t hidden,
                            DtypeCode dtype, cudaStream_t stream);
 
+// Where a decode step's sampled tokens and log-probs go besides `tokens` and `log_probs` (Note
+// [Sampled tokens handed on] in trainer/rollout/engine.h): host_tokens[r] = the token and
+// host_log_probs[r] = its log-prob (device pointers to mapped host memory, written across the
+// bus), and next_tokens[r] = the token with positions[r] += 1. Null pointers are skipped;
+// next_tokens and positions are null together.
+struct HandOnTargets {
+  int64_t* host_tokens = nullptr;
+  float* host_log_probs = nullptr;
+  int64_t* next_tokens = nullptr;
+  int64_t* positions = nullptr;
+};
+
 // One token per row of logits [rows, vocab] (row stride `stride`; vocab and stride multiples of
 // 16 bytes' elements, the rows 16-byte aligned) from the whole vocabulary (Note [Sampling kernel]
 // in sample_kernels.cu): greedy, the first largest logit; else the first token in id order whose
-// cumulative softmax(logits / temperature) (fp64) exceeds uniforms[row] (fp64 in [0, 1), on the
-// device). tokens [rows] int64 and log_probs [rows] fp32 (log_softmax(logits / temperature) at
+// cumulative softmax(logits / temperature) (fp64) exceeds uniforms[row] (fp64 in [0, 1), readable
+// by the device). tokens [rows] int64 and log_probs [rows] fp32 (log_softmax(logits / temperature) at
 // the token; temperature 0 counts as 1). A cluster of 8, 4 or 2 blocks per row (the same bits),
 // fewer than 2^28 rows. Vocabularies whose step totals per block (SampleRowsSharedBytes) exceed
-// kSampleMaxSharedBytes are not taken: 10.5M words in bf16, 5.2M in fp32.
+// kSampleMaxSharedBytes are not taken: 10.5M words in bf16, 5.2M in fp32. Each row's token and
+// log-prob also go to `hand_on`'s targets.
 cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
                        double temperature, bool greedy, const double* uniforms, int64_t* tokens,
-                       float* log_probs, DtypeCode dtype, cudaStream_t stream);
+                       float* log_probs, const HandOnTargets& hand_on, DtypeCode dtype,
+                       cudaStream_t stream);
 constexpr int64_t kSampleMaxSharedBytes = 40 * 1024;
 int64_t SampleRowsSharedBytes(int64_t vocab, DtypeCode dtype);
+
+// Tokens [rows] and their log-probs, sampled otherwise, to `to`'s targets, in one kernel.
+cudaError_t HandOnSampled(const int64_t* tokens, const float* log_probs, int64_t rows,
+                          const HandOnTargets& to, cudaStream_t stream);
 
 }  // namespace rl::kernels
 

@@ -1122,5 +1122,54 @@ TEST_CASE("SampleRows draws the inverse-CDF token of the whole vocabulary, and i
   CHECK_FALSE(SampleRowsTakes(at::randn({2, 1, 1024}, On(at::kBFloat16))));
 }
 
+TEST_CASE("The sampled tokens are handed on to mapped host memory and the next step's input") {
+  if (!HaveGpuOrWarn()) return;
+  const int64_t rows = 300;  // more than one block of HandOnSampled
+  const at::Tensor logits = at::randn({rows, 1024}, On(at::kBFloat16));
+  const at::Tensor uniforms = at::rand({rows}, On(at::kDouble));
+  const at::Device device = logits.device();
+  const MappedHost host_tokens = MappedHostEmpty({rows}, at::kLong, device);
+  const MappedHost host_log_probs = MappedHostEmpty({rows}, at::kFloat, device);
+  REQUIRE(host_tokens.host.device().is_cpu());
+  REQUIRE(host_tokens.device.device() == device);
+  for (const bool greedy : {true, false}) {
+    INFO("greedy " << greedy);
+    // The next tokens and positions of a step buffer [2, rows + 4]: columns past `rows` untouched.
+    const at::Tensor step = at::randint(0, 1000, {2, rows + 4}, On(at::kLong));
+    const at::Tensor before = step.cpu();
+    const HandOn to{host_tokens.device, host_log_probs.device, step[0].narrow(0, 0, rows),
+                    step[1].narrow(0, 0, rows)};
+    // By the sampling kernel itself.
+    const SampledRows sampled = SampleRows(logits, 1.0, greedy, uniforms, to);
+    REQUIRE(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream()) == cudaSuccess);
+    CHECK(at::equal(host_tokens.host, sampled.tokens.cpu()));
+    CHECK(SameBits(host_log_probs.host, sampled.log_probs.cpu()));
+    const at::Tensor after = step.cpu();
+    CHECK(at::equal(after[0].narrow(0, 0, rows), sampled.tokens.cpu()));
+    CHECK(at::equal(after[1].narrow(0, 0, rows), before[1].narrow(0, 0, rows) + 1));
+    CHECK(at::equal(after.narrow(1, rows, 4), before.narrow(1, rows, 4)));
+    // By HandOnSampled, of tokens sampled otherwise: to the host only (a prefill's).
+    HandOnSampled(sampled.tokens.flip(0), sampled.log_probs.flip(0),
+                  HandOn{host_tokens.device, host_log_probs.device, {}, {}});
+    REQUIRE(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream()) == cudaSuccess);
+    CHECK(at::equal(host_tokens.host, sampled.tokens.flip(0).cpu()));
+    CHECK(SameBits(host_log_probs.host, sampled.log_probs.flip(0).cpu()));
+    CHECK(at::equal(step.cpu(), after));
+    // And to the next step's input.
+    HandOnSampled(sampled.tokens.flip(0), sampled.log_probs.flip(0), to);
+    REQUIRE(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream()) == cudaSuccess);
+    CHECK(at::equal(step.cpu()[0].narrow(0, 0, rows), sampled.tokens.flip(0).cpu()));
+    CHECK(at::equal(step.cpu()[1].narrow(0, 0, rows), before[1].narrow(0, 0, rows) + 2));
+  }
+  // Targets of another shape or dtype, or next tokens without positions, are refused.
+  const at::Tensor tokens = at::zeros({rows}, On(at::kLong));
+  const at::Tensor log_probs = at::zeros({rows}, On(at::kFloat));
+  CHECK_THROWS_AS(
+      HandOnSampled(tokens, log_probs, HandOn{host_tokens.device.narrow(0, 0, 5), {}, {}, {}}),
+      Error);
+  CHECK_THROWS_AS(HandOnSampled(tokens, log_probs, HandOn{{}, host_tokens.device, {}, {}}), Error);
+  CHECK_THROWS_AS(HandOnSampled(tokens, log_probs, HandOn{{}, {}, tokens.clone(), {}}), Error);
+}
+
 }  // namespace
 }  // namespace rl::kernels

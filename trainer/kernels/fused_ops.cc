@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <vector>
 
 #include "launch/check.h"
@@ -867,6 +868,32 @@ at::Tensor CombineExperts(const at::Tensor& rows, const at::Tensor& inverse,
   return out;
 }
 
+namespace {
+
+// `to` as pointers, after checking that each target is a contiguous [rows] tensor of its dtype on
+// `device`.
+HandOnTargets HandOnPointers(const HandOn& to, int64_t rows, at::Device device) {
+  const auto fits = [&](const at::Tensor& t, at::ScalarType dtype) {
+    return !t.defined() || (t.device() == device && t.scalar_type() == dtype && t.is_contiguous() &&
+                            t.dim() == 1 && t.size(0) == rows);
+  };
+  RL_CHECK(fits(to.host_tokens, at::kLong) && fits(to.host_log_probs, at::kFloat) &&
+               fits(to.next_tokens, at::kLong) && fits(to.positions, at::kLong) &&
+               to.next_tokens.defined() == to.positions.defined(),
+           Error,
+           "hand-on targets must be contiguous [{}] tensors on {} (tokens, next tokens and "
+           "positions int64, log-probs fp32), the next tokens and positions both or neither",
+           rows, device.str());
+  const auto longs = [](const at::Tensor& t) {
+    return t.defined() ? t.data_ptr<int64_t>() : nullptr;
+  };
+  return {longs(to.host_tokens),
+          to.host_log_probs.defined() ? to.host_log_probs.data_ptr<float>() : nullptr,
+          longs(to.next_tokens), longs(to.positions)};
+}
+
+}  // namespace
+
 bool SampleRowsTakes(const at::Tensor& logits) {
   if (!Supported(logits) || logits.dim() != 2 || logits.stride(1) != 1 || logits.size(0) == 0) {
     return false;
@@ -877,7 +904,7 @@ bool SampleRowsTakes(const at::Tensor& logits) {
 }
 
 SampledRows SampleRows(const at::Tensor& logits, double temperature, bool greedy,
-                       const at::Tensor& uniforms) {
+                       const at::Tensor& uniforms, const HandOn& hand_on) {
   RL_CHECK(SampleRowsTakes(logits), Error,
            "SampleRows: logits {} [{}] (strides [{}]) do not fit the kernel",
            c10::toString(logits.scalar_type()), fmt::join(logits.sizes(), ", "),
@@ -896,8 +923,45 @@ SampledRows SampleRows(const at::Tensor& logits, double temperature, bool greedy
   RL_CHECK_CUDA(kernels::SampleRows(logits.data_ptr(), rows, logits.size(1), logits.stride(0),
                                     temperature, greedy, greedy ? nullptr : u.data_ptr<double>(),
                                     out.tokens.data_ptr<int64_t>(), out.log_probs.data_ptr<float>(),
-                                    CodeOf(logits), c10::cuda::getCurrentCUDAStream()));
+                                    HandOnPointers(hand_on, rows, logits.device()), CodeOf(logits),
+                                    c10::cuda::getCurrentCUDAStream()));
   return out;
+}
+
+MappedHost MappedHostEmpty(at::IntArrayRef sizes, at::ScalarType dtype, at::Device device) {
+  RL_CHECK(device.is_cuda(), Error, "mapped host memory is for a CUDA device; got {}",
+           device.str());
+  const c10::cuda::CUDAGuard guard(device);
+  int64_t count = 1;
+  for (const int64_t size : sizes) count *= size;
+  const auto bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * c10::elementSize(dtype);
+  void* host = nullptr;
+  RL_CHECK_CUDA(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  // Freed once both tensors are gone: each deleter drops one reference.
+  const std::shared_ptr<void> memory(host, [](void* p) { cudaFreeHost(p); });
+  void* on_device = nullptr;
+  RL_CHECK_CUDA(cudaHostGetDevicePointer(&on_device, host, 0));
+  const auto release = [memory](void*) {};
+  MappedHost out;
+  out.host = at::from_blob(host, sizes, release, at::TensorOptions().dtype(dtype));
+  out.device =
+      at::from_blob(on_device, sizes, release, at::TensorOptions().dtype(dtype).device(device));
+  return out;
+}
+
+void HandOnSampled(const at::Tensor& tokens, const at::Tensor& log_probs, const HandOn& to) {
+  const int64_t rows = tokens.numel();
+  RL_CHECK(tokens.is_cuda() && tokens.scalar_type() == at::kLong && tokens.is_contiguous() &&
+               log_probs.device() == tokens.device() && log_probs.scalar_type() == at::kFloat &&
+               log_probs.is_contiguous() && log_probs.numel() == rows,
+           Error,
+           "HandOnSampled: tokens and log-probs must be contiguous [{}] int64 and fp32 "
+           "tensors on one CUDA device",
+           rows);
+  const HandOnTargets targets = HandOnPointers(to, rows, tokens.device());
+  const c10::cuda::CUDAGuard guard(tokens.device());
+  RL_CHECK_CUDA(kernels::HandOnSampled(tokens.data_ptr<int64_t>(), log_probs.data_ptr<float>(),
+                                       rows, targets, c10::cuda::getCurrentCUDAStream()));
 }
 
 }  // namespace rl::kernels

@@ -243,6 +243,30 @@ bool CombineExpertsTakes(const at::Tensor& rows, const at::Tensor& weights,
 at::Tensor CombineExperts(const at::Tensor& rows, const at::Tensor& inverse,
                           const at::Tensor& weights, const at::Tensor& shared);
 
+// Pinned host memory mapped into the device's address space (cudaHostAllocMapped): `host`, a
+// CPU tensor, and `device`, a tensor on `device` over the same bytes, which kernels read and write
+// across the bus, with no copy engine between them. The memory lives while either tensor does.
+// The host reads what a kernel wrote once an event recorded after the kernel has completed.
+struct MappedHost {
+  at::Tensor host;
+  at::Tensor device;
+};
+MappedHost MappedHostEmpty(at::IntArrayRef sizes, at::ScalarType dtype, at::Device device);
+
+// HandOnTargets (cuda_kernels.h) as tensors, each contiguous [n] on the sampling's CUDA device or
+// undefined: host_tokens (int64) and host_log_probs (fp32), the `device` tensors of MappedHost
+// buffers, take the tokens and log-probs; next_tokens (int64) takes the tokens and positions
+// (int64, defined with next_tokens) are advanced by one.
+struct HandOn {
+  at::Tensor host_tokens;
+  at::Tensor host_log_probs;
+  at::Tensor next_tokens;
+  at::Tensor positions;
+};
+// HandOnSampled (cuda_kernels.h): tokens [n] int64 and log_probs [n] fp32, sampled otherwise, to
+// `to`'s targets in one kernel.
+void HandOnSampled(const at::Tensor& tokens, const at::Tensor& log_probs, const HandOn& to);
+
 // SampleRows (cuda_kernels.h): a decode step's tokens [B] int64 and their log-probs [B] fp32 from
 // logits [B, V] drawn from the whole vocabulary, in one kernel. SampleRowsTakes: Supported
 // logits of two dims with unit stride along V, V and the row stride multiples of a 16-byte
@@ -252,8 +276,9 @@ struct SampledRows {
   at::Tensor tokens;     // [B] int64
   at::Tensor log_probs;  // [B] fp32
 };
+// `hand_on`: where the kernel also writes each row's token (HandOnTargets).
 SampledRows SampleRows(const at::Tensor& logits, double temperature, bool greedy,
-                       const at::Tensor& uniforms);
+                       const at::Tensor& uniforms, const HandOn& hand_on = {});
 
 }  // namespace rl::kernels
 

@@ -122,11 +122,23 @@ int64_t StepTotalsBytes(int64_t vocab, int blocks) {
   return kSampleSlices / blocks * split.slice_steps * static_cast<int64_t>(sizeof(double));
 }
 
+// A row's token and log-prob to the targets of HandOnTargets that are set.
+__device__ __forceinline__ void HandOn(const HandOnTargets& to, int64_t row, int64_t token,
+                                       float log_prob) {
+  if (to.host_tokens != nullptr) to.host_tokens[row] = token;
+  if (to.host_log_probs != nullptr) to.host_log_probs[row] = log_prob;
+  if (to.next_tokens != nullptr) {
+    to.next_tokens[row] = token;
+    to.positions[row] += 1;
+  }
+}
+
 template <typename T, int kBlocks>
 __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kSampleThreads, 2)
     SampleRowsKernel(const T* __restrict__ logits, int64_t vocab, int64_t stride, float temperature,
                      bool scale, bool greedy, const double* __restrict__ uniforms,
-                     int64_t* __restrict__ tokens, float* __restrict__ log_probs) {
+                     int64_t* __restrict__ tokens, float* __restrict__ log_probs,
+                     HandOnTargets hand_on) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int64_t kStep = 32 * kVec;
   constexpr int kBlockSlices = kSampleSlices / kBlocks;
@@ -314,8 +326,10 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kSampleThreads
   const auto draw = [&] {
     if (greedy) {
       if (rank == 0 && threadIdx.x == 0) {
+        const float lp = log_prob(row_arg, total);
         tokens[row] = row_arg;
-        log_probs[row] = log_prob(row_arg, total);
+        log_probs[row] = lp;
+        HandOn(hand_on, row, row_arg, lp);
       }
       return;
     }
@@ -382,8 +396,10 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kSampleThreads
     }
     if (lane == 0) {
       if (token < 0) token = positive >= 0 ? positive : row_arg;
+      const float lp = log_prob(token, total);
       tokens[row] = token;
-      log_probs[row] = log_prob(token, total);
+      log_probs[row] = lp;
+      HandOn(hand_on, row, token, lp);
     }
   };
   draw();
@@ -393,6 +409,14 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kSampleThreads
 }  // namespace
 
 namespace {
+
+// One thread per row (HandOnSampled).
+__global__ void HandOnSampledKernel(const int64_t* __restrict__ tokens,
+                                    const float* __restrict__ log_probs, int64_t rows,
+                                    HandOnTargets to) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row < rows) HandOn(to, row, tokens[row], log_probs[row]);
+}
 
 // How many clusters of kBlocks blocks the GPU runs at once, with `shared` bytes of dynamic shared
 // memory a block (read once per size: one vocabulary in practice).
@@ -420,7 +444,8 @@ int MaxActiveClusters(size_t shared) {
 template <typename T, int kBlocks>
 cudaError_t LaunchSampleRows(const T* logits, int64_t rows, int64_t vocab, int64_t stride,
                              float temperature, bool scale, bool greedy, const double* uniforms,
-                             int64_t* tokens, float* log_probs, cudaStream_t stream) {
+                             int64_t* tokens, float* log_probs, const HandOnTargets& hand_on,
+                             cudaStream_t stream) {
   const auto shared = static_cast<size_t>(StepTotalsBytes<T>(vocab, kBlocks));
   if constexpr (kBlocks > kSampleMinBlocks) {
     // Note [Sampling kernel]: the largest cluster whose rows all run at once (and whose blocks'
@@ -428,11 +453,11 @@ cudaError_t LaunchSampleRows(const T* logits, int64_t rows, int64_t vocab, int64
     if (rows > MaxActiveClusters<T, kBlocks>(shared) &&
         StepTotalsBytes<T>(vocab, kBlocks / 2) <= kSampleMaxSharedBytes) {
       return LaunchSampleRows<T, kBlocks / 2>(logits, rows, vocab, stride, temperature, scale,
-                                              greedy, uniforms, tokens, log_probs, stream);
+                                              greedy, uniforms, tokens, log_probs, hand_on, stream);
     }
   }
   SampleRowsKernel<T, kBlocks><<<rows * kBlocks, kSampleThreads, shared, stream>>>(
-      logits, vocab, stride, temperature, scale, greedy, uniforms, tokens, log_probs);
+      logits, vocab, stride, temperature, scale, greedy, uniforms, tokens, log_probs, hand_on);
   return cudaGetLastError();
 }
 
@@ -440,11 +465,13 @@ cudaError_t LaunchSampleRows(const T* logits, int64_t rows, int64_t vocab, int64
 
 cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
                        double temperature, bool greedy, const double* uniforms, int64_t* tokens,
-                       float* log_probs, DtypeCode dtype, cudaStream_t stream) {
+                       float* log_probs, const HandOnTargets& hand_on, DtypeCode dtype,
+                       cudaStream_t stream) {
   const int64_t vec = dtype == kBFloat16 ? 8 : 4;
   if (vocab < 1 || vocab % vec != 0 || stride % vec != 0 || temperature < 0 ||
       (!greedy && uniforms == nullptr) || rows > 2147483647 / kSampleMaxBlocks ||
-      SampleRowsSharedBytes(vocab, dtype) > kSampleMaxSharedBytes) {
+      SampleRowsSharedBytes(vocab, dtype) > kSampleMaxSharedBytes ||
+      (hand_on.next_tokens == nullptr) != (hand_on.positions == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
@@ -454,11 +481,11 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
   if (dtype == kBFloat16) {
     return LaunchSampleRows<__nv_bfloat16, kSampleMaxBlocks>(
         static_cast<const __nv_bfloat16*>(logits), rows, vocab, stride, t, scale, greedy, uniforms,
-        tokens, log_probs, stream);
+        tokens, log_probs, hand_on, stream);
   }
   return LaunchSampleRows<float, kSampleMaxBlocks>(static_cast<const float*>(logits), rows, vocab,
                                                    stride, t, scale, greedy, uniforms, tokens,
-                                                   log_probs, stream);
+                                                   log_probs, hand_on, stream);
 }
 
 // The largest cluster's, whose blocks hold the fewest slices (LaunchSampleRows takes a smaller
@@ -466,6 +493,18 @@ cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t 
 int64_t SampleRowsSharedBytes(int64_t vocab, DtypeCode dtype) {
   return dtype == kBFloat16 ? StepTotalsBytes<__nv_bfloat16>(vocab, kSampleMaxBlocks)
                             : StepTotalsBytes<float>(vocab, kSampleMaxBlocks);
+}
+
+cudaError_t HandOnSampled(const int64_t* tokens, const float* log_probs, int64_t rows,
+                          const HandOnTargets& to, cudaStream_t stream) {
+  if (rows < 0 || (to.next_tokens == nullptr) != (to.positions == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  constexpr int kThreads = 128;
+  HandOnSampledKernel<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0,
+                        stream>>>(tokens, log_probs, rows, to);
+  return cudaGetLastError();
 }
 
 }  // namespace rl::kernels

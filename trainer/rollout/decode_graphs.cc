@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <exception>
@@ -20,16 +21,18 @@ struct DecodeGraphs::Graph {
   at::Tensor logits;  // [batch, vocab], written by every replay
 };
 
-DecodeGraphs::DecodeGraphs(Step step, int64_t max_batch, at::Device device,
-                           std::function<void()> wait)
+DecodeGraphs::DecodeGraphs(Step step, at::Tensor tokens, std::function<void()> wait)
     : step_(std::move(step)),
       wait_(std::move(wait)),
-      max_batch_(max_batch),
-      device_(device),
-      tokens_(at::zeros({max_batch, 1}, at::TensorOptions().dtype(at::kLong).device(device))),
+      tokens_(std::move(tokens)),
+      max_batch_(tokens_.dim() == 2 ? tokens_.size(0) : 0),
+      device_(tokens_.device()),
       pool_(at::cuda::graph_pool_handle()) {
-  RL_CHECK(device.is_cuda(), Error, "decode graphs need a CUDA device; got {}", device.str());
-  RL_CHECK(max_batch >= 1, Error, "decode graphs: max_batch must be >= 1; got {}", max_batch);
+  RL_CHECK(device_.is_cuda(), Error, "decode graphs need a CUDA device; got {}", device_.str());
+  RL_CHECK(tokens_.dim() == 2 && tokens_.size(1) == 1 && max_batch_ >= 1 &&
+               tokens_.scalar_type() == at::kLong,
+           Error, "decode graphs: the token buffer must be [max_batch >= 1, 1] int64; got {} [{}]",
+           c10::toString(tokens_.scalar_type()), fmt::join(tokens_.sizes(), ", "));
 }
 
 DecodeGraphs::~DecodeGraphs() = default;
@@ -41,12 +44,9 @@ int64_t DecodeGraphs::BatchBucket(int64_t live, int64_t max_batch) {
   return std::min(bucket, max_batch);
 }
 
-at::Tensor DecodeGraphs::Run(const at::Tensor& tokens, int64_t key_length) {
-  const int64_t live = tokens.size(0);
-  RL_CHECK(tokens.dim() == 2 && tokens.size(1) == 1 && live >= 1 && live <= max_batch_, Error,
-           "decode graphs: tokens must be [live, 1] with 1 <= live <= {}; got {} dims, {} rows",
-           max_batch_, tokens.dim(), live);
-  tokens_.narrow(0, 0, live).copy_(tokens);
+at::Tensor DecodeGraphs::Run(int64_t live, int64_t key_length) {
+  RL_CHECK(live >= 1 && live <= max_batch_, Error,
+           "decode graphs: a step of {} rows; 1 to {} can run", live, max_batch_);
   const int64_t batch = BatchBucket(live, max_batch_);
   auto it = graphs_.find({batch, key_length});
   if (it == graphs_.end()) return Capture(batch, key_length).narrow(0, 0, live);

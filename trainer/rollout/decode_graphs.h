@@ -8,8 +8,8 @@
 //  - the step must take its position from the device (Decoder::DecodeStep, Note [Decode at a
 //    device position] in layers.h) and read and write only memory whose address is fixed while
 //    the graphs live: the weights and the KV cache (the engine's storages, which pause and resume
-//    at the same addresses), the engine's position tensor and RoPE table, and the token buffer
-//    owned here;
+//    at the same addresses), the engine's position tensor and RoPE table, and its token buffer,
+//    given here (the engine writes each step's tokens there before Run);
 //  - one graph per (batch bucket, key length): the live rows are padded to the next bucket (1, 2,
 //    4, 8, then multiples of 8 up to max_batch); the padding rows compute on whatever tokens the
 //    buffer holds, at position 0 (the engine stages that for them), in cache rows nobody reads. The
@@ -51,19 +51,19 @@ class DecodeGraphs {
   // step(tokens [batch, 1] int64 on the device, key_length) -> logits [batch, vocab].
   using Step = std::function<at::Tensor(const at::Tensor& tokens, int64_t key_length)>;
 
-  // `wait`, when given, is called after the warm-up step, before the device is synchronised: a
-  // step that enqueues collectives waits for them there under their timeout (Note [Enqueued
-  // all-to-all] in launch/communicator.h).
-  DecodeGraphs(Step step, int64_t max_batch, at::Device device,
-               std::function<void()> wait = nullptr);
+  // `tokens` [max_batch, 1] int64 on a CUDA device: every graph reads its step's tokens from its
+  // first rows. `wait`, when given, is called after the warm-up step, before the device is
+  // synchronised: a step that enqueues collectives waits for them there under their timeout (Note
+  // [Enqueued all-to-all] in launch/communicator.h).
+  DecodeGraphs(Step step, at::Tensor tokens, std::function<void()> wait = nullptr);
   ~DecodeGraphs();
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
-  // The step for tokens [live, 1] (1 <= live <= max_batch, on the device), by replaying the
-  // graph of (BatchBucket(live), key_length), captured first when new. Returns logits
-  // [live, vocab], valid until the next Run.
-  at::Tensor Run(const at::Tensor& tokens, int64_t key_length);
+  // The step for the tokens in rows [0, live) of the token buffer (1 <= live <= max_batch), by
+  // replaying the graph of (BatchBucket(live), key_length), captured first when new. Returns
+  // logits [live, vocab], valid until the next Run.
+  at::Tensor Run(int64_t live, int64_t key_length);
 
   // 1, 2, 4, 8, then the next multiple of 8; never above max_batch.
   static int64_t BatchBucket(int64_t live, int64_t max_batch);
@@ -77,9 +77,9 @@ class DecodeGraphs {
 
   Step step_;
   std::function<void()> wait_;
+  at::Tensor tokens_;  // [max_batch, 1] int64: the captured steps read their tokens here
   int64_t max_batch_;
   at::Device device_;
-  at::Tensor tokens_;  // [max_batch, 1] int64: the captured steps read their tokens here
   c10::MempoolId_t pool_;  // the graph memory pool they share
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Graph>> graphs_;
 };

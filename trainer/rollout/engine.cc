@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "launch/check.h"
+#include "trainer/kernels/fused_ops.h"
 #include "trainer/rollout/sampler.h"
 
 namespace rl::rollout {
@@ -212,14 +213,21 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   rope_ = model::MakeRopeTable(config_, 0, max_length_, dtype_, device_);
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
   step_ = at::zeros({2, max_batch_}, longs.device(device_));
+  token_ = step_.select(0, 0);
   position_ = step_.select(0, 1);
   const bool pinned = device_.is_cuda();
   for (HostSlot& slot : slots_) {
     slot.step = at::zeros({2, max_batch_}, longs.pinned_memory(pinned));
-    slot.uniforms = at::zeros({max_batch_}, longs.dtype(at::kDouble).pinned_memory(pinned));
-    slot.tokens = at::zeros({max_batch_}, longs.pinned_memory(pinned));
-    slot.log_probs = at::zeros({max_batch_}, longs.dtype(at::kFloat).pinned_memory(pinned));
-    if (pinned) slot.copied.emplace(device_.type());
+    if (pinned) {  // Note [Sampled tokens handed on]
+      slot.uniforms = kernels::MappedHostEmpty({max_batch_}, at::kDouble, device_);
+      slot.tokens = kernels::MappedHostEmpty({max_batch_}, at::kLong, device_);
+      slot.log_probs = kernels::MappedHostEmpty({max_batch_}, at::kFloat, device_);
+      slot.copied.emplace(device_.type());
+    } else {
+      slot.uniforms.host = at::zeros({max_batch_}, longs.dtype(at::kDouble));
+      slot.tokens.host = at::zeros({max_batch_}, longs);
+      slot.log_probs.host = at::zeros({max_batch_}, longs.dtype(at::kFloat));
+    }
   }
   set_cuda_graphs(true);
 }
@@ -244,7 +252,7 @@ void RolloutEngine::set_cuda_graphs(bool on) {
         return decoder_->DecodeStep(tokens, position_.narrow(0, 0, tokens.size(0)), key_length,
                                     rope_, *cache_, decode_dispatch());
       },
-      max_batch_, device_, [this] {
+      token_.view({max_batch_, 1}), [this] {
         if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
         if (tensor_group_ != nullptr) tensor_group_->WaitEnqueued();
       });
@@ -270,11 +278,13 @@ void RolloutEngine::Record(ChoiceRecord& record, int64_t layer, const at::Tensor
   }
 }
 
-at::Tensor RolloutEngine::DecodeLogits(const at::Tensor& tokens, int64_t key_length) {
+at::Tensor RolloutEngine::DecodeLogits(int64_t live, int64_t key_length) {
   const at::Tensor logits =
-      graphs_ != nullptr ? graphs_->Run(tokens, key_length)
-                         : decoder_->DecodeStep(tokens, position_.narrow(0, 0, tokens.size(0)),
-                                                key_length, rope_, *cache_, decode_dispatch());
+      graphs_ != nullptr
+          ? graphs_->Run(live, key_length)
+          : decoder_->DecodeStep(token_.narrow(0, 0, live).view({live, 1}),
+                                 position_.narrow(0, 0, live), key_length, rope_, *cache_,
+                                 decode_dispatch());
   // Note [Enqueued all-to-all]: the host reads what the step sampled next.
   if (expert_group_ != nullptr) expert_group_->WaitEnqueued();
   if (tensor_group_ != nullptr) tensor_group_->WaitEnqueued();
@@ -505,7 +515,7 @@ void RolloutEngine::Admit(Rows& rows, int64_t count) {
     prefill_length_ = 0;
     ++stats_.prefills;
     HostSlot& slot = NextSlot();
-    SampleToHost(rows, logits, first_row, slot);
+    SampleToHost(rows, logits, first_row, slot, /*decode=*/false);
     TakeSampled(rows, slot, first_row, batch, {}, finished);
     begin = end;
   }
@@ -519,15 +529,15 @@ RolloutEngine::HostSlot& RolloutEngine::NextSlot() {
 }
 
 void RolloutEngine::DecodeUntilRowsEnd(Rows& rows) {
-  StepInFlight step = LaunchDecode(rows, at::Tensor());
+  StepInFlight step = LaunchDecode(rows, /*from_device=*/false);
   std::vector<int64_t> finished;
   while (true) {
     // Note [Overlapped decode steps]: the next step goes first, on the tokens of this one.
     std::optional<StepInFlight> next;
-    if (overlapped_steps_ && rows.AnyGoesOn()) next = LaunchDecode(rows, step.tokens);
+    if (overlapped_steps_ && rows.AnyGoesOn()) next = LaunchDecode(rows, /*from_device=*/true);
     TakeSampled(rows, *step.slot, 0, step.rows, {}, finished);
     if (finished.empty()) {
-      step = next.has_value() ? std::move(*next) : LaunchDecode(rows, at::Tensor());
+      step = next.has_value() ? *next : LaunchDecode(rows, /*from_device=*/false);
       continue;
     }
     if (next.has_value()) {  // the rows that ended were fed one token past their end: drop it
@@ -542,53 +552,61 @@ void RolloutEngine::DecodeUntilRowsEnd(Rows& rows) {
   }
 }
 
-RolloutEngine::StepInFlight RolloutEngine::LaunchDecode(Rows& rows, const at::Tensor& tokens) {
+RolloutEngine::StepInFlight RolloutEngine::LaunchDecode(Rows& rows, bool from_device) {
   const int64_t live = rows.live();
   HostSlot& slot = NextSlot();
-  // The step's tokens (used unless `tokens` is given) and positions, staged and copied in one
-  // transfer; the rows past the live ones (a graph's padding rows) at position 0.
-  int64_t* host = slot.step.data_ptr<int64_t>();
-  std::copy(rows.token.begin(), rows.token.end(), host);
-  std::copy(rows.position.begin(), rows.position.end(), host + max_batch_);
-  std::fill(host + max_batch_ + live, host + 2 * max_batch_, 0);
-  step_.copy_(slot.step, /*non_blocking=*/true);
+  if (!from_device) {
+    // The step's tokens and positions, staged and copied in one transfer; the rows past the live
+    // ones (a graph's padding rows) at position 0.
+    int64_t* host = slot.step.data_ptr<int64_t>();
+    std::copy(rows.token.begin(), rows.token.end(), host);
+    std::copy(rows.position.begin(), rows.position.end(), host + max_batch_);
+    std::fill(host + max_batch_ + live, host + 2 * max_batch_, 0);
+    step_.copy_(slot.step, /*non_blocking=*/true);
+  }
   const int64_t last = *std::max_element(rows.position.begin(), rows.position.end());
   JoinGroupStep(StepKind::kDecode);
-  const at::Tensor fed = tokens.defined() ? tokens : step_.select(0, 0).narrow(0, 0, live);
-  const at::Tensor logits = DecodeLogits(fed.view({live, 1}), KeyLength(last));
+  const at::Tensor logits = DecodeLogits(live, KeyLength(last));
   for (int64_t& position : rows.position) ++position;
   ++stats_.decode_steps;
   stats_.row_steps += live;
-  return {live, SampleToHost(rows, logits, 0, slot), &slot};
+  SampleToHost(rows, logits, 0, slot, /*decode=*/true);
+  return {live, &slot};
 }
 
-at::Tensor RolloutEngine::SampleToHost(Rows& rows, const at::Tensor& logits, int64_t first_row,
-                                       HostSlot& slot) {
+void RolloutEngine::SampleToHost(Rows& rows, const at::Tensor& logits, int64_t first_row,
+                                 HostSlot& slot, bool decode) {
   const int64_t n = logits.size(0);
+  // Note [Sampled tokens handed on]: on a GPU the slot is mapped into the device's address space.
+  const bool mapped = slot.tokens.device.defined();
   at::Tensor uniforms;
   if (!IsGreedy(rows.sampler)) {  // Note [Rollout seeds]: one draw from each row's generator
-    uniforms = slot.uniforms.narrow(0, 0, n);
+    const at::Tensor draws = slot.uniforms.host.narrow(0, 0, n);
     for (int64_t i = 0; i < n; ++i) {
-      uniforms.narrow(0, i, 1).uniform_(
+      draws.narrow(0, i, 1).uniform_(
           0, 1, rows.generators[rows.prompt[static_cast<size_t>(first_row + i)]]);
     }
-    uniforms = uniforms.to(device_, /*non_blocking=*/true);
+    uniforms = mapped ? slot.uniforms.device.narrow(0, 0, n) : draws;
   }
-  const SampledTokens sampled = SampleWithUniforms(logits, rows.sampler, uniforms);
-  slot.tokens.narrow(0, 0, n).copy_(sampled.tokens, /*non_blocking=*/true);
-  slot.log_probs.narrow(0, 0, n).copy_(sampled.log_probs, /*non_blocking=*/true);
+  kernels::HandOn hand_on;
+  hand_on.host_tokens = (mapped ? slot.tokens.device : slot.tokens.host).narrow(0, 0, n);
+  hand_on.host_log_probs = (mapped ? slot.log_probs.device : slot.log_probs.host).narrow(0, 0, n);
+  if (decode) {
+    hand_on.next_tokens = token_.narrow(0, 0, n);
+    hand_on.positions = position_.narrow(0, 0, n);
+  }
+  SampleWithUniforms(logits, rows.sampler, uniforms, hand_on);
   if (slot.copied.has_value()) {
     slot.copied->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
   }
-  return sampled.tokens;
 }
 
 void RolloutEngine::TakeSampled(Rows& rows, HostSlot& slot, int64_t first_row, int64_t n,
                                 const std::vector<int64_t>& dropped,
                                 std::vector<int64_t>& finished) {
   if (slot.copied.has_value()) slot.copied->synchronize();
-  const int64_t* token_data = slot.tokens.data_ptr<int64_t>();
-  const float* log_prob_data = slot.log_probs.data_ptr<float>();
+  const int64_t* token_data = slot.tokens.host.data_ptr<int64_t>();
+  const float* log_prob_data = slot.log_probs.host.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = first_row + i;
     if (std::binary_search(dropped.begin(), dropped.end(), row)) continue;

@@ -53,12 +53,12 @@
 // them to the Generations and to see which rows ended. So the host launches step t + 1 before it
 // reads step t: step t + 1 feeds every row of step t the token step t sampled for it, straight
 // from the device, at the next position, and samples with the uniforms the host draws meanwhile.
-// Reading step t then waits for step t alone (an event after the copy of its tokens to pinned
-// memory) while step t + 1 runs, so the device does not wait between steps for the host's read,
-// its bookkeeping and its next launches. Every transfer of a step is asynchronous: its positions,
-// tokens and uniforms go to the device from pinned staging, its tokens and log-probs come back
-// into it; two staging slots alternate, and a slot is written again only after the step that used
-// it was read.
+// Reading step t then waits for step t alone (an event after its tokens reached pinned memory)
+// while step t + 1 runs, so the device does not wait between steps for the host's read, its
+// bookkeeping and its next launches. Every transfer of a step is asynchronous (Note [Sampled
+// tokens handed on]): its uniforms (and, when the host feeds it, its positions and tokens) go to
+// the device from pinned staging, its tokens and log-probs come back into it; two staging slots
+// alternate, and a slot is written again only after the step that used it was read.
 // At launch the host cannot know whether a row ends at step t by a stop token, so step t + 1
 // computes every row of step t, also those at their length limit (unless every row is: then there
 // is no step t + 1). When some row did end, the host reads step t + 1 too before going on: the
@@ -75,6 +75,22 @@
 // both wait for the whole stream, so launching step t + 1 returns only once it has run. Waiting
 // for step t's event under the timeout instead would let them overlap.
 // set_overlapped_steps(false) reads every step before it launches the next.
+//
+// Note [Sampled tokens handed on]
+// What the host and the next decode step take of a step's sampling is written by the sampling
+// kernel itself (kernels::SampleRows with kernels::HandOn targets; where the LibTorch ops
+// sample, by kernels::HandOnSampled after them): the tokens and log-probs into the slot's host
+// memory, which is mapped into the device's address space, the tokens into the next step's input
+// (step_[0], the buffer the decode graphs read), and the rows' positions (step_[1]) moved on by
+// one, as the host moves rows.position. The sampling reads a sampled step's uniforms from the
+// slot's mapped memory as well. So a step fed from the device (the one after it, under overlap)
+// needs no transfer at all: at one row on an H100, the four copies this replaced (two back to the
+// host, the staging to the device, the tokens into the graphs' buffer) and the gaps around them
+// took 21.5 us between the sampling's end and the next graph's first kernel; now 2.2 us pass
+// (docs/decode-performance.md, "Between two steps"). The rows past the live ones keep position
+// 0. A step fed from the host (after rows end or are admitted, or without overlap) stages its
+// tokens and positions in one copy, overwriting what the device had moved on. On the CPU the
+// same writes are LibTorch ops.
 //
 // Note [Rollout seeds]
 // Prompt i of a Generate call samples with its own CPU generator seeded with `seed + i`, one
@@ -124,6 +140,7 @@
 #include <vector>
 
 #include "launch/communicator.h"
+#include "trainer/kernels/fused_ops.h"
 #include "trainer/memory/region.h"
 #include "trainer/model/decoder.h"
 #include "trainer/model/model_config.h"
@@ -281,19 +298,20 @@ class RolloutEngine {
   // Prefills the next `count` prompts into the free cache rows after the live ones (one forward
   // for lengths within a factor of 2) and samples their first tokens.
   void Admit(Rows& rows, int64_t count);
-  // Pinned (on a GPU) host memory through which a step's inputs go to the device and its
-  // sampled tokens come back; two alternate (Note [Overlapped decode steps]).
+  // Host memory through which a step's inputs go to the device and its sampled tokens come back;
+  // two alternate (Note [Overlapped decode steps]). On a GPU `step` is pinned and the rest mapped
+  // into the device's address space, where the sampling reads the uniforms and writes the tokens
+  // and log-probs (Note [Sampled tokens handed on]); on the CPU each `device` is undefined.
   struct HostSlot {
-    at::Tensor step;       // [2, max_batch] int64: tokens and positions, staged for step_
-    at::Tensor uniforms;   // [max_batch] fp64: the rows' draws, staged
-    at::Tensor tokens;     // [max_batch] int64: the sampled tokens, copied back
-    at::Tensor log_probs;  // [max_batch] fp32: their log-probs, copied back
-    std::optional<c10::Event> copied;  // on a GPU: recorded after the copies back
+    at::Tensor step;               // [2, max_batch] int64: tokens and positions, staged for step_
+    kernels::MappedHost uniforms;  // [max_batch] fp64: the rows' draws
+    kernels::MappedHost tokens;    // [max_batch] int64: the sampled tokens
+    kernels::MappedHost log_probs;  // [max_batch] fp32: their log-probs
+    std::optional<c10::Event> copied;  // on a GPU: recorded after the hand-on
   };
   // A decode step launched on the device and not yet read on the host.
   struct StepInFlight {
-    int64_t rows = 0;   // it computes live rows [0, rows)
-    at::Tensor tokens;  // [rows] int64 on the device: the tokens it samples
+    int64_t rows = 0;  // it computes live rows [0, rows)
     HostSlot* slot = nullptr;
   };
   // The staging for the next step (or prefill).
@@ -302,25 +320,26 @@ class RolloutEngine {
   // trainer/model/layers.h), overlapped (Note [Overlapped decode steps]), until some rows end;
   // retires them.
   void DecodeUntilRowsEnd(Rows& rows);
-  // Launches one decode step of the live rows at their positions, feeding `tokens` ([live] int64
-  // on the device, sampled by the step ahead), or the host's rows.token when undefined; advances
-  // the positions.
-  StepInFlight LaunchDecode(Rows& rows, const at::Tensor& tokens);
+  // Launches one decode step of the live rows at their positions and advances the positions. It
+  // feeds the tokens and positions the step ahead left on the device (Note [Sampled tokens handed
+  // on]) when `from_device`, else the host's rows.token and rows.position.
+  StepInFlight LaunchDecode(Rows& rows, bool from_device);
   // Draws a uniform for each of the live rows [first_row, first_row + logits.size(0)), samples
-  // their tokens from `logits`, and starts copying tokens and log-probs back into `slot`. Returns
-  // the tokens on the device.
-  at::Tensor SampleToHost(Rows& rows, const at::Tensor& logits, int64_t first_row, HostSlot& slot);
-  // Waits for `slot`'s copies, appends the sampled tokens of live rows [first_row, first_row + n)
-  // but `dropped` (ascending) to their Generations, and adds the rows that end with them to
-  // `finished`.
+  // their tokens from `logits`, and starts handing tokens and log-probs back into `slot`; a
+  // decode step's (`decode`) also become the next step's input at the next positions.
+  void SampleToHost(Rows& rows, const at::Tensor& logits, int64_t first_row, HostSlot& slot,
+                    bool decode);
+  // Waits for what the step handed back into `slot`, appends the sampled tokens of live rows
+  // [first_row, first_row + n) but `dropped` (ascending) to their Generations, and adds the rows
+  // that end with them to `finished`.
   void TakeSampled(Rows& rows, HostSlot& slot, int64_t first_row, int64_t n,
                    const std::vector<int64_t>& dropped, std::vector<int64_t>& finished);
   // Hands the finished rows' records to their Generations and fills their cache rows with live
   // rows from past the new batch size.
   void Retire(Rows& rows, const std::vector<int64_t>& finished);
-  // One decode step of rows [0, live) at their positions position_[0, live) (tokens [live, 1] on
-  // the device): their logits [live, vocab].
-  at::Tensor DecodeLogits(const at::Tensor& tokens, int64_t key_length);
+  // One decode step of rows [0, live) on their tokens step_[0][0, live) at their positions
+  // position_[0, live): their logits [live, vocab].
+  at::Tensor DecodeLogits(int64_t live, int64_t key_length);
   // One record kept row for row with the KV cache (Note [Engine routing record]).
   struct ChoiceRecord {
     at::Tensor data;               // [layers, max_batch, max_length, k], or undefined
@@ -360,6 +379,7 @@ class RolloutEngine {
   std::unique_ptr<model::KvCache> cache_;  // rows [0, live) hold the live rows of a Generate
   model::RopeTable rope_;                  // every cache position [0, max_length)
   at::Tensor step_;       // [2, max_batch] int64 on the device: a decode step's tokens, positions
+  at::Tensor token_;      // step_[0]: each row's token in the decode step
   at::Tensor position_;   // step_[1]: each row's position in the decode step
   std::array<HostSlot, 2> slots_;  // Note [Overlapped decode steps]
   int64_t next_slot_ = 0;

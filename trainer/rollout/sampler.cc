@@ -44,6 +44,22 @@ at::Tensor InverseCdf(const at::Tensor& mass, const at::Tensor& u) {
   return at::searchsorted(cdf, threshold, /*out_int32=*/false, /*right=*/true);
 }
 
+// `sampled` to hand_on's targets (SampleWithUniforms, where the sampling kernel did not run).
+void HandOn(const SampledTokens& sampled, const kernels::HandOn& to) {
+  if (sampled.tokens.is_cuda()) {
+    if (to.host_tokens.defined() || to.host_log_probs.defined() || to.next_tokens.defined()) {
+      kernels::HandOnSampled(sampled.tokens, sampled.log_probs, to);
+    }
+    return;
+  }
+  if (to.host_tokens.defined()) to.host_tokens.copy_(sampled.tokens);
+  if (to.host_log_probs.defined()) to.host_log_probs.copy_(sampled.log_probs);
+  if (to.next_tokens.defined()) {
+    to.next_tokens.copy_(sampled.tokens);
+    to.positions.add_(1);
+  }
+}
+
 }  // namespace
 
 at::Generator MakeGenerator(uint64_t seed) {
@@ -51,7 +67,7 @@ at::Generator MakeGenerator(uint64_t seed) {
 }
 
 SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& config,
-                                 const at::Tensor& uniforms) {
+                                 const at::Tensor& uniforms, const kernels::HandOn& hand_on) {
   CheckSamplerConfig(config);
   RL_CHECK(logits.dim() == 2 && at::isFloatingType(logits.scalar_type()) && logits.size(1) > 0,
            Error, "sampler: logits must be floating [batch, vocab]; got {} of shape [{}]",
@@ -67,7 +83,7 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
   // trainer/kernels/sample_kernels.cu): the same rule, its sums in another order.
   if ((IsGreedy(config) || !Truncates(config, vocab)) && kernels::SampleRowsTakes(logits)) {
     const kernels::SampledRows rows =
-        kernels::SampleRows(logits, config.temperature, IsGreedy(config), uniforms);
+        kernels::SampleRows(logits, config.temperature, IsGreedy(config), uniforms, hand_on);
     return {rows.tokens, rows.log_probs};
   }
   // Note [Rollout log-probs]: the scaled, untruncated distribution. (Each pass over [B, V] costs
@@ -109,8 +125,9 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
     }
   }
   SampledTokens out;
-  out.log_probs = log_probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1);
-  out.tokens = tokens;
+  out.log_probs = log_probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1).contiguous();
+  out.tokens = tokens.contiguous();
+  HandOn(out, hand_on);
   return out;
 }
 

@@ -57,6 +57,8 @@
 
 #include <cstdint>
 
+#include "trainer/kernels/fused_ops.h"
+
 namespace rl::rollout {
 
 struct SamplerConfig {
@@ -84,9 +86,12 @@ double LogProbTemperature(const SamplerConfig& config);
 at::Generator MakeGenerator(uint64_t seed);
 
 // logits [batch, vocab] (any floating dtype, any device); uniforms [batch] in [0, 1) (any dtype,
-// any device; ignored when greedy).
+// any device; ignored when greedy). `hand_on`'s targets, where defined (on the logits' device),
+// also take the tokens and log-probs (kernels::HandOn; Note [Sampled tokens handed on] in
+// engine.h): on a GPU written by the sampling kernel itself, or by kernels::HandOnSampled after
+// the ops.
 SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& config,
-                                 const at::Tensor& uniforms);
+                                 const at::Tensor& uniforms, const kernels::HandOn& hand_on = {});
 
 // Draws [batch] uniforms (fp64) from `generator` (a CPU generator), unless greedy.
 SampledTokens Sample(const at::Tensor& logits, const SamplerConfig& config,

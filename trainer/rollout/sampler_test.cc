@@ -183,6 +183,25 @@ TEST_CASE("Log-probs are log_softmax(logits / T) at the sampled tokens, exactly"
                   at::log_softmax(logits, -1).gather(1, out.tokens.unsqueeze(1)).squeeze(1)));
 }
 
+TEST_CASE("The hand-on targets take the tokens and log-probs; the positions advance by one") {
+  const at::Tensor logits = RandomLogits(6, 64, 23);
+  const at::Tensor uniforms =
+      at::rand({6}, MakeGenerator(4), at::TensorOptions().dtype(at::kDouble));
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor step = at::arange(20, longs).view({2, 10});  // rows past 6 untouched
+  kernels::HandOn to;
+  to.host_tokens = at::full({6}, -1, longs);
+  to.host_log_probs = at::zeros({6}, at::TensorOptions().dtype(at::kFloat));
+  to.next_tokens = step[0].narrow(0, 0, 6);
+  to.positions = step[1].narrow(0, 0, 6);
+  const SampledTokens out = SampleWithUniforms(logits, SamplerConfig{}, uniforms, to);
+  CHECK(at::equal(to.host_tokens, out.tokens));
+  CHECK(at::equal(to.host_log_probs, out.log_probs));
+  CHECK(at::equal(step[0].narrow(0, 0, 6), out.tokens));
+  CHECK(at::equal(step[1], at::arange(10, 20, longs) + (at::arange(10, longs) < 6).to(at::kLong)));
+  CHECK(at::equal(step[0].narrow(0, 6, 4), at::arange(6, 10, longs)));
+}
+
 TEST_CASE("Out-of-range sampling settings throw ConfigError") {
   const at::Tensor logits = RandomLogits(2, 8, 1);
   at::Generator gen = MakeGenerator(1);
