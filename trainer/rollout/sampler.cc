@@ -47,11 +47,14 @@ at::Tensor InverseCdf(const at::Tensor& mass, const at::Tensor& u) {
 // `sampled` to hand_on's targets (SampleWithUniforms, where the sampling kernel did not run).
 void HandOn(const SampledTokens& sampled, const kernels::HandOn& to) {
   if (sampled.tokens.is_cuda()) {
-    if (to.host_tokens.defined() || to.host_log_probs.defined() || to.next_tokens.defined()) {
+    if (to.host_tokens.defined() || to.host_log_probs.defined() || to.next_tokens.defined() ||
+        to.positions.defined()) {
       kernels::HandOnSampled(sampled.tokens, sampled.log_probs, to);
     }
     return;
   }
+  RL_CHECK(to.next_tokens.defined() == to.positions.defined(), Error,
+           "sampler: the hand-on's next tokens and positions go together");
   if (to.host_tokens.defined()) to.host_tokens.copy_(sampled.tokens);
   if (to.host_log_probs.defined()) to.host_log_probs.copy_(sampled.log_probs);
   if (to.next_tokens.defined()) {
