@@ -123,7 +123,7 @@ int64_t StepTotalsBytes(int64_t vocab, int blocks) {
 }
 
 // A row's token and log-prob to the targets of HandOnTargets that are set.
-__device__ __forceinline__ void HandOn(const HandOnTargets& to, int64_t row, int64_t token,
+__device__ __forceinline__ void HandOnRow(const HandOnTargets& to, int64_t row, int64_t token,
                                        float log_prob) {
   if (to.host_tokens != nullptr) to.host_tokens[row] = token;
   if (to.host_log_probs != nullptr) to.host_log_probs[row] = log_prob;
@@ -329,7 +329,7 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kSampleThreads
         const float lp = log_prob(row_arg, total);
         tokens[row] = row_arg;
         log_probs[row] = lp;
-        HandOn(hand_on, row, row_arg, lp);
+        HandOnRow(hand_on, row, row_arg, lp);
       }
       return;
     }
@@ -399,7 +399,7 @@ __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kSampleThreads
       const float lp = log_prob(token, total);
       tokens[row] = token;
       log_probs[row] = lp;
-      HandOn(hand_on, row, token, lp);
+      HandOnRow(hand_on, row, token, lp);
     }
   };
   draw();
@@ -415,7 +415,7 @@ __global__ void HandOnSampledKernel(const int64_t* __restrict__ tokens,
                                     const float* __restrict__ log_probs, int64_t rows,
                                     HandOnTargets to) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row < rows) HandOn(to, row, tokens[row], log_probs[row]);
+  if (row < rows) HandOnRow(to, row, tokens[row], log_probs[row]);
 }
 
 // How many clusters of kBlocks blocks the GPU runs at once, with `shared` bytes of dynamic shared

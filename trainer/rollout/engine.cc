@@ -218,16 +218,16 @@ RolloutEngine::RolloutEngine(model::ModelConfig config, at::ScalarType param_dty
   const bool pinned = device_.is_cuda();
   for (HostSlot& slot : slots_) {
     slot.step = at::zeros({2, max_batch_}, longs.pinned_memory(pinned));
-    if (pinned) {  // Note [Sampled tokens handed on]
-      slot.uniforms = kernels::MappedHostEmpty({max_batch_}, at::kDouble, device_);
-      slot.tokens = kernels::MappedHostEmpty({max_batch_}, at::kLong, device_);
-      slot.log_probs = kernels::MappedHostEmpty({max_batch_}, at::kFloat, device_);
-      slot.copied.emplace(device_.type());
-    } else {
-      slot.uniforms.host = at::zeros({max_batch_}, longs.dtype(at::kDouble));
-      slot.tokens.host = at::zeros({max_batch_}, longs);
-      slot.log_probs.host = at::zeros({max_batch_}, longs.dtype(at::kFloat));
-    }
+    // Note [Sampled tokens handed on]: on the CPU the device's side is the host memory itself.
+    const auto memory = [&](at::ScalarType dtype) {
+      if (pinned) return kernels::MappedHostEmpty({max_batch_}, dtype, device_);
+      const at::Tensor host = at::zeros({max_batch_}, longs.dtype(dtype));
+      return kernels::MappedHost{host, host};
+    };
+    slot.uniforms = memory(at::kDouble);
+    slot.tokens = memory(at::kLong);
+    slot.log_probs = memory(at::kFloat);
+    if (pinned) slot.copied.emplace(device_.type());
   }
   set_cuda_graphs(true);
 }
@@ -577,8 +577,7 @@ RolloutEngine::StepInFlight RolloutEngine::LaunchDecode(Rows& rows, bool from_de
 void RolloutEngine::SampleToHost(Rows& rows, const at::Tensor& logits, int64_t first_row,
                                  HostSlot& slot, bool decode) {
   const int64_t n = logits.size(0);
-  // Note [Sampled tokens handed on]: on a GPU the slot is mapped into the device's address space.
-  const bool mapped = slot.tokens.device.defined();
+  // Note [Sampled tokens handed on]: the device reads and writes the slot through `device`.
   at::Tensor uniforms;
   if (!IsGreedy(rows.sampler)) {  // Note [Rollout seeds]: one draw from each row's generator
     const at::Tensor draws = slot.uniforms.host.narrow(0, 0, n);
@@ -586,11 +585,11 @@ void RolloutEngine::SampleToHost(Rows& rows, const at::Tensor& logits, int64_t f
       draws.narrow(0, i, 1).uniform_(
           0, 1, rows.generators[rows.prompt[static_cast<size_t>(first_row + i)]]);
     }
-    uniforms = mapped ? slot.uniforms.device.narrow(0, 0, n) : draws;
+    uniforms = slot.uniforms.device.narrow(0, 0, n);
   }
   kernels::HandOn hand_on;
-  hand_on.host_tokens = (mapped ? slot.tokens.device : slot.tokens.host).narrow(0, 0, n);
-  hand_on.host_log_probs = (mapped ? slot.log_probs.device : slot.log_probs.host).narrow(0, 0, n);
+  hand_on.host_tokens = slot.tokens.device.narrow(0, 0, n);
+  hand_on.host_log_probs = slot.log_probs.device.narrow(0, 0, n);
   if (decode) {
     hand_on.next_tokens = token_.narrow(0, 0, n);
     hand_on.positions = position_.narrow(0, 0, n);

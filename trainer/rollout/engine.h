@@ -301,7 +301,7 @@ class RolloutEngine {
   // Host memory through which a step's inputs go to the device and its sampled tokens come back;
   // two alternate (Note [Overlapped decode steps]). On a GPU `step` is pinned and the rest mapped
   // into the device's address space, where the sampling reads the uniforms and writes the tokens
-  // and log-probs (Note [Sampled tokens handed on]); on the CPU each `device` is undefined.
+  // and log-probs (Note [Sampled tokens handed on]); on the CPU each `device` is its `host`.
   struct HostSlot {
     at::Tensor step;               // [2, max_batch] int64: tokens and positions, staged for step_
     kernels::MappedHost uniforms;  // [max_batch] fp64: the rows' draws

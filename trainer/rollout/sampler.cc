@@ -45,7 +45,7 @@ at::Tensor InverseCdf(const at::Tensor& mass, const at::Tensor& u) {
 }
 
 // `sampled` to hand_on's targets (SampleWithUniforms, where the sampling kernel did not run).
-void HandOn(const SampledTokens& sampled, const kernels::HandOn& to) {
+void HandOnAfterOps(const SampledTokens& sampled, const kernels::HandOn& to) {
   if (sampled.tokens.is_cuda()) {
     if (to.host_tokens.defined() || to.host_log_probs.defined() || to.next_tokens.defined() ||
         to.positions.defined()) {
@@ -130,7 +130,7 @@ SampledTokens SampleWithUniforms(const at::Tensor& logits, const SamplerConfig& 
   SampledTokens out;
   out.log_probs = log_probs_all.gather(1, tokens.unsqueeze(1)).squeeze(1).contiguous();
   out.tokens = tokens.contiguous();
-  HandOn(out, hand_on);
+  HandOnAfterOps(out, hand_on);
   return out;
 }
 
