@@ -183,8 +183,7 @@ struct QkvPrepShape {
   float eps = 0;
   // Row b's position is p = position[b position_stride] (0 where the whole batch shares one, else
   // each row has its own: Note [Ragged decode] in trainer/model/layers.h), and its cos / sin start
-  // at cos + p rope_stride: the rows of a RoPE table, one per position.
-  int64_t rope_stride = 0;
+  // at cos + p half: the rows of a contiguous RoPE table [positions, half].
   int64_t position_stride = 0;
 };
 

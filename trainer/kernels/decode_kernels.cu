@@ -152,7 +152,7 @@ __global__ void DecodeQkvPrepKernel(const T* __restrict__ qkv, const T* __restri
   T* dst = is_q ? q_out + (b * p.q_heads + head) * p.dim
                 : StepCacheRow(k_cache, v_cache, p, b, kv_head, pos, value);
   PrepHead(qkv + b * p.qkv_stride + head * p.dim, value, is_q ? q_norm : k_norm,
-           cos + pos * p.rope_stride, sin + pos * p.rope_stride, p, normed[warp], dst);
+           cos + pos * p.half, sin + pos * p.half, p, normed[warp], dst);
 }
 
 // kVec consecutive elements of T, loaded as one vector (aligned to their size, which
@@ -261,8 +261,8 @@ __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, 
     const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
     T* dst = is_q ? prepared_q[h] : step_rows[value];
     PrepHead(typed(prep.qkv) + b * s.qkv_stride + head * s.dim, value,
-             typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos) + pos * s.rope_stride,
-             typed(prep.sin) + pos * s.rope_stride, s, normed[warp], dst);
+             typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos) + pos * s.half,
+             typed(prep.sin) + pos * s.half, s, normed[warp], dst);
     if (!is_q) {
       __syncwarp();
       T* row = StepCacheRow(k_cache, v_cache, s, b, kv_head, pos, value);

@@ -552,7 +552,6 @@ PrepTensors CheckedPrep(const char* what, const at::Tensor& qkv, const at::Tenso
   shape.v_stride_h = v.stride(1);
   shape.v_stride_t = v.stride(2);
   shape.eps = static_cast<float>(eps);
-  shape.rope_stride = half;  // p.cos is contiguous
   shape.position_stride = position_stride;
   return p;
 }
