@@ -44,11 +44,16 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
 // holds the head's elements l, l + 32, ... (as RmsNormKernel's block of kThreads holds one element
 // per thread). `normed` is the warp's scratch of kMaxHeadDim floats. A lane loads every element it
 // needs (the head's, the norm's weights, cos and sin) before it uses the first, so that the head
-// costs one memory round trip rather than one for each phase and RoPE element.
-template <typename T>
+// costs one memory round trip rather than one for each phase and RoPE element; `after_loads()`
+// runs between the two (Note [The shallow ring filled after the preparation's loads]).
+struct NoWork {
+  __device__ void operator()() const {}
+};
+template <typename T, typename AfterLoads = NoWork>
 __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restrict__ norm,
                          const T* __restrict__ cos, const T* __restrict__ sin,
-                         const QkvPrepShape& p, float* __restrict__ normed, T* __restrict__ dst) {
+                         const QkvPrepShape& p, float* __restrict__ normed, T* __restrict__ dst,
+                         const AfterLoads& after_loads = {}) {
   constexpr int kPerLane = kMaxHeadDim / 32;
   const int lane = threadIdx.x % 32;
   const bool normalise = !value && norm != nullptr;
@@ -69,6 +74,7 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
       raw_sin[i] = sin[r];
     }
   }
+  after_loads();
   if (value) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
@@ -199,25 +205,44 @@ __device__ __forceinline__ void FillRing(int64_t t0, int64_t stride, int64_t lim
 // copies read only the rows before the position (the copy lambdas stop at `copy_end`), which
 // earlier steps wrote, and the warp whose tile holds the position puts the two rows into it from
 // shared memory once the tile's copies have landed. So no copy waits for anything this step
-// writes, and StartRing issues the whole fill before PrecedingKernelsDone(): under programmatic
-// launch the cache streams in while the q/k/v projection ahead finishes, and the tile that holds
-// the position costs no memory round trip after the preparation. The rows summed are the same,
-// so are the bits. Rows past the position are not copied; they get no weight (and the
-// tensor-core kernel zeroes its values there).
+// writes, and StartRing issues a ring filled up front (kFillAll) before PrecedingKernelsDone():
+// under programmatic launch the cache streams in while the q/k/v projection ahead finishes, and
+// the tile that holds the position costs no memory round trip after the preparation (a shallow
+// ring's fill comes later: Note [The shallow ring filled after the preparation's loads]). The
+// rows summed are the same, so are the bits. Rows past the position are not copied; they get no
+// weight (and the tensor-core kernel zeroes its values there).
 
-// The start of a DecodeQkvAttention block (kPrep): FillRing (Note [The step's key and value in
-// the ring]), `more_copies()` (the o projection's weights, in a group of their own after the
-// ring's), PrecedingKernelsDone(), then the block's preparation `prepare()`. Returns false, having
-// prepared nothing, for a split past the position (no part in the merge of the keys).
+// Note [The shallow ring filled after the preparation's loads]
+// A ring of one tile ahead (!kFillAll: the tensor-core kernel's shallow form, for grids of more
+// blocks than the deep one takes, and the CUDA-core kernel) is not filled before the wait, as a
+// ring filled up front is (Note [The step's key and value in the ring]), but by each warp right
+// after it has issued the loads of its first head's preparation and before it uses them (PrepHead's
+// `after_loads`); a warp with no head to prepare fills it at once. At batch 64 the first wave's
+// first tiles are about 8 MiB of copies (264 blocks of 4 warps, 8 KiB a tile); issued before the
+// wait they reach the memory system before the preparation's few loads, which every block waits for
+// before its key loop (the likely reason it pays; not measured apart). After those loads the
+// copies still land while the preparation computes. The rows copied and their sums are unchanged:
+// the same bits. On an H100 (docs/decode-performance.md, "The shallow ring filled after the
+// preparation's loads"): 1.013x and 1.008x at batch 64, 1.017x and 1.019x at 16, 1.018x at 33;
+// the fill after the whole preparation instead was 0.981x at batch 64.
+
+// The start of a DecodeQkvAttention block (kPrep): a ring filled up front (kFillAll) and
+// `more_copies()` (the o projection's weights, in a group of their own after the ring's), then
+// PrecedingKernelsDone() and the block's preparation `prepare(fill)`, which calls `fill()` once in
+// each warp to fill a shallow ring (Note [The shallow ring filled after the preparation's loads]).
+// Returns false, having prepared nothing, for a split past the position (no part in the merge of
+// the keys).
 template <int kRing, bool kFillAll, typename Copy, typename Prepare, typename MoreCopies>
 __device__ __forceinline__ bool StartRing(int64_t begin, int64_t t0, int64_t stride,
                                           int64_t copy_end, int64_t pos, const Copy& copy,
                                           const Prepare& prepare, const MoreCopies& more_copies) {
-  FillRing<kRing, kFillAll>(t0, stride, copy_end, copy);
+  if constexpr (kFillAll) FillRing<kRing, kFillAll>(t0, stride, copy_end, copy);
   more_copies();
   PrecedingKernelsDone();
   if (begin > pos) return false;
-  prepare();
+  prepare([&] {
+    if constexpr (!kFillAll) FillRing<kRing, kFillAll>(t0, stride, copy_end, copy);
+  });
   return true;
 }
 
@@ -244,25 +269,30 @@ __device__ unsigned int g_split_counters[kMaxMergeSlots];
 // The first phase of a decode attention block with kPrep: what DecodeQkvPrepKernel would compute
 // for it, from `prep` (whose pointers are T's): its query heads into `prepared_q`, and, in the
 // split that holds the position, the step's key and value heads into `step_rows` (for the ring,
-// Note [The step's key and value in the ring]) and from there to the caches. Ends with a barrier,
-// so that the block reads all of them after.
-template <typename T, int kDim, int kGroup, int kBlockWarps>
+// Note [The step's key and value in the ring]) and from there to the caches. Each warp calls
+// `fill()` once: after its first head's loads, or at once without a head. Ends with a barrier, so
+// that the block reads all of them after.
+template <typename T, int kDim, int kGroup, int kBlockWarps, typename Fill>
 __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, int64_t b,
                              int64_t first_head, int64_t kv_head, int64_t pos, bool holds_position,
                              T (&prepared_q)[kGroup][kDim], T (&step_rows)[2][kDim],
-                             float (&normed)[kBlockWarps][kMaxHeadDim]) {
+                             float (&normed)[kBlockWarps][kMaxHeadDim], const Fill& fill) {
   const QkvPrepShape& s = prep.shape;
   const auto typed = [](const void* t) { return static_cast<const T*>(t); };
   const int warp = threadIdx.x / 32;
   const int heads = holds_position ? kGroup + 2 : kGroup;  // the step's key and value heads
+  if (warp >= heads) fill();
   for (int h = warp; h < heads; h += kBlockWarps) {
     const bool is_q = h < kGroup;
     const bool value = h == kGroup + 1;
     const int64_t head = is_q ? first_head + h : s.q_heads + kv_head + (value ? s.kv_heads : 0);
     T* dst = is_q ? prepared_q[h] : step_rows[value];
+    const auto after_loads = [&] {
+      if (h == warp) fill();
+    };
     PrepHead(typed(prep.qkv) + b * s.qkv_stride + head * s.dim, value,
              typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos) + pos * s.half,
-             typed(prep.sin) + pos * s.half, s, normed[warp], dst);
+             typed(prep.sin) + pos * s.half, s, normed[warp], dst, after_loads);
     if (!is_q) {
       __syncwarp();
       T* row = StepCacheRow(k_cache, v_cache, s, b, kv_head, pos, value);
@@ -419,11 +449,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int64_t first = begin + warp * kKeysPerIteration;
   int64_t t0 = first;
   if constexpr (kPrep) {
-    if (!StartRing<kStages, false>(begin, t0, kStride, copy_end, pos, copy, [&] {
-          PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                                      pos < chunk_end, prepared_q, step_rows,
-                                                      normed);
-        }, [] {})) {
+    const auto prepare = [&](const auto& fill) {
+      PrepareHeads<T, kDim, kGroup, kDecodeWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                                  pos < chunk_end, prepared_q, step_rows, normed,
+                                                  fill);
+    };
+    if (!StartRing<kStages, false>(begin, t0, kStride, copy_end, pos, copy, prepare, [] {})) {
       return;
     }
   } else {
@@ -741,11 +772,13 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
   const int64_t first = begin + warp * kTileKeys;
   int64_t t0 = first;
   if constexpr (kPrep) {
-    const bool has_keys = StartRing<kRing, kFillAll>(begin, t0, kStride, copy_end, pos, copy, [&] {
-          PrepareHeads<T, kDim, kGroup, kBlockWarps>(prep, k, v, b, first_head, kv_head, pos,
-                                                     pos < chunk_end, prepared_q, step_rows,
-                                                     normed);
-        }, copy_o_weights);
+    const auto prepare = [&](const auto& fill) {
+      PrepareHeads<T, kDim, kGroup, kBlockWarps>(prep, k, v, b, first_head, kv_head, pos,
+                                                 pos < chunk_end, prepared_q, step_rows, normed,
+                                                 fill);
+    };
+    const bool has_keys = StartRing<kRing, kFillAll>(begin, t0, kStride, copy_end, pos, copy,
+                                                     prepare, copy_o_weights);
     if (!kOSlice && !has_keys) return;  // with kOSlice it still sums its slice
   } else {
     FillRing<kRing, kFillAll>(t0, kStride, copy_end, copy);
