@@ -377,9 +377,9 @@ struct HandOnTargets {
 // cumulative softmax(logits / temperature) (fp64) exceeds uniforms[row] (fp64 in [0, 1), readable
 // by the device). tokens [rows] int64 and log_probs [rows] fp32 (log_softmax(logits /
 // temperature) at the token; temperature 0 counts as 1). A cluster of 8, 4 or 2 blocks per row
-// (the same bits), fewer than 2^28 rows. Vocabularies whose step totals per block (SampleRowsSharedBytes) exceed
-// kSampleMaxSharedBytes are not taken: 10.5M words in bf16, 5.2M in fp32. Each row's token and
-// log-prob also go to `hand_on`'s targets.
+// (the same bits), fewer than 2^28 rows. Vocabularies whose step totals per block
+// (SampleRowsSharedBytes) exceed kSampleMaxSharedBytes are not taken: 10.5M words in bf16, 5.2M in
+// fp32. Each row's token and log-prob also go to `hand_on`'s targets.
 cudaError_t SampleRows(const void* logits, int64_t rows, int64_t vocab, int64_t stride,
                        double temperature, bool greedy, const double* uniforms, int64_t* tokens,
                        float* log_probs, const HandOnTargets& hand_on, DtypeCode dtype,
