@@ -46,15 +46,19 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
 // needs (the head's, the norm's weights, cos and sin) before it uses the first, so that the head
 // costs one memory round trip rather than one for each phase and RoPE element; `after_loads()`
 // runs between the two (Note [The shallow ring filled after the preparation's loads]).
+// kHeadDim: the head's elements where the caller knows them when compiling (p.dim then equals it),
+// so that a lane loads and sums only those; 0 for any p.dim up to kMaxHeadDim.
 struct NoWork {
   __device__ void operator()() const {}
 };
-template <typename T, typename AfterLoads = NoWork>
+template <typename T, int kHeadDim = 0, typename AfterLoads = NoWork>
 __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restrict__ norm,
                          const T* __restrict__ cos, const T* __restrict__ sin,
                          const QkvPrepShape& p, float* __restrict__ normed, T* __restrict__ dst,
                          const AfterLoads& after_loads = {}) {
-  constexpr int kPerLane = kMaxHeadDim / 32;
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= kMaxHeadDim, "whole lanes of a head");
+  constexpr int kPerLane = (kHeadDim > 0 ? kHeadDim : kMaxHeadDim) / 32;
+  const int64_t dim = kHeadDim > 0 ? kHeadDim : p.dim;
   const int lane = threadIdx.x % 32;
   const bool normalise = !value && norm != nullptr;
   const bool rotate = !value && p.half > 0;
@@ -65,7 +69,7 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
-    const int64_t in_head = j < p.dim ? j : 0;
+    const int64_t in_head = j < dim ? j : 0;
     const int64_t r = j < p.half ? j : j < 2 * p.half ? j - p.half : 0;
     raw_x[i] = in[in_head];
     if (normalise) raw_weight[i] = norm[in_head];
@@ -79,13 +83,13 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t j = lane + 32 * i;
-      if (j < p.dim) dst[j] = raw_x[i];  // the bits as they are, NaNs' too
+      if (j < dim) dst[j] = raw_x[i];  // the bits as they are, NaNs' too
     }
     return;
   }
   float x[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) x[i] = lane + 32 * i < p.dim ? ToFloat(raw_x[i]) : 0.0f;
+  for (int i = 0; i < kPerLane; ++i) x[i] = lane + 32 * i < dim ? ToFloat(raw_x[i]) : 0.0f;
   if (normalise) {
     // RmsNormKernel's sum of squares bit for bit: its warp i sums elements [32 i, 32 i + 32)
     // (the same butterfly as here), then lanes 0-7 of one warp hold the 8 warp sums (zeros past
@@ -97,22 +101,22 @@ __device__ void PrepHead(const T* __restrict__ in, bool value, const T* __restri
       for (int i = 0; i < kWarps; ++i) next[i] = sums[i] + sums[i ^ offset];
       for (int i = 0; i < kWarps; ++i) sums[i] = next[i];
     }
-    const float inv = rsqrtf(sums[0] / static_cast<float>(p.dim) + p.eps);
+    const float inv = rsqrtf(sums[0] / static_cast<float>(dim) + p.eps);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      if (lane + 32 * i < p.dim) x[i] = ToFloat(RmsNormed<T>(x[i], inv, ToFloat(raw_weight[i])));
+      if (lane + 32 * i < dim) x[i] = ToFloat(RmsNormed<T>(x[i], inv, ToFloat(raw_weight[i])));
     }
   }
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
-    if (j < p.dim) normed[j] = x[i];
+    if (j < dim) normed[j] = x[i];
   }
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int64_t j = lane + 32 * i;
-    if (j >= p.dim) continue;
+    if (j >= dim) continue;
     if (j >= 2 * p.half) {
       dst[j] = FromFloat<T>(x[i]);
       continue;
@@ -290,9 +294,9 @@ __device__ void PrepareHeads(const QkvPrepInputs& prep, T* k_cache, T* v_cache, 
     const auto after_loads = [&] {
       if (h == warp) fill();
     };
-    PrepHead(typed(prep.qkv) + b * s.qkv_stride + head * s.dim, value,
-             typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos) + pos * s.half,
-             typed(prep.sin) + pos * s.half, s, normed[warp], dst, after_loads);
+    PrepHead<T, kDim>(typed(prep.qkv) + b * s.qkv_stride + head * s.dim, value,
+                      typed(is_q ? prep.q_norm : prep.k_norm), typed(prep.cos) + pos * s.half,
+                      typed(prep.sin) + pos * s.half, s, normed[warp], dst, after_loads);
     if (!is_q) {
       __syncwarp();
       T* row = StepCacheRow(k_cache, v_cache, s, b, kv_head, pos, value);
@@ -1574,6 +1578,8 @@ cudaError_t DispatchDecodeAttention(const AttentionArgs& a, int64_t dim,
 cudaError_t RunDecodeAttention(const AttentionArgs& a, int64_t dim, const DecodeAttentionShape& p,
                                DtypeCode dtype, cudaStream_t stream) {
   if (!DecodeAttentionSupports(p.q_heads, p.kv_heads, dim)) return cudaErrorInvalidValue;
+  // The preparation's heads are the cache's (PrepHead is compiled for them).
+  if (a.prep != nullptr && a.prep->shape.dim != dim) return cudaErrorInvalidValue;
   if (a.batch == 0) return cudaSuccess;
   return dtype == kBFloat16 ? DispatchDecodeAttention<__nv_bfloat16>(a, dim, p, stream)
                             : DispatchDecodeAttention<float>(a, dim, p, stream);
