@@ -46,8 +46,10 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
 // needs (the head's, the norm's weights, cos and sin) before it uses the first, so that the head
 // costs one memory round trip rather than one for each phase and RoPE element; `after_loads()`
 // runs between the two (Note [The shallow ring filled after the preparation's loads]).
-// kHeadDim: the head's elements where the caller knows them when compiling (p.dim then equals it),
-// so that a lane loads and sums only those; 0 for any p.dim up to kMaxHeadDim.
+// kHeadDim: the head's elements where the caller knows them when compiling (p.dim then equals it;
+// the attention's preparation), so that a lane loads, squares and sums only those: at 128 dims 4
+// elements and 4 warp sums a lane, not kMaxHeadDim's 8, with the same bits (the sums past the head
+// were zeros). 0 for any p.dim up to kMaxHeadDim.
 struct NoWork {
   __device__ void operator()() const {}
 };
