@@ -46,10 +46,11 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
 // needs (the head's, the norm's weights, cos and sin) before it uses the first, so that the head
 // costs one memory round trip rather than one for each phase and RoPE element; `after_loads()`
 // runs between the two (Note [The shallow ring filled after the preparation's loads]).
-// kHeadDim: the head's elements where the caller knows them when compiling (p.dim then equals it;
-// the attention's preparation), so that a lane loads, squares and sums only those: at 128 dims 4
-// elements and 4 warp sums a lane, not kMaxHeadDim's 8, with the same bits (the sums past the head
-// were zeros). 0 for any p.dim up to kMaxHeadDim.
+// kHeadDim: the head's elements where the caller knows them when compiling (p.dim then equals it:
+// the attention's preparation, whose kernel DecodeQkvAttention picks by p.dim), so that a lane
+// loads, squares and sums only those: at 128 dims 4 elements and 4 warp sums a lane, not
+// kMaxHeadDim's 8, with the same bits (the sums past the head were zeros). 0 for any p.dim up to
+// kMaxHeadDim.
 struct NoWork {
   __device__ void operator()() const {}
 };
@@ -1580,8 +1581,6 @@ cudaError_t DispatchDecodeAttention(const AttentionArgs& a, int64_t dim,
 cudaError_t RunDecodeAttention(const AttentionArgs& a, int64_t dim, const DecodeAttentionShape& p,
                                DtypeCode dtype, cudaStream_t stream) {
   if (!DecodeAttentionSupports(p.q_heads, p.kv_heads, dim)) return cudaErrorInvalidValue;
-  // The preparation's heads are the cache's (PrepHead is compiled for them).
-  if (a.prep != nullptr && a.prep->shape.dim != dim) return cudaErrorInvalidValue;
   if (a.batch == 0) return cudaSuccess;
   return dtype == kBFloat16 ? DispatchDecodeAttention<__nv_bfloat16>(a, dim, p, stream)
                             : DispatchDecodeAttention<float>(a, dim, p, stream);
