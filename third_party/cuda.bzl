@@ -9,7 +9,9 @@ toolchain turns tensors into those.
 
 load("@rules_cc//cc:defs.bzl", "cc_library")
 
-# H100 / H200 (sm_90); PTX of compute_90 is compiled by the driver for newer GPUs.
+# H100 / H200: code for sm_90a (with the Hopper-only instructions, wgmma, that GateUpSiluMma in
+# linear_kernels.cu needs; it runs on sm_90 devices only), and PTX of compute_90 (without them),
+# which the driver compiles for newer GPUs.
 CUDA_ARCHS = ["90"]
 
 NVCC_FLAGS = [
@@ -17,7 +19,7 @@ NVCC_FLAGS = [
     "-std=c++17",
     "-Xcompiler=-fPIC",
     "--expt-relaxed-constexpr",
-] + ["-gencode=arch=compute_%s,code=sm_%s" % (a, a) for a in CUDA_ARCHS] + [
+] + ["-gencode=arch=compute_%sa,code=sm_%sa" % (a, a) for a in CUDA_ARCHS] + [
     "-gencode=arch=compute_%s,code=compute_%s" % (CUDA_ARCHS[-1], CUDA_ARCHS[-1]),
 ]
 

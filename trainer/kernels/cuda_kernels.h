@@ -130,6 +130,16 @@ constexpr int64_t kSkinnyLinearMaxRows = 64;
 cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y, int64_t rows,
                          int64_t n_out, int64_t k_in, cudaStream_t stream);
 
+// The gated MLP's gate/up projection and its activation in one kernel, for up to 64 bf16 rows on
+// tensor cores (linear_kernels.cu, Note [Gate/up projection with SiluMul on tensor cores]):
+// out [rows, inner] = SiluMul(x [rows, k_in] w^T) for w [2 inner, k_in] (the gate's rows, then the
+// up's), each product rounded to bf16 before the activation as a GEMM and SiluMul round them. x,
+// w and out contiguous and 16-byte aligned. GateUpSiluMmaFits says where it takes a shape: an
+// sm_90 device, k_in a multiple of 64, inner a multiple of 24.
+bool GateUpSiluMmaFits(int64_t rows, int64_t inner, int64_t k_in);
+cudaError_t GateUpSiluMma(const void* x, const void* w, void* out, int64_t rows, int64_t inner,
+                          int64_t k_in, cudaStream_t stream);
+
 // The inputs the next two stage in shared memory: rows x k_in elements of at most this many bytes.
 constexpr int64_t kSmallLinearMaxStagedBytes = 96 * 1024;
 // A block's weights, norm weight and staged input, where SmallLinear holds them in shared memory

@@ -257,6 +257,50 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
                                at::randn({2049, 1024}, On(at::kBFloat16)), {}));
 }
 
+// Note [Gate/up projection with SiluMul on tensor cores]: against SiluMul of the fp64 products
+// rounded to bf16, from 33 to 64 rows (rows that end within a warp's 16), with k's tiles all in the
+// ring, cycled through a ring of 16 stages, and through the 7 of a grid of two blocks an SM; the
+// same bits again; each row's output the same bits whatever the batch's other rows; and the shapes
+// it does not take.
+TEST_CASE("GateUpSiluMma is SiluMul of x w^T rounded to bf16, for 33 to 64 rows") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(24);
+  struct GateUpCase {
+    int64_t inner, k;
+  };
+  for (const int64_t rows : {33, 40, 64}) {
+    for (const GateUpCase& c : {GateUpCase{3072, 1024}, GateUpCase{240, 2048},
+                                GateUpCase{9984, 1024}, GateUpCase{48, 64}}) {
+      INFO(rows << " rows, inner " << c.inner << ", k " << c.k);
+      const at::Tensor x = at::randn({rows, 1, c.k}, On(at::kBFloat16));
+      const at::Tensor w =
+          at::randn({2 * c.inner, c.k}, On(at::kBFloat16)) / std::sqrt(double(c.k));
+      REQUIRE(GateUpSiluMmaTakes(x, w));
+      const at::Tensor products = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
+      const at::Tensor expected = SiluMul(products.to(at::kBFloat16));
+      const at::Tensor y = GateUpSiluMma(x, w);
+      REQUIRE(y.sizes() == expected.sizes());
+      // fp32 sums in another order than fp64's round to another bf16 only next to a rounding
+      // boundary: nearly every element has SiluMul's bits, and the rest are within a few of
+      // bf16's roundings of |g u| <= ~16.
+      const at::Tensor diff = (y.to(at::kDouble) - expected.to(at::kDouble)).abs();
+      CHECK(diff.eq(0).to(at::kDouble).mean().item<double>() > 0.99);
+      CHECK((diff / (expected.to(at::kDouble).abs() + 1)).max().item<double>() < 3e-2);
+      CHECK(SameBits(y, GateUpSiluMma(x, w)));
+      // The first 33 rows alone give their rows of the whole batch.
+      CHECK(SameBits(GateUpSiluMma(x.narrow(0, 0, 33), w), y.narrow(0, 0, 33)));
+    }
+  }
+  const at::Tensor w = at::randn({6144, 1024}, On(at::kBFloat16));
+  CHECK_FALSE(GateUpSiluMmaTakes(at::randn({32, 1024}, On(at::kBFloat16)), w));  // Skinny's
+  CHECK_FALSE(GateUpSiluMmaTakes(at::randn({65, 1024}, On(at::kBFloat16)), w));  // cuBLAS's
+  CHECK_FALSE(GateUpSiluMmaTakes(at::randn({64, 1024}, On(at::kFloat)), w.to(at::kFloat)));
+  CHECK_FALSE(GateUpSiluMmaTakes(at::randn({64, 1000}, On(at::kBFloat16)),
+                                 at::randn({6144, 1000}, On(at::kBFloat16))));  // k % 64
+  CHECK_FALSE(GateUpSiluMmaTakes(at::randn({64, 1024}, On(at::kBFloat16)),
+                                 at::randn({200, 1024}, On(at::kBFloat16))));  // inner % 24
+}
+
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(8);

@@ -386,6 +386,32 @@ at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tens
       });
 }
 
+bool GateUpSiluMmaTakes(const at::Tensor& x, const at::Tensor& w) {
+  if (!x.defined() || x.scalar_type() != at::kBFloat16 || x.dim() == 0 ||
+      !LinearFits(x, x.size(-1), w, {}, kGateUpSiluMmaMinRows, kSkinnyLinearMaxRows) ||
+      w.size(0) % 2 != 0) {
+    return false;
+  }
+  return kernels::GateUpSiluMmaFits(x.numel() / x.size(-1), w.size(0) / 2, w.size(1));
+}
+
+at::Tensor GateUpSiluMma(const at::Tensor& x, const at::Tensor& w) {
+  RL_CHECK(GateUpSiluMmaTakes(x, w), Error,
+           "GateUpSiluMma: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
+           fmt::join(w.sizes(), ", "));
+  const int64_t inner = w.size(0) / 2;
+  at::Tensor in = x.contiguous();
+  if (!Aligned(in, 8)) in = in.clone();
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = inner;
+  at::Tensor out = at::empty(shape, x.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  RL_CHECK_CUDA(kernels::GateUpSiluMma(in.data_ptr(), w.data_ptr(), out.data_ptr(),
+                                       in.numel() / w.size(1), inner, w.size(1),
+                                       c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,
                             const at::Tensor& b) {
   return SmallLinearFits(x, k, w, b) &&

@@ -117,6 +117,16 @@ bool SkinnyLinearTakes(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 bool SkinnyLinearPays(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 
+// SiluMul(Linear(x, w)) for a gated MLP's gate/up weight w [2 inner, k] (the gate's rows, then the
+// up's) and kGateUpSiluMmaMinRows to 64 rows of bf16 x, by one kernel on tensor cores (Note
+// [Gate/up projection with SiluMul on tensor cores] in linear_kernels.cu): each product rounded
+// to bf16 before the activation, as the two ops round it, summed in another order than cuBLAS.
+// GateUpSiluMmaTakes says whether it applies (GateUpSiluMmaFits in cuda_kernels.h on top of
+// LinearFits's conditions, no bias).
+constexpr int64_t kGateUpSiluMmaMinRows = kSkinnyLinearPaysMaxRows + 1;
+bool GateUpSiluMmaTakes(const at::Tensor& x, const at::Tensor& w);
+at::Tensor GateUpSiluMma(const at::Tensor& x, const at::Tensor& w);
+
 // The projections with their input staged by the kernel (cuda_kernels.h), for a decode layer of
 // one or two rows, bit for bit the unfolded kernels: SmallLinearStagedTakes says whether they
 // apply to an input x whose staged rows have k elements (x [..., k] for the norm, gate_up

@@ -181,6 +181,35 @@ __device__ __forceinline__ void CommitCopies() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+// The tensor memory accelerator's copies (cp.async.bulk.tensor) complete on an mbarrier in shared
+// memory, which counts the bytes it expects. Each thread that waits on it must see it initialised
+// (a barrier after InitBarrier).
+__device__ __forceinline__ void InitBarrier(uint64_t* barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SharedAddress(barrier)));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// The barrier's one arrival in its current phase, telling it to expect `bytes` bytes.
+__device__ __forceinline__ void ArriveExpectingBytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SharedAddress(barrier)),
+      "r"(bytes)
+      : "memory");
+}
+
+// Waits until the barrier's phase of parity `phase` has completed (every expected byte landed).
+__device__ __forceinline__ void WaitBarrier(uint64_t* barrier, uint32_t phase) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(SharedAddress(barrier)),
+      "r"(phase)
+      : "memory");
+}
+
 // ldmatrix .x4: lanes 8m to 8m + 7 give the addresses of rows 0 to 7 (16 bytes each, in shared
 // memory) of matrix m; each lane receives in r[m] its two elements of matrix m, row lane / 4,
 // columns 2 (lane % 4) and + 1 (the matrix transposed first with `transpose`).

@@ -448,11 +448,13 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // features over k >= 2048 leave their sums to the AddRmsNorm after them (Note [Split-k partial
 // sums] in trainer/kernels/fused_ops.h: a batch of cuBLAS GEMMs over 4 slices of k writes fp32
 // partial sums, which AddPartialsRmsNorm adds up; the block's output is those partial sums, and
-// Decoder::Layers's add_norm takes them). All but the attention, SmallLinear, SkinnyLinear and
-// the split-k sums compute bit for bit what the ops computed, and the fused kernels what the
-// unfused ones compute (trainer/kernels/fused_ops.h); the attention reads only the positions up
-// to the step's (SDPA read the whole key block under a mask), and those four sum in another order
-// than SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps run
+// Decoder::Layers's add_norm takes them), and on the H100 and H200 the gate/up GEMM and SiluMul are
+// one kernel (GateUpSiluMma: Note [Gate/up projection with SiluMul on tensor cores] in
+// trainer/kernels/linear_kernels.cu): 7 kernels. All but the attention, SmallLinear,
+// SkinnyLinear, GateUpSiluMma and the split-k sums compute bit for bit what the ops computed, and
+// the fused kernels what the unfused ones compute (trainer/kernels/fused_ops.h); the attention
+// reads only the positions up to the step's (SDPA read the whole key block under a mask), and
+// those five sum in another order than SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps run
 // the same kernels, so they stay bit-identical. trainer/kernels/decode_kernels_test.cc checks each
 // kernel on the GPU.
 bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x) {
@@ -683,6 +685,11 @@ at::Tensor MlaAttention(const MlaWeights& w, IndexerType indexer_type, const at:
 
 at::Tensor DenseMlp(const MlpWeights& w, const at::Tensor& x, Kernels impl, bool partial_sums) {
   if (w.gate_up_proj.defined()) {
+    if (impl == Kernels::kFused && kernels::GateUpSiluMmaTakes(x, w.gate_up_proj)) {
+      // Note [Decode kernels]
+      return BlockOutputLinear(kernels::GateUpSiluMma(x, w.gate_up_proj), w.down_proj, {}, impl,
+                               partial_sums);
+    }
     const at::Tensor gate_up = Linear(x, w.gate_up_proj, {}, impl);
     if (impl == Kernels::kFused && kernels::Supported(gate_up) && !gate_up.requires_grad()) {
       // Note [Decode kernels]
