@@ -135,7 +135,7 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
 // out [rows, inner] = SiluMul(x [rows, k_in] w^T) for w [2 inner, k_in] (the gate's rows, then the
 // up's), each product rounded to bf16 before the activation as a GEMM and SiluMul round them. x,
 // w and out contiguous and 16-byte aligned. GateUpSiluMmaFits says where it takes a shape: an
-// sm_90 device, k_in a multiple of 64, inner a multiple of 24.
+// sm_90 device, k_in a multiple of 64, inner even.
 bool GateUpSiluMmaFits(int64_t rows, int64_t inner, int64_t k_in);
 cudaError_t GateUpSiluMma(const void* x, const void* w, void* out, int64_t rows, int64_t inner,
                           int64_t k_in, cudaStream_t stream);

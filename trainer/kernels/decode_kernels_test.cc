@@ -259,9 +259,9 @@ TEST_CASE("SkinnyLinear is x w^T + b up to one rounding, for 3 to 64 rows") {
 
 // Note [Gate/up projection with SiluMul on tensor cores]: against SiluMul of the fp64 products
 // rounded to bf16, from 33 to 64 rows (rows that end within a warp's 16), with k's tiles all in the
-// ring, cycled through a ring of 16 stages, and through the 7 of a grid of two blocks an SM; the
-// same bits again; each row's output the same bits whatever the batch's other rows; and the shapes
-// it does not take.
+// ring, cycled through a ring of 16 stages, and through the 7 of a grid of two blocks an SM, with
+// features that end within a block's 24 (1000 and 26); the same bits again; each row's output the
+// same bits whatever the batch's other rows; and the shapes it does not take.
 TEST_CASE("GateUpSiluMma is SiluMul of x w^T rounded to bf16, for 33 to 64 rows") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(24);
@@ -270,7 +270,8 @@ TEST_CASE("GateUpSiluMma is SiluMul of x w^T rounded to bf16, for 33 to 64 rows"
   };
   for (const int64_t rows : {33, 40, 64}) {
     for (const GateUpCase& c : {GateUpCase{3072, 1024}, GateUpCase{240, 2048},
-                                GateUpCase{9984, 1024}, GateUpCase{48, 64}}) {
+                                GateUpCase{9984, 1024}, GateUpCase{48, 64},
+                                GateUpCase{1000, 1024}, GateUpCase{26, 128}}) {
       INFO(rows << " rows, inner " << c.inner << ", k " << c.k);
       const at::Tensor x = at::randn({rows, 1, c.k}, On(at::kBFloat16));
       const at::Tensor w =
@@ -298,7 +299,7 @@ TEST_CASE("GateUpSiluMma is SiluMul of x w^T rounded to bf16, for 33 to 64 rows"
   CHECK_FALSE(GateUpSiluMmaTakes(at::randn({64, 1000}, On(at::kBFloat16)),
                                  at::randn({6144, 1000}, On(at::kBFloat16))));  // k % 64
   CHECK_FALSE(GateUpSiluMmaTakes(at::randn({64, 1024}, On(at::kBFloat16)),
-                                 at::randn({200, 1024}, On(at::kBFloat16))));  // inner % 24
+                                 at::randn({202, 1024}, On(at::kBFloat16))));  // odd inner
 }
 
 TEST_CASE("The folded projections equal the unfolded kernels bit for bit") {

@@ -175,7 +175,8 @@ cudaError_t DispatchSkinnyWarps(const void* x, const void* w, const void* bias, 
 // costs no kernel and the [rows, 2 inner] product is never written. One warpgroup a block:
 // - k goes by tiles of 64 dims (128 bytes a row, swizzled by 128 bytes as wgmma reads them) in a
 //   ring of `stages` stages, each the weights' [48, 64] (two tensor-map copies: the gate's 24 rows
-//   and the up's) and x's [64 rows, 64] (of at most `rows` rows; wgmma reads 64, and the sums of
+//   and the up's; where inner is not a multiple of 24, the last block's gate copy reads up rows
+//   and its up copy zeros past the weight, whose sums are never written out) and x's [64 rows, 64] (of at most `rows` rows; wgmma reads 64, and the sums of
 //   the rows past `rows` are never written out), both counted by the stage's mbarrier;
 // - before its wait (Note [Programmatic dependent launch] in kernel_util.cuh) one thread has the
 //   tensor memory accelerator copy the weights of the first `stages` tiles, which stream in while
@@ -305,13 +306,13 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = 16 * warp + lane / 4 + 8 * half;
-      if (row >= rows) continue;
+      const int feature = first + 8 * i + 2 * (lane % 4);  // and + 1 (inner is even)
+      if (row >= rows || feature >= inner) continue;
       const int e = 4 * i + 2 * half;
       __nv_bfloat162 pair;
       pair.x = SiluTimes<Bf16>(rounded(acc[e]), rounded(acc[e + 12]));
       pair.y = SiluTimes<Bf16>(rounded(acc[e + 1]), rounded(acc[e + 13]));
-      *reinterpret_cast<__nv_bfloat162*>(
-          &out[static_cast<int64_t>(row) * inner + first + 8 * i + 2 * (lane % 4)]) = pair;
+      *reinterpret_cast<__nv_bfloat162*>(&out[static_cast<int64_t>(row) * inner + feature]) = pair;
     }
   }
 #endif
@@ -379,10 +380,13 @@ bool EncodeTiles(CUtensorMap* map, const void* data, int64_t outer, int64_t inne
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// GateUpSiluMmaKernel's blocks: one per 24 features of the gate (the last may have fewer).
+int64_t GateUpBlocks(int64_t inner) { return (inner + kGateUpHalf - 1) / kGateUpHalf; }
+
 // GateUpSiluMmaKernel's ring: as many stages as k's tiles (up to kGateUpMaxStages) that fit a
 // block's shared memory, with two blocks an SM where the grid has more blocks than SMs.
 int GateUpStages(int64_t inner, int64_t k_in) {
-  const int64_t blocks_per_sm = inner / kGateUpHalf > MultiprocessorCount() ? 2 : 1;
+  const int64_t blocks_per_sm = GateUpBlocks(inner) > MultiprocessorCount() ? 2 : 1;
   const int64_t room = OptInSharedBytes() / blocks_per_sm - kGateUpStaticBytes - 1024;
   return static_cast<int>(std::min<int64_t>(
       {k_in / kMmaTile, kGateUpMaxStages, std::max<int64_t>(room / kGateUpStageBytes, 0)}));
@@ -407,8 +411,8 @@ cudaError_t SkinnyLinear(const void* x, const void* w, const void* bias, void* y
 namespace rl::kernels {
 
 bool GateUpSiluMmaFits(int64_t rows, int64_t inner, int64_t k_in) {
-  return rows >= 1 && rows <= kMmaRows && inner >= kGateUpHalf && inner % kGateUpHalf == 0 &&
-         inner / kGateUpHalf <= 2147483647 && k_in >= kMmaTile && k_in % kMmaTile == 0 &&
+  return rows >= 1 && rows <= kMmaRows && inner >= 2 && inner % 2 == 0 &&
+         GateUpBlocks(inner) <= 2147483647 && k_in >= kMmaTile && k_in % kMmaTile == 0 &&
          HopperDevice() && TensorMapEncoder() != nullptr &&
          GateUpStages(inner, k_in) >= std::min<int64_t>(k_in / kMmaTile, 2);  // a ring, or all
 }
@@ -428,7 +432,7 @@ cudaError_t GateUpSiluMma(const void* x, const void* w, void* out, int64_t rows,
     return cudaErrorInvalidValue;
   }
   const int stages = GateUpStages(inner, k_in);
-  return Launch(GateUpSiluMmaKernel, dim3(static_cast<unsigned>(inner / kGateUpHalf)),
+  return Launch(GateUpSiluMmaKernel, dim3(static_cast<unsigned>(GateUpBlocks(inner))),
                 kMmaThreads, static_cast<size_t>(stages) * kGateUpStageBytes + 1024, stream, x_map,
                 w_map, static_cast<Bf16*>(out), static_cast<int>(rows), static_cast<int>(inner),
                 static_cast<int>(k_in / kMmaTile), stages);

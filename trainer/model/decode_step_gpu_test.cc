@@ -1,8 +1,9 @@
-// The rollout decoder's MLA and DSA decode steps on a GPU, where they run by our kernels (Note
-// [DSA index scores kernel] and the RoPE, router, sort and combine kernels) and the latent-space
-// ops (Note [MLA decode in the latent space] in trainer/model/layers.cc), against a training
-// decoder's full forward of the same tokens: models at the real attention widths of GLM-4.7-Flash
-// and GLM-5 (which the kernels take) with small hidden sizes, random weights, bf16.
+// The rollout decoder's MLA, DSA and dense decode steps on a GPU, where they run by our kernels
+// (Note [DSA index scores kernel] and the RoPE, router, sort and combine kernels; Note [Gate/up
+// projection with SiluMul on tensor cores]) and the latent-space ops (Note [MLA decode in the latent space]
+// in trainer/model/layers.cc), against a training decoder's full forward of the same tokens:
+// models at the real attention widths of GLM-4.7-Flash, GLM-5 and Qwen3-0.6B (which the kernels
+// take) with small hidden sizes, random weights, bf16.
 // decode_kernels_test checks each kernel against the ops; this checks that the decoder calls them
 // with the right shapes, scales, positions and selections. Skipped loudly without a CUDA device (CI
 // has none; the GPU machine runs it).
@@ -10,6 +11,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -53,14 +55,38 @@ GpuModel MakeModel(const std::string& file, int64_t index_topk) {
   return m;
 }
 
+// configs/models/tiny_qwen3.json at Qwen3-0.6B's attention and MLP widths (16 query heads of 128
+// dims, 8 key/value heads, hidden size 1024, intermediate size 3072), with 2 layers and a
+// vocabulary of 512: the dense layers whose decode steps of 33 to 64 rows run the gate/up
+// projection and its activation as one kernel (Note [Gate/up projection with SiluMul on tensor
+// cores] in trainer/kernels/linear_kernels.cu). The o projections are scaled by 8, as MakeModel's.
+GpuModel MakeDenseModel() {
+  json::Value doc = json::ParseFile("configs/models/tiny_qwen3.json");
+  doc.Set("hidden_size", json::Value::Int(1024));
+  doc.Set("intermediate_size", json::Value::Int(3072));
+  doc.Set("num_attention_heads", json::Value::Int(16));
+  doc.Set("num_key_value_heads", json::Value::Int(8));
+  doc.Set("head_dim", json::Value::Int(128));
+  doc.Set("vocab_size", json::Value::Int(512));
+  GpuModel m{ParseModelConfig(doc, "tiny_qwen3.json"), {}};
+  const std::vector<ParamSpec> specs = ListParams(m.config);
+  m.params = AllocateParams(specs, at::kBFloat16, at::kCUDA);
+  InitParamsRandom(specs, m.params, 3);
+  for (auto& [name, p] : m.params) {
+    if (name.find("self_attn.o_proj.weight") != std::string::npos) p.mul_(8);
+  }
+  return m;
+}
+
 // mean |a - b| / mean |b|
 double RelativeMeanDiff(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor want = b.to(at::kDouble);
   return (a.to(at::kDouble) - want).abs().mean().item<double>() / want.abs().mean().item<double>();
 }
 
-// Rows 0..2 with prompts of 2, 3 and 4 tokens, then decode steps with a position per row on the
-// device (as the engine's) over a key block of 32, until row 2 reaches position 23: the decode
+// `rows` rows, row r with a prompt of 2 + r % 3 tokens, then decode steps with a position per row
+// on the device (as the engine's) over a key block of 32, until a row reaches position 23: the
+// decode
 // steps' logits at positions [from, to) against the training decoder's full forward, and against
 // the same steps with the kernels launched one after another instead of by programmatic
 // dependent launch (Note [Programmatic dependent launch]), which must give the same bits.
@@ -70,8 +96,9 @@ struct Compared {
   bool same_bits_launched_in_order;
 };
 
-Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to) {
-  constexpr int64_t kRows = 3, kSeq = 24, kKeyBlock = 32;
+Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to, int64_t rows = 3) {
+  const int64_t kRows = rows;
+  constexpr int64_t kSeq = 24, kKeyBlock = 32;
   const at::Tensor tokens =
       at::randint(m.config.vocab_size, {kRows, kSeq}, at::TensorOptions().dtype(at::kLong))
           .to(at::kCUDA);
@@ -91,8 +118,8 @@ Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to) {
   const RopeTable rope = MakeRopeTable(m.config, 0, kKeyBlock, at::kBFloat16, at::kCUDA);
   std::vector<int64_t> position(kRows);
   for (int64_t r = 0; r < kRows; ++r) {
-    position[static_cast<size_t>(r)] = 2 + r;
-    const at::Tensor prompt = tokens.narrow(0, r, 1).narrow(1, 0, 2 + r);
+    position[static_cast<size_t>(r)] = 2 + r % 3;
+    const at::Tensor prompt = tokens.narrow(0, r, 1).narrow(1, 0, 2 + r % 3);
     KvCache row = cache.Rows(r, 1);
     rollout.ForwardStep(prompt, row, 0);
     KvCache in_order_row = in_order_cache.Rows(r, 1);
@@ -100,7 +127,7 @@ Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to) {
   }
   bool same_bits = true;
   std::vector<at::Tensor> got, want, silent_want;
-  while (position.back() < kSeq) {
+  while (*std::max_element(position.begin(), position.end()) < kSeq) {
     std::vector<at::Tensor> step_tokens;
     for (int64_t r = 0; r < kRows; ++r) {
       step_tokens.push_back(tokens[r][position[static_cast<size_t>(r)]].view({1, 1}));
@@ -145,6 +172,17 @@ TEST_CASE("MLA decode steps on the GPU give the full forward's logits (GLM-4.7-F
   at::manual_seed(31);
   const Compared c = DecodeAgainstFull(MakeModel("glm47_flash.json", 0), 0, 24);
   fmt::print("GLM-4.7-Flash widths: decode vs full forward {:.3g}, attention's part {:.3g}\n",
+             c.decode_diff, c.attention_part);
+  CHECK(c.attention_part > kAttentionAtLeast);
+  CHECK(c.decode_diff < kDecodeBound);
+  CHECK(c.same_bits_launched_in_order);
+}
+
+TEST_CASE("Dense decode steps of 40 rows give the full forward's logits (Qwen3-0.6B widths)") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(33);
+  const Compared c = DecodeAgainstFull(MakeDenseModel(), 0, 24, 40);
+  fmt::print("Qwen3 widths, 40 rows: decode vs full forward {:.3g}, attention's part {:.3g}\n",
              c.decode_diff, c.attention_part);
   CHECK(c.attention_part > kAttentionAtLeast);
   CHECK(c.decode_diff < kDecodeBound);
