@@ -120,9 +120,9 @@ at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 // SiluMul(Linear(x, w)) for a gated MLP's gate/up weight w [2 inner, k] (the gate's rows, then the
 // up's) and kGateUpSiluMmaMinRows to 64 rows of bf16 x, by one kernel on tensor cores (Note
 // [Gate/up projection with SiluMul on tensor cores] in linear_kernels.cu): each product rounded
-// to bf16 before the activation, as the two ops round it, summed in another order than cuBLAS.
-// GateUpSiluMmaTakes says whether it applies (GateUpSiluMmaFits in cuda_kernels.h on top of
-// LinearFits's conditions, no bias).
+// to bf16 before the activation, as the two ops round it (its sums in cuBLAS's order at
+// Qwen3-0.6B's shape, maybe in another elsewhere). GateUpSiluMmaTakes says whether it applies
+// (GateUpSiluMmaFits in cuda_kernels.h on top of LinearFits's conditions, no bias).
 constexpr int64_t kGateUpSiluMmaMinRows = kSkinnyLinearPaysMaxRows + 1;
 bool GateUpSiluMmaTakes(const at::Tensor& x, const at::Tensor& w);
 at::Tensor GateUpSiluMma(const at::Tensor& x, const at::Tensor& w);

@@ -176,8 +176,9 @@ cudaError_t DispatchSkinnyWarps(const void* x, const void* w, const void* bias, 
 // - k goes by tiles of 64 dims (128 bytes a row, swizzled by 128 bytes as wgmma reads them) in a
 //   ring of `stages` stages, each the weights' [48, 64] (two tensor-map copies: the gate's 24 rows
 //   and the up's; where inner is not a multiple of 24, the last block's gate copy reads up rows
-//   and its up copy zeros past the weight, whose sums are never written out) and x's [64 rows, 64] (of at most `rows` rows; wgmma reads 64, and the sums of
-//   the rows past `rows` are never written out), both counted by the stage's mbarrier;
+//   and its up copy zeros past the weight, whose sums are never written out) and x's [64 rows,
+//   64] (of at most `rows` rows; wgmma reads 64, and the sums of the rows past `rows` are never
+//   written out), both counted by the stage's mbarrier;
 // - before its wait (Note [Programmatic dependent launch] in kernel_util.cuh) one thread has the
 //   tensor memory accelerator copy the weights of the first `stages` tiles, which stream in while
 //   the kernel ahead runs; after it, their x tiles;
@@ -186,9 +187,13 @@ cudaError_t DispatchSkinnyWarps(const void* x, const void* w, const void* bias, 
 //   has landed; once a tile's wgmma have completed, the same thread refills its stage with the
 //   tile `stages` further on.
 // Each row's sums go in the same order whatever the other rows hold: the same inputs give the same
-// bits (graph replays equal eager steps), which differ from cuBLAS's by the order of the fp32 sums.
-// From 33 to 64 rows it replaces cuBLAS's gate/up GEMM and SiluMul (Note [Decode kernels] in
-// trainer/model/layers.cc).
+// bits (graph replays equal eager steps). cuBLAS's kernel for Qwen3-0.6B's gate/up projection at
+// 64 rows sums k in the same order by the same wgmma: the engine's batch-64 generations (tokens and
+// log-probs) had the same SHA-256 with this kernel as with cuBLAS's GEMM and SiluMul; other shapes
+// may differ from cuBLAS by the order of the fp32 sums. From 33 to 64 rows it replaces cuBLAS's
+// gate/up GEMM and SiluMul (Note [Decode kernels] in trainer/model/layers.cc); below, where
+// cuBLAS runs other kernels and a 64-row wgmma does 4 to 8 times the sums, it lost (0.985x at 16
+// rows, 0.926x at 8; docs/decode-performance.md).
 constexpr int kMmaRows = 64;           // wgmma's m
 constexpr int kMmaTile = 64;           // dims of a tile: 128 bytes, the swizzle's span
 constexpr int kMmaThreads = 128;       // one warpgroup

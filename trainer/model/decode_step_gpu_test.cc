@@ -1,9 +1,9 @@
 // The rollout decoder's MLA, DSA and dense decode steps on a GPU, where they run by our kernels
 // (Note [DSA index scores kernel] and the RoPE, router, sort and combine kernels; Note [Gate/up
-// projection with SiluMul on tensor cores]) and the latent-space ops (Note [MLA decode in the latent space]
-// in trainer/model/layers.cc), against a training decoder's full forward of the same tokens:
-// models at the real attention widths of GLM-4.7-Flash, GLM-5 and Qwen3-0.6B (which the kernels
-// take) with small hidden sizes, random weights, bf16.
+// projection with SiluMul on tensor cores]) and the latent-space ops (Note [MLA decode in the
+// latent space] in trainer/model/layers.cc), against a training decoder's full forward of the
+// same tokens: models at the real attention widths of GLM-4.7-Flash, GLM-5 and Qwen3-0.6B (which
+// the kernels take) with small hidden sizes, random weights, bf16.
 // decode_kernels_test checks each kernel against the ops; this checks that the decoder calls them
 // with the right shapes, scales, positions and selections. Skipped loudly without a CUDA device (CI
 // has none; the GPU machine runs it).
@@ -86,9 +86,8 @@ double RelativeMeanDiff(const at::Tensor& a, const at::Tensor& b) {
 
 // `rows` rows, row r with a prompt of 2 + r % 3 tokens, then decode steps with a position per row
 // on the device (as the engine's) over a key block of 32, until a row reaches position 23: the
-// decode
-// steps' logits at positions [from, to) against the training decoder's full forward, and against
-// the same steps with the kernels launched one after another instead of by programmatic
+// decode steps' logits at positions [from, to) against the training decoder's full forward, and
+// against the same steps with the kernels launched one after another instead of by programmatic
 // dependent launch (Note [Programmatic dependent launch]), which must give the same bits.
 struct Compared {
   double decode_diff;     // RelativeMeanDiff(decode steps, full forward)
@@ -97,10 +96,9 @@ struct Compared {
 };
 
 Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to, int64_t rows = 3) {
-  const int64_t kRows = rows;
   constexpr int64_t kSeq = 24, kKeyBlock = 32;
   const at::Tensor tokens =
-      at::randint(m.config.vocab_size, {kRows, kSeq}, at::TensorOptions().dtype(at::kLong))
+      at::randint(m.config.vocab_size, {rows, kSeq}, at::TensorOptions().dtype(at::kLong))
           .to(at::kCUDA);
   const Decoder training(m.config, m.params);
   const at::Tensor full = training.Logits(tokens);  // [rows, seq, V]
@@ -113,11 +111,11 @@ Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to, int64_t 
   const Decoder rollout(m.config, m.params, Kernels::kFused);
   Decoder in_order(m.config, m.params, Kernels::kFused);
   in_order.set_programmatic_launch(false);
-  KvCache cache = KvCache::Allocate(m.config, kRows, kKeyBlock, at::kBFloat16, at::kCUDA);
-  KvCache in_order_cache = KvCache::Allocate(m.config, kRows, kKeyBlock, at::kBFloat16, at::kCUDA);
+  KvCache cache = KvCache::Allocate(m.config, rows, kKeyBlock, at::kBFloat16, at::kCUDA);
+  KvCache in_order_cache = KvCache::Allocate(m.config, rows, kKeyBlock, at::kBFloat16, at::kCUDA);
   const RopeTable rope = MakeRopeTable(m.config, 0, kKeyBlock, at::kBFloat16, at::kCUDA);
-  std::vector<int64_t> position(kRows);
-  for (int64_t r = 0; r < kRows; ++r) {
+  std::vector<int64_t> position(rows);
+  for (int64_t r = 0; r < rows; ++r) {
     position[static_cast<size_t>(r)] = 2 + r % 3;
     const at::Tensor prompt = tokens.narrow(0, r, 1).narrow(1, 0, 2 + r % 3);
     KvCache row = cache.Rows(r, 1);
@@ -129,7 +127,7 @@ Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to, int64_t 
   std::vector<at::Tensor> got, want, silent_want;
   while (*std::max_element(position.begin(), position.end()) < kSeq) {
     std::vector<at::Tensor> step_tokens;
-    for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t r = 0; r < rows; ++r) {
       step_tokens.push_back(tokens[r][position[static_cast<size_t>(r)]].view({1, 1}));
     }
     const at::Tensor step = at::cat(step_tokens);
@@ -137,7 +135,7 @@ Compared DecodeAgainstFull(const GpuModel& m, int64_t from, int64_t to, int64_t 
     const at::Tensor logits = rollout.DecodeStep(step, on_device, kKeyBlock, rope, cache);
     same_bits = same_bits && at::equal(logits, in_order.DecodeStep(step, on_device, kKeyBlock, rope,
                                                                    in_order_cache));
-    for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t r = 0; r < rows; ++r) {
       const int64_t p = position[static_cast<size_t>(r)];
       if (p >= from && p < to) {
         got.push_back(logits[r]);

@@ -454,9 +454,9 @@ at::Tensor RopeHeadsLast(const at::Tensor& x, const AttentionContext& ctx, RopeL
 // SkinnyLinear, GateUpSiluMma and the split-k sums compute bit for bit what the ops computed, and
 // the fused kernels what the unfused ones compute (trainer/kernels/fused_ops.h); the attention
 // reads only the positions up to the step's (SDPA read the whole key block under a mask), and
-// those five sum in another order than SDPA and cuBLAS, so they differ from them by rounding. Graph replays and eager steps run
-// the same kernels, so they stay bit-identical. trainer/kernels/decode_kernels_test.cc checks each
-// kernel on the GPU.
+// those five may sum in another order than SDPA and cuBLAS, so they may differ from them by
+// rounding. Graph replays and eager steps run the same kernels, so they stay bit-identical.
+// trainer/kernels/decode_kernels_test.cc checks each kernel on the GPU.
 bool GqaDecodeKernelsApply(const GqaWeights& w, const AttentionContext& ctx, const at::Tensor& x) {
   return ctx.kernels == Kernels::kFused && ctx.position.defined() && ctx.cache != nullptr &&
          x.dim() == 3 && x.size(1) == 1 && kernels::Supported(x) && !x.requires_grad() &&
