@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/json.h"
@@ -29,22 +30,12 @@ struct GpuModel {
   TensorMap params;
 };
 
-// configs/models/FILE at its attention widths, with 2 layers (a dense one, then MoE), a hidden
-// size of 1024, 16 experts and a vocabulary of 512; `index_topk` for a DSA model. Every
-// attention's output projection is scaled by 8 and its query projection by 4, so that the
-// attention outputs dominate the residual stream and their softmax is not nearly uniform: a
-// wrong scale, position or selection then moves the logits far more than bf16 rounding does.
-GpuModel MakeModel(const std::string& file, int64_t index_topk) {
-  json::Value doc = json::ParseFile("configs/models/" + file);
-  doc.Set("num_hidden_layers", json::Value::Int(2));
-  doc.Set("first_k_dense_replace", json::Value::Int(1));
-  doc.Set("hidden_size", json::Value::Int(1024));
-  doc.Set("intermediate_size", json::Value::Int(2048));
-  doc.Set("moe_intermediate_size", json::Value::Int(256));
-  doc.Set("n_routed_experts", json::Value::Int(16));
-  doc.Set("vocab_size", json::Value::Int(512));
-  if (index_topk > 0) doc.Set("index_topk", json::Value::Int(index_topk));
-  GpuModel m{ParseModelConfig(doc, file), {}};
+// The model of `config` with random bf16 weights (seed 3) on the GPU. Every attention's output
+// projection is scaled by 8 and an MLA query projection by 4, so that the attention outputs
+// dominate the residual stream and their softmax is not nearly uniform: a wrong scale, position or
+// selection then moves the logits far more than bf16 rounding does.
+GpuModel WithRandomParams(ModelConfig config) {
+  GpuModel m{std::move(config), {}};
   const std::vector<ParamSpec> specs = ListParams(m.config);
   m.params = AllocateParams(specs, at::kBFloat16, at::kCUDA);
   InitParamsRandom(specs, m.params, 3);
@@ -55,11 +46,26 @@ GpuModel MakeModel(const std::string& file, int64_t index_topk) {
   return m;
 }
 
+// configs/models/FILE at its attention widths, with 2 layers (a dense one, then MoE), a hidden
+// size of 1024, 16 experts and a vocabulary of 512; `index_topk` for a DSA model.
+GpuModel MakeModel(const std::string& file, int64_t index_topk) {
+  json::Value doc = json::ParseFile("configs/models/" + file);
+  doc.Set("num_hidden_layers", json::Value::Int(2));
+  doc.Set("first_k_dense_replace", json::Value::Int(1));
+  doc.Set("hidden_size", json::Value::Int(1024));
+  doc.Set("intermediate_size", json::Value::Int(2048));
+  doc.Set("moe_intermediate_size", json::Value::Int(256));
+  doc.Set("n_routed_experts", json::Value::Int(16));
+  doc.Set("vocab_size", json::Value::Int(512));
+  if (index_topk > 0) doc.Set("index_topk", json::Value::Int(index_topk));
+  return WithRandomParams(ParseModelConfig(doc, file));
+}
+
 // configs/models/tiny_qwen3.json at Qwen3-0.6B's attention and MLP widths (16 query heads of 128
 // dims, 8 key/value heads, hidden size 1024, intermediate size 3072), with 2 layers and a
 // vocabulary of 512: the dense layers whose decode steps of 33 to 64 rows run the gate/up
 // projection and its activation as one kernel (Note [Gate/up projection with SiluMul on tensor
-// cores] in trainer/kernels/linear_kernels.cu). The o projections are scaled by 8, as MakeModel's.
+// cores] in trainer/kernels/linear_kernels.cu).
 GpuModel MakeDenseModel() {
   json::Value doc = json::ParseFile("configs/models/tiny_qwen3.json");
   doc.Set("hidden_size", json::Value::Int(1024));
@@ -68,14 +74,7 @@ GpuModel MakeDenseModel() {
   doc.Set("num_key_value_heads", json::Value::Int(8));
   doc.Set("head_dim", json::Value::Int(128));
   doc.Set("vocab_size", json::Value::Int(512));
-  GpuModel m{ParseModelConfig(doc, "tiny_qwen3.json"), {}};
-  const std::vector<ParamSpec> specs = ListParams(m.config);
-  m.params = AllocateParams(specs, at::kBFloat16, at::kCUDA);
-  InitParamsRandom(specs, m.params, 3);
-  for (auto& [name, p] : m.params) {
-    if (name.find("self_attn.o_proj.weight") != std::string::npos) p.mul_(8);
-  }
-  return m;
+  return WithRandomParams(ParseModelConfig(doc, "tiny_qwen3.json"));
 }
 
 // mean |a - b| / mean |b|
