@@ -9,23 +9,36 @@ toolchain turns tensors into those.
 
 load("@rules_cc//cc:defs.bzl", "cc_library")
 
-# H100 / H200: code for sm_90a (with the Hopper-only instructions, wgmma, that GateUpSiluMma in
-# linear_kernels.cu needs; it runs on sm_90 devices only), and PTX of compute_90 (without them),
-# which the driver compiles for newer GPUs.
+# H100 / H200 (sm_90); PTX of compute_90 is compiled by the driver for newer GPUs.
 CUDA_ARCHS = ["90"]
 
-NVCC_FLAGS = [
+COMMON_FLAGS = [
     "-O3",
     "-std=c++17",
     "-Xcompiler=-fPIC",
     "--expt-relaxed-constexpr",
-] + ["-gencode=arch=compute_%sa,code=sm_%sa" % (a, a) for a in CUDA_ARCHS] + [
-    "-gencode=arch=compute_%s,code=compute_%s" % (CUDA_ARCHS[-1], CUDA_ARCHS[-1]),
 ]
+PTX_FLAGS = ["-gencode=arch=compute_%s,code=compute_%s" % (CUDA_ARCHS[-1], CUDA_ARCHS[-1])]
 
-def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
+NVCC_FLAGS = COMMON_FLAGS + [
+    "-gencode=arch=compute_%s,code=sm_%s" % (a, a)
+    for a in CUDA_ARCHS
+] + PTX_FLAGS
+
+# For the sources listed in a cuda_library's `arch_specific_srcs`: code for sm_90a, with the
+# Hopper-only instructions (wgmma) that GateUpSiluMma in trainer/kernels/linear_kernels.cu needs
+# (it runs on sm_90 devices only; the kernel checks for one), and the same PTX of compute_90,
+# without them. Their front end then runs twice (decode_kernels.cu took 73 s so against 50), so
+# only the sources that need it take these flags.
+ARCH_SPECIFIC_NVCC_FLAGS = COMMON_FLAGS + [
+    "-gencode=arch=compute_%sa,code=sm_%sa" % (a, a)
+    for a in CUDA_ARCHS
+] + PTX_FLAGS
+
+def cuda_library(name, srcs, hdrs = [], deps = [], arch_specific_srcs = [], **kwargs):
     objects = []
     for src in srcs:
+        flags = ARCH_SPECIFIC_NVCC_FLAGS if src in arch_specific_srcs else NVCC_FLAGS
         obj = "%s_%s.o" % (name, src.replace("/", "_").replace(".cu", ""))
         native.genrule(
             name = obj.replace(".o", "_nvcc"),
@@ -33,7 +46,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
             outs = [obj],
             tools = ["@cuda//:nvcc"],
             cmd = "$(location @cuda//:nvcc) %s -I. -c $(location %s) -o $@" % (
-                " ".join(NVCC_FLAGS),
+                " ".join(flags),
                 src,
             ),
         )
