@@ -1307,14 +1307,9 @@ cudaError_t LaunchSmallLinear(const SmallLinearArgs& a, cudaStream_t stream) {
 // with 1 KiB the system reserves).
 int64_t SharedWeightCap() {
   static const int64_t cap = [] {
-    int device = 0, per_block = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
-            cudaSuccess) {
-      return int64_t{0};
-    }
+    const int per_block = CurrentDeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, -1);
+    const int per_sm = CurrentDeviceAttribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, -1);
+    if (per_block < 0 || per_sm < 0) return int64_t{0};
     return std::min<int64_t>({kPrefetchMaxSharedBytes, per_block, per_sm / 2 - 1024});
   }();
   return cap;

@@ -234,14 +234,15 @@ bool SmallLinearFits(const at::Tensor& x, int64_t k, const at::Tensor& w, const 
 }
 
 // y = x w^T + b by `launch(x, w, bias, y, rows)` (raw pointers) for x contiguous and aligned to
-// 16 bytes (copied where it is not).
+// 16 bytes (copied where it is not); y [..., n_out], n_out w's rows unless given (GateUpSiluMma's
+// output is half as wide).
 template <typename Launch>
 at::Tensor RunLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                     const Launch& launch) {
+                     const Launch& launch, int64_t n_out = -1) {
   at::Tensor in = x.contiguous();
   if (!Aligned(in, 16 / in.element_size())) in = in.clone();
   std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = w.size(0);
+  shape.back() = n_out >= 0 ? n_out : w.size(0);
   at::Tensor y = at::empty(shape, x.options());
   const at::Tensor bias = b.defined() ? b.contiguous() : b;
   const c10::cuda::CUDAGuard guard(x.device());
@@ -400,16 +401,13 @@ at::Tensor GateUpSiluMma(const at::Tensor& x, const at::Tensor& w) {
            "GateUpSiluMma: x [{}] and w [{}] do not fit the kernel", fmt::join(x.sizes(), ", "),
            fmt::join(w.sizes(), ", "));
   const int64_t inner = w.size(0) / 2;
-  at::Tensor in = x.contiguous();
-  if (!Aligned(in, 8)) in = in.clone();
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = inner;
-  at::Tensor out = at::empty(shape, x.options());
-  const c10::cuda::CUDAGuard guard(x.device());
-  RL_CHECK_CUDA(kernels::GateUpSiluMma(in.data_ptr(), w.data_ptr(), out.data_ptr(),
-                                       in.numel() / w.size(1), inner, w.size(1),
-                                       c10::cuda::getCurrentCUDAStream()));
-  return out;
+  return RunLinear(
+      x, w, {},
+      [&](const void* in, const void* weight, const void*, void* y, int64_t rows) {
+        return kernels::GateUpSiluMma(in, weight, y, rows, inner, w.size(1),
+                                      c10::cuda::getCurrentCUDAStream());
+      },
+      inner);
 }
 
 bool SmallLinearStagedTakes(const at::Tensor& x, int64_t k, const at::Tensor& w,

@@ -225,16 +225,21 @@ __device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row, 
   }
 }
 
+// An attribute of the current device, or `fallback` where it cannot be read (the failed call's
+// error cleared, so that no later launch reports it).
+inline int CurrentDeviceAttribute(cudaDeviceAttr attribute, int fallback) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
+    cudaGetLastError();
+    return fallback;
+  }
+  return value;
+}
+
 // The current device's SM count (132 if it cannot be read), read once.
 inline int MultiprocessorCount() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 132;
-    }
-    return sms;
-  }();
+  static const int count = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount, 132);
   return count;
 }
 

@@ -262,11 +262,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     CopyTile(base + stage * kGateUpStageBytes + kGateUpWeightBytes, x_map, tile * kMmaTile, 0,
              &landed[stage]);
   };
-  const int filled = min(stages, tiles);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // stages <= tiles (GateUpStages)
     for (int s = 0; s < stages; ++s) InitBarrier(&landed[s]);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    for (int s = 0; s < filled; ++s) {
+    for (int s = 0; s < stages; ++s) {
       ArriveExpectingBytes(&landed[s], stage_bytes);
       copy_weights(s, s);
     }
@@ -274,7 +273,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   __syncthreads();  // the barriers' initialisation, for every thread that waits on them
   PrecedingKernelsDone();
   if (threadIdx.x == 0) {
-    for (int s = 0; s < filled; ++s) copy_x(s, s);
+    for (int s = 0; s < stages; ++s) copy_x(s, s);
   }
   float acc[24];
 #pragma unroll
@@ -305,7 +304,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int i = 0; i < 24; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const auto rounded = [](float sum) { return __bfloat162float(__float2bfloat16_rn(sum)); };
+  const auto rounded = [](float sum) { return ToFloat(FromFloat<Bf16>(sum)); };
 #pragma unroll
   for (int i = 0; i < kGateUpHalf / 8; ++i) {  // the gate's column groups; the up's are 3 on
 #pragma unroll
@@ -325,16 +324,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 // The device's opt-in shared memory a block (0 where it cannot be read), read once.
 int64_t OptInSharedBytes() {
-  static const int64_t bytes = [] {
-    int device = 0, per_block = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess) {
-      cudaGetLastError();
-      return int64_t{0};
-    }
-    return int64_t{per_block};
-  }();
+  static const int64_t bytes = CurrentDeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
   return bytes;
 }
 
@@ -343,16 +333,8 @@ constexpr int64_t kGateUpStaticBytes = 1024;
 
 // Whether the current device runs sm_90a's code (compute capability 9.0), read once.
 bool HopperDevice() {
-  static const bool hopper = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major == 9 && minor == 0;
-  }();
+  static const bool hopper = CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor, 0) == 9 &&
+                             CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMinor, -1) == 0;
   return hopper;
 }
 
