@@ -35,14 +35,16 @@ ARCH_SPECIFIC_NVCC_FLAGS = COMMON_FLAGS + [
     for a in CUDA_ARCHS
 ] + PTX_FLAGS
 
-def cuda_library(name, srcs, hdrs = [], deps = [], arch_specific_srcs = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], arch_specific_srcs = [], nvcc_hdrs = [],
+                 **kwargs):
+    """`nvcc_hdrs`: headers of other packages (exported there) that the .cu files include."""
     objects = []
     for src in srcs:
         flags = ARCH_SPECIFIC_NVCC_FLAGS if src in arch_specific_srcs else NVCC_FLAGS
         obj = "%s_%s.o" % (name, src.replace("/", "_").replace(".cu", ""))
         native.genrule(
             name = obj.replace(".o", "_nvcc"),
-            srcs = [src] + hdrs,
+            srcs = [src] + hdrs + nvcc_hdrs,
             outs = [obj],
             tools = ["@cuda//:nvcc"],
             cmd = "$(location @cuda//:nvcc) %s -I. -c $(location %s) -o $@" % (

@@ -1,0 +1,219 @@
+// decode_floor_bench [--batch 64] [--keys 192] [--hbm-tb-s 4.8] [--layers 28] [--hidden 1024]
+//   [--intermediate 3072] [--q-heads 16] [--kv-heads 8] [--head-dim 128] [--vocab 151936]:
+// how fast a dense decode step could be with the engine's kernels per layer, whatever those
+// kernels do, on the GPU, in one process (Note [Decode floor] below). Defaults: Qwen3-0.6B's
+// shape at batch 64 with 192 cached positions a row, the mean of decode_bench's Generate of a
+// 128-token prompt and 128 new tokens. Prints one line per figure; needs a GPU.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "launch/device.h"
+#include "tools/bench/floor_kernels.h"
+#include "tools/bench/profiling.h"
+#include "trainer/kernels/cuda_kernels.h"
+
+// Note [Decode floor]
+// A decode step at 33 to 64 rows runs 7 kernels a dense layer (Note [Decode kernels] in
+// trainer/model/layers.cc): AddRmsNorm, the q/k/v GEMM, the attention, the o GEMM, AddRmsNorm,
+// the gate/up GEMM with SiluMul, the down GEMM; and 4 more a step (the embedding, the last norm,
+// the LM head, sampling). Each must read its bytes (its weights, or the KV cache) and each starts
+// only once the one ahead has written its output. This benchmark replaces every kernel of such a
+// step by one that reads the same number of bytes from HBM and does nothing else (ReadKernel,
+// tools/bench/floor_kernels.h), chained in one CUDA graph as the step's kernels are, every
+// kernel reading memory no other reads (so nothing comes from the L2): by plain launch, by
+// programmatic dependent launch, and by programmatic launch with every kernel reading its bytes
+// before its wait (as a kernel may read its weights while the one ahead still runs). Its time is
+// a floor for a step of such kernels: what the boundaries between dependent kernels, their ramps
+// and tails and the bytes cost together, with no arithmetic and no dependent round trips inside a
+// kernel. It also times the same chains with
+// 5 kernels a layer (both norms folded into the GEMMs behind them) and the boundaries alone
+// (EmptyKernel); the attention's reads alone in its blocks' shape (CacheReadKernel: a block a
+// key/value head and row); and, for each GEMM, at::mm of the step's rows against a kernel reading
+// its weights (weights of 28 layers in turn, so from HBM). Each chain's roofline fraction counts
+// what decode_bench counts: the weights and the KV cache over the time at --hbm-tb-s.
+
+namespace {
+
+constexpr int64_t kBf16 = 2;
+
+struct Read {
+  const char* name;
+  int64_t bytes;
+};
+
+// A projection's weight [n, k] in bf16.
+struct Gemm {
+  const char* name;
+  int64_t n, k;
+  Read read() const { return {name, n * k * kBf16}; }
+};
+
+int64_t RoundUp16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Decode floor: a step of kernels that only read their bytes."};
+  int64_t batch = 64, keys = 192, layers = 28, hidden = 1024, intermediate = 3072, q_heads = 16,
+          kv_heads = 8, head_dim = 128, vocab = 151936;
+  double hbm_tb_s = 4.8;
+  app.add_option("--batch", batch, "rows of the step");
+  app.add_option("--keys", keys, "cached positions a row reads");
+  app.add_option("--hbm-tb-s", hbm_tb_s, "HBM bandwidth for the roofline, TB/s");
+  app.add_option("--layers", layers, "decoder layers");
+  app.add_option("--hidden", hidden, "hidden size");
+  app.add_option("--intermediate", intermediate, "MLP intermediate size");
+  app.add_option("--q-heads", q_heads, "query heads");
+  app.add_option("--kv-heads", kv_heads, "key/value heads");
+  app.add_option("--head-dim", head_dim, "head dimension");
+  app.add_option("--vocab", vocab, "vocabulary size");
+  CLI11_PARSE(app, argc, argv);
+  if (rl::BindDevice(0, rl::DevicePreference::kCudaIfAvailable).type() != c10::DeviceType::CUDA) {
+    std::fprintf(stderr, "decode_floor_bench: needs a GPU\n");
+    return 1;
+  }
+  // The reads of one layer's kernels, in the step's order (bf16 weights and cache; the norms read
+  // the split-k GEMM's 4 fp32 partial sums and the residual).
+  const int64_t norm = 4 * batch * hidden * 4 + batch * hidden * kBf16;
+  const Gemm qkv_w{"q/k/v", (q_heads + 2 * kv_heads) * head_dim, hidden};
+  const Gemm o_w{"o", hidden, q_heads * head_dim};
+  const Gemm gate_up_w{"gate/up", 2 * intermediate, hidden};
+  const Gemm down_w{"down", hidden, intermediate};
+  const Gemm lm_head_w{"LM head", vocab, hidden};
+  const Read qkv = qkv_w.read(), o = o_w.read(), gate_up = gate_up_w.read(), down = down_w.read(),
+             lm_head = lm_head_w.read();
+  const Read attention{"attention", 2 * batch * kv_heads * keys * head_dim * kBf16};
+  const std::vector<Read> layer7{{"norm", norm}, qkv, attention, o, {"norm", norm}, gate_up, down};
+  const std::vector<Read> layer5{qkv, attention, o, gate_up, down};
+  const std::vector<Read> ends{{"embedding", batch * hidden * kBf16},
+                               {"norm", batch * hidden * kBf16},
+                               lm_head,
+                               {"sampling", batch * vocab * kBf16}};
+  const double roofline_bytes = static_cast<double>(
+      layers * (qkv.bytes + attention.bytes + o.bytes + gate_up.bytes + down.bytes) +
+      lm_head.bytes + batch * hidden * kBf16);
+  const double roofline_us = roofline_bytes / (hbm_tb_s * 1e6);
+
+  const at::TensorOptions bytes_on_gpu = at::TensorOptions().dtype(at::kByte).device(at::kCUDA);
+  const at::Tensor sink = at::zeros({4}, bytes_on_gpu);
+  unsigned* sink_ptr = reinterpret_cast<unsigned*>(sink.data_ptr());
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto stream = [] { return c10::cuda::getCurrentCUDAStream().stream(); };
+  const auto check = [](cudaError_t e) {
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "decode_floor_bench: %s\n", cudaGetErrorString(e));
+      std::exit(1);
+    }
+  };
+
+  // A step's chain: every read in its own memory.
+  const auto step_reads = [&](const std::vector<Read>& layer) {
+    std::vector<int64_t> sizes;
+    sizes.push_back(RoundUp16(ends[0].bytes));
+    for (int64_t l = 0; l < layers; ++l) {
+      for (const Read& r : layer) sizes.push_back(RoundUp16(r.bytes));
+    }
+    for (size_t i = 1; i < ends.size(); ++i) sizes.push_back(RoundUp16(ends[i].bytes));
+    return sizes;
+  };
+  // How a chain launches: plain, programmatic, or programmatic with every read before the wait.
+  enum class Mode { kPlain, kProgrammatic, kEarlyReads };
+  const auto time_chain = [&](const std::vector<int64_t>& sizes, bool reads, Mode mode) {
+    int64_t total = 0;
+    for (const int64_t s : sizes) total += s;
+    const at::Tensor pool = at::ones({reads ? total : 16}, bytes_on_gpu);
+    const char* base = static_cast<const char*>(pool.data_ptr());
+    return rl::bench::GraphMicrosPerCall(
+        [&] {
+          const rl::kernels::ProgrammaticLaunch scope(mode != Mode::kPlain);
+          int64_t at = 0;
+          for (const int64_t s : sizes) {
+            check(reads ? rl::bench::ReadKernel(base + at, s, mode == Mode::kEarlyReads, sink_ptr,
+                                                stream())
+                        : rl::bench::EmptyKernel(sms, stream()));
+            at += s;
+          }
+        },
+        3);
+  };
+  std::printf("roofline: %.1f MB a step, %.1f us at %.2f TB/s\n", roofline_bytes / 1e6, roofline_us,
+              hbm_tb_s);
+  for (const auto& [label, layer] : {std::pair<const char*, std::vector<Read>>{"7", layer7},
+                                     std::pair<const char*, std::vector<Read>>{"5", layer5}}) {
+    const std::vector<int64_t> sizes = step_reads(layer);
+    for (const Mode mode : {Mode::kPlain, Mode::kProgrammatic, Mode::kEarlyReads}) {
+      const double empty = time_chain(sizes, false, mode);
+      const double full = time_chain(sizes, true, mode);
+      std::printf(
+          "%s kernels a layer (%zu a step), %s: boundaries alone %.1f us (%.2f us a kernel); "
+          "reads %.1f us, %.1f%% of the roofline\n",
+          label, sizes.size(),
+          mode == Mode::kPlain          ? "plain launch"
+          : mode == Mode::kProgrammatic ? "programmatic launch"
+                                        : "programmatic launch, reads before the wait",
+          empty, empty / static_cast<double>(sizes.size()), full, 100.0 * roofline_us / full);
+    }
+  }
+
+  // The attention's cache in its blocks' shape (capacity 256 positions a row, as a Generate of a
+  // 128-token prompt and 128 new tokens holds), caches of 8 layers in turn so that each launch
+  // reads from HBM.
+  {
+    const int64_t capacity = std::max<int64_t>(256, keys);
+    const int64_t copies = 8;
+    const at::Tensor cache = at::ones({copies, 2, batch, kv_heads, capacity, head_dim},
+                                      at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
+    for (const int threads : {128, 256}) {
+      int64_t next = 0;
+      const double us = rl::bench::GraphMicrosPerCall(
+          [&] {
+            const at::Tensor layer = cache[next++ % copies];
+            check(rl::bench::CacheReadKernel(layer[0].data_ptr(), layer[1].data_ptr(), batch,
+                                             kv_heads, capacity, keys, head_dim, threads,
+                                             sink_ptr, stream()));
+          },
+          static_cast<int>(4 * copies));
+      std::printf(
+          "the attention's cache read by %lld blocks of %d threads (a block a head and row): "
+          "%.2f us, %.2f TB/s\n",
+          static_cast<long long>(batch * kv_heads), threads, us, attention.bytes / us / 1e6);
+    }
+  }
+
+  // Each GEMM at the step's rows against a kernel reading its weights, over `layers` weights.
+  for (const Gemm& g : {qkv_w, o_w, gate_up_w, down_w, lm_head_w}) {
+    const int64_t copies = g.n == vocab ? 4 : layers;  // the LM head's 311 MB outgrow the L2 alone
+    const at::Tensor weights =
+        at::randn({copies, g.n, g.k}, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
+    const at::Tensor x = at::randn({batch, g.k}, weights.options());
+    const int64_t bytes = g.read().bytes;
+    int64_t next = 0;
+    const double mm = rl::bench::GraphMicrosPerCall(
+        [&] {
+          at::mm(x, weights[next % copies].t());
+          ++next;
+        },
+        static_cast<int>(copies));
+    const double read = rl::bench::GraphMicrosPerCall(
+        [&] {
+          check(rl::bench::ReadKernel(weights[next % copies].data_ptr(), bytes, false, sink_ptr,
+                                      stream()));
+          ++next;
+        },
+        static_cast<int>(copies));
+    std::printf(
+        "%s [%lld x %lld] at %lld rows: at::mm %.2f us, reading its weights %.2f us (%.2f TB/s), "
+        "the bytes at %.2f TB/s %.2f us\n",
+        g.name, static_cast<long long>(g.n), static_cast<long long>(g.k),
+        static_cast<long long>(batch), mm, read, bytes / read / 1e6, hbm_tb_s,
+        bytes / (hbm_tb_s * 1e6));
+  }
+  return 0;
+}
