@@ -32,11 +32,10 @@
 // before its wait (as a kernel may read its weights while the one ahead still runs). Its time is
 // a floor for a step of such kernels: what the boundaries between dependent kernels, their ramps
 // and tails and the bytes cost together, with no arithmetic and no dependent round trips inside a
-// kernel. It also times the same chains with
-// 5 kernels a layer (both norms folded into the GEMMs behind them) and the boundaries alone
-// (EmptyKernel); the attention's reads alone in its blocks' shape (CacheReadKernel: a block a
-// key/value head and row); and, for each GEMM, at::mm of the step's rows against a kernel reading
-// its weights (weights of 28 layers in turn, so from HBM). Each chain's roofline fraction counts
+// kernel. It also times the same chains with 5 kernels a layer (both norms folded into the GEMMs
+// behind them) and the boundaries alone (EmptyKernel); the attention's reads alone in its blocks'
+// shape (CacheReadKernel: a block a key/value head and row); and, for each GEMM, at::mm of the
+// step's rows against a kernel reading its weights (weights of 28 layers in turn, so from HBM). Each chain's roofline fraction counts
 // what decode_bench counts: the weights and the KV cache over the time at --hbm-tb-s.
 
 namespace {
