@@ -11,7 +11,9 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/device.h"
@@ -27,16 +29,21 @@
 // only once the one ahead has written its output. This benchmark replaces every kernel of such a
 // step by one that reads the same number of bytes from HBM and does nothing else (ReadKernel,
 // tools/bench/floor_kernels.h), chained in one CUDA graph as the step's kernels are, every
-// kernel reading memory no other reads (so nothing comes from the L2): by plain launch, by
-// programmatic dependent launch, and by programmatic launch with every kernel reading its bytes
-// before its wait (as a kernel may read its weights while the one ahead still runs). Its time is
-// a floor for a step of such kernels: what the boundaries between dependent kernels, their ramps
-// and tails and the bytes cost together, with no arithmetic and no dependent round trips inside a
-// kernel. It also times the same chains with 5 kernels a layer (both norms folded into the GEMMs
-// behind them) and the boundaries alone (EmptyKernel); the attention's reads alone in its blocks'
-// shape (CacheReadKernel: a block a key/value head and row); and, for each GEMM, at::mm of the
-// step's rows against a kernel reading its weights (weights of 28 layers in turn, so from HBM). Each chain's roofline fraction counts
-// what decode_bench counts: the weights and the KV cache over the time at --hbm-tb-s.
+// kernel reading memory no other reads (so nothing comes from the L2), by plain and by
+// programmatic dependent launch. Its time is what the boundaries between dependent kernels, their
+// ramps and tails and the bytes cost together with no arithmetic and no dependent round trips
+// inside a kernel: a floor for the engine's kernels as far as this simple read kernel (a
+// grid-stride loop, a round of loads a thread) reads as fast as any would. The norms count as
+// reading the split-k GEMM's 4 fp32 partial sums and the residual, the last norm a bf16 row
+// (the first layer's reads a bf16 row and the last one partial sums: the same total). It also
+// times the same chains with 5 kernels a layer (both norms folded into the GEMMs behind them) and
+// the boundaries alone (EmptyKernel); the attention's reads alone in its blocks' shape
+// (CacheReadKernel: a block a key/value head and row); and, for each GEMM, at::mm of the step's
+// rows against a kernel reading its weights (each over --layers copies of its weight in turn, the
+// LM head over 4, so from HBM). Each chain's roofline fraction is the weights and the KV cache
+// over its time at --hbm-tb-s, as decode_bench counts them but for decode_bench's exact mean
+// length and norm weights (within 0.2% at the defaults); the chains also read the norms' inputs
+// and the logits, which the roofline leaves out (86 MB a step at the defaults).
 
 namespace {
 
@@ -47,10 +54,10 @@ struct Read {
   int64_t bytes;
 };
 
-// A projection's weight [n, k] in bf16.
+// A projection's weight [n, k] in bf16, timed over `copies` copies of it in turn.
 struct Gemm {
   const char* name;
-  int64_t n, k;
+  int64_t n, k, copies;
   Read read() const { return {name, n * k * kBf16}; }
 };
 
@@ -81,11 +88,11 @@ int main(int argc, char** argv) {
   // The reads of one layer's kernels, in the step's order (bf16 weights and cache; the norms read
   // the split-k GEMM's 4 fp32 partial sums and the residual).
   const int64_t norm = 4 * batch * hidden * 4 + batch * hidden * kBf16;
-  const Gemm qkv_w{"q/k/v", (q_heads + 2 * kv_heads) * head_dim, hidden};
-  const Gemm o_w{"o", hidden, q_heads * head_dim};
-  const Gemm gate_up_w{"gate/up", 2 * intermediate, hidden};
-  const Gemm down_w{"down", hidden, intermediate};
-  const Gemm lm_head_w{"LM head", vocab, hidden};
+  const Gemm qkv_w{"q/k/v", (q_heads + 2 * kv_heads) * head_dim, hidden, layers};
+  const Gemm o_w{"o", hidden, q_heads * head_dim, layers};
+  const Gemm gate_up_w{"gate/up", 2 * intermediate, hidden, layers};
+  const Gemm down_w{"down", hidden, intermediate, layers};
+  const Gemm lm_head_w{"LM head", vocab, hidden, 4};  // 311 MB each at the defaults
   const Read qkv = qkv_w.read(), o = o_w.read(), gate_up = gate_up_w.read(), down = down_w.read(),
              lm_head = lm_head_w.read();
   const Read attention{"attention", 2 * batch * kv_heads * keys * head_dim * kBf16};
@@ -122,23 +129,22 @@ int main(int argc, char** argv) {
     for (size_t i = 1; i < ends.size(); ++i) sizes.push_back(RoundUp16(ends[i].bytes));
     return sizes;
   };
-  // How a chain launches: plain, programmatic, or programmatic with every read before the wait.
-  enum class Mode { kPlain, kProgrammatic, kEarlyReads };
-  const auto time_chain = [&](const std::vector<int64_t>& sizes, bool reads, Mode mode) {
+  bool refused = false;  // a driver or stream refused programmatic launch: those ran plain
+  const auto time_chain = [&](const std::vector<int64_t>& sizes, bool reads, bool programmatic) {
     int64_t total = 0;
     for (const int64_t s : sizes) total += s;
     const at::Tensor pool = at::ones({reads ? total : 16}, bytes_on_gpu);
     const char* base = static_cast<const char*>(pool.data_ptr());
     return rl::bench::GraphMicrosPerCall(
         [&] {
-          const rl::kernels::ProgrammaticLaunch scope(mode != Mode::kPlain);
+          const rl::kernels::ProgrammaticLaunch scope(programmatic);
           int64_t at = 0;
           for (const int64_t s : sizes) {
-            check(reads ? rl::bench::ReadKernel(base + at, s, mode == Mode::kEarlyReads, sink_ptr,
-                                                stream())
+            check(reads ? rl::bench::ReadKernel(base + at, s, sink_ptr, stream())
                         : rl::bench::EmptyKernel(sms, stream()));
             at += s;
           }
+          refused = refused || (programmatic && !rl::kernels::ProgrammaticLaunch::On());
         },
         3);
   };
@@ -147,19 +153,17 @@ int main(int argc, char** argv) {
   for (const auto& [label, layer] : {std::pair<const char*, std::vector<Read>>{"7", layer7},
                                      std::pair<const char*, std::vector<Read>>{"5", layer5}}) {
     const std::vector<int64_t> sizes = step_reads(layer);
-    for (const Mode mode : {Mode::kPlain, Mode::kProgrammatic, Mode::kEarlyReads}) {
-      const double empty = time_chain(sizes, false, mode);
-      const double full = time_chain(sizes, true, mode);
+    for (const bool programmatic : {false, true}) {
+      const double empty = time_chain(sizes, false, programmatic);
+      const double full = time_chain(sizes, true, programmatic);
       std::printf(
-          "%s kernels a layer (%zu a step), %s: boundaries alone %.1f us (%.2f us a kernel); "
-          "reads %.1f us, %.1f%% of the roofline\n",
-          label, sizes.size(),
-          mode == Mode::kPlain          ? "plain launch"
-          : mode == Mode::kProgrammatic ? "programmatic launch"
-                                        : "programmatic launch, reads before the wait",
-          empty, empty / static_cast<double>(sizes.size()), full, 100.0 * roofline_us / full);
+          "%s kernels a layer (%zu a step), %s launch: boundaries alone %.1f us (%.2f us a "
+          "kernel); reads %.1f us, %.1f%% of the roofline\n",
+          label, sizes.size(), programmatic ? "programmatic" : "plain", empty,
+          empty / static_cast<double>(sizes.size()), full, 100.0 * roofline_us / full);
     }
   }
+  if (refused) std::printf("programmatic launch was refused: those chains ran plain\n");
 
   // The attention's cache in its blocks' shape (capacity 256 positions a row, as a Generate of a
   // 128-token prompt and 128 new tokens holds), caches of 8 layers in turn so that each launch
@@ -186,9 +190,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Each GEMM at the step's rows against a kernel reading its weights, over `layers` weights.
+  // Each GEMM at the step's rows against a kernel reading its weights, over its copies.
   for (const Gemm& g : {qkv_w, o_w, gate_up_w, down_w, lm_head_w}) {
-    const int64_t copies = g.n == vocab ? 4 : layers;  // the LM head's 311 MB outgrow the L2 alone
+    const int64_t copies = g.copies;
     const at::Tensor weights =
         at::randn({copies, g.n, g.k}, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
     const at::Tensor x = at::randn({batch, g.k}, weights.options());
@@ -202,7 +206,7 @@ int main(int argc, char** argv) {
         static_cast<int>(copies));
     const double read = rl::bench::GraphMicrosPerCall(
         [&] {
-          check(rl::bench::ReadKernel(weights[next % copies].data_ptr(), bytes, false, sink_ptr,
+          check(rl::bench::ReadKernel(weights[next % copies].data_ptr(), bytes, sink_ptr,
                                       stream()));
           ++next;
         },

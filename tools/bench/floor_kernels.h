@@ -14,12 +14,10 @@ namespace rl::bench {
 cudaError_t EmptyKernel(int blocks, cudaStream_t stream);
 
 // A kernel that waits for the kernel ahead as EmptyKernel does, then reads `bytes` (a multiple of
-// 16) from `data` (16-byte aligned) once, with many loads in flight a thread, and keeps nothing
-// (`sink` is written only if the bits of the data hash to a value they never do). With
-// `read_before_wait` it reads first and waits after, as a kernel may read its weights (under
-// programmatic launch, while the kernel ahead still runs).
-cudaError_t ReadKernel(const void* data, int64_t bytes, bool read_before_wait, unsigned* sink,
-                       cudaStream_t stream);
+// 16) from `data` (16-byte aligned) once, by a grid-stride loop of 16-byte loads, 8 a thread a
+// round, and keeps nothing (`sink` is written only if the bits of the data hash to a value they
+// never do).
+cudaError_t ReadKernel(const void* data, int64_t bytes, unsigned* sink, cudaStream_t stream);
 
 // The decode attention's reads without its arithmetic: a block per (key/value head, row) of the
 // bf16 caches k and v [batch, kv_heads, capacity, dim] reads rows [0, keys) of its head in each
