@@ -20,20 +20,21 @@ COMMON_FLAGS = [
 ]
 PTX_FLAGS = ["-gencode=arch=compute_%s,code=compute_%s" % (CUDA_ARCHS[-1], CUDA_ARCHS[-1])]
 
-NVCC_FLAGS = COMMON_FLAGS + [
-    "-gencode=arch=compute_%s,code=sm_%s" % (a, a)
-    for a in CUDA_ARCHS
-] + PTX_FLAGS
+def _nvcc_flags(arch_suffix):
+    """Code for sm_90 (or sm_90a with arch_suffix "a") and compute_90's PTX."""
+    return COMMON_FLAGS + [
+        "-gencode=arch=compute_%s%s,code=sm_%s%s" % (a, arch_suffix, a, arch_suffix)
+        for a in CUDA_ARCHS
+    ] + PTX_FLAGS
+
+NVCC_FLAGS = _nvcc_flags("")
 
 # For the sources listed in a cuda_library's `arch_specific_srcs`: code for sm_90a, with the
 # Hopper-only instructions (wgmma) that GateUpSiluMma in trainer/kernels/linear_kernels.cu needs
 # (it runs on sm_90 devices only; the kernel checks for one), and the same PTX of compute_90,
 # without them. Their front end then runs twice (decode_kernels.cu took 73 s so against 50), so
 # only the sources that need it take these flags.
-ARCH_SPECIFIC_NVCC_FLAGS = COMMON_FLAGS + [
-    "-gencode=arch=compute_%sa,code=sm_%sa" % (a, a)
-    for a in CUDA_ARCHS
-] + PTX_FLAGS
+ARCH_SPECIFIC_NVCC_FLAGS = _nvcc_flags("a")
 
 def cuda_library(name, srcs, hdrs = [], deps = [], arch_specific_srcs = [], nvcc_hdrs = [],
                  **kwargs):

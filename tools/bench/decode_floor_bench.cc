@@ -5,7 +5,6 @@
 // shape at batch 64 with 192 cached positions a row, the mean of decode_bench's Generate of a
 // 128-token prompt and 128 new tokens. Prints one line per figure; needs a GPU.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <CLI/CLI.hpp>
@@ -110,7 +109,6 @@ int main(int argc, char** argv) {
   const at::TensorOptions bytes_on_gpu = at::TensorOptions().dtype(at::kByte).device(at::kCUDA);
   const at::Tensor sink = at::zeros({4}, bytes_on_gpu);
   unsigned* sink_ptr = reinterpret_cast<unsigned*>(sink.data_ptr());
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto stream = [] { return c10::cuda::getCurrentCUDAStream().stream(); };
   const auto check = [](cudaError_t e) {
     if (e != cudaSuccess) {
@@ -141,7 +139,7 @@ int main(int argc, char** argv) {
           int64_t at = 0;
           for (const int64_t s : sizes) {
             check(reads ? rl::bench::ReadKernel(base + at, s, sink_ptr, stream())
-                        : rl::bench::EmptyKernel(sms, stream()));
+                        : rl::bench::EmptyKernel(stream()));
             at += s;
           }
           refused = refused || (programmatic && !rl::kernels::ProgrammaticLaunch::On());

@@ -62,8 +62,9 @@ __global__ void CacheReadKernelImpl(const uint4* __restrict__ k, const uint4* __
 
 }  // namespace
 
-cudaError_t EmptyKernel(int blocks, cudaStream_t stream) {
-  return Launch(EmptyKernelImpl, dim3(static_cast<unsigned>(blocks)), 128, 0, stream);
+cudaError_t EmptyKernel(cudaStream_t stream) {
+  return Launch(EmptyKernelImpl, dim3(static_cast<unsigned>(MultiprocessorCount())), 128, 0,
+                stream);
 }
 
 cudaError_t ReadKernel(const void* data, int64_t bytes, unsigned* sink, cudaStream_t stream) {

@@ -9,9 +9,9 @@
 
 namespace rl::bench {
 
-// A kernel of `blocks` blocks that waits for the kernel ahead (under a ProgrammaticLaunch scope,
+// A kernel of a block an SM that waits for the kernel ahead (under a ProgrammaticLaunch scope,
 // trainer/kernels/cuda_kernels.h, by programmatic dependent launch) and returns.
-cudaError_t EmptyKernel(int blocks, cudaStream_t stream);
+cudaError_t EmptyKernel(cudaStream_t stream);
 
 // A kernel that waits for the kernel ahead as EmptyKernel does, then reads `bytes` (a multiple of
 // 16) from `data` (16-byte aligned) once, by a grid-stride loop of 16-byte loads, 8 a thread a
