@@ -583,6 +583,23 @@ constexpr int kMmaDeepStages = 2;
 constexpr int kMmaDeepGridShare = 4;
 constexpr int kMmaDeepMaxBytes = 160 * 1024;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
+// Note [One tile a warp for a grid of more than a wave]
+// A block of the shallow form takes about 81 KiB of shared memory (its rings and static arrays), so
+// two fit an SM, and from 33 rows of Qwen3-0.6B's shape (8 head groups: 264 blocks on 132 SMs) the
+// grid runs in two waves. Each block pays a fixed cost besides its keys (the position, the
+// preparation of its heads, the merge: about half of a block at batch 64, docs/decode-
+// performance.md, "Where a batch-64 attention's time goes"), and the second wave pays it again
+// while little of the cache streams. Where the grid is larger than a wave of the shallow form,
+// its warps take a ring of one tile instead (kSplitTile): the same 4 warps and the same keys each,
+// so the same sums and bits, in 46 KiB a block, so that four blocks fit an SM (the whole carveout
+// preferred as shared memory) and 64 rows run in one wave. A warp then waits for each tile's
+// copies; to keep some of them in flight meanwhile, the tile's keys and values are copied as two
+// groups: the next tile's keys once the scores are summed, its values once the values are, so
+// that each waits behind the other half's arithmetic. On an H100 (`decode_ab.sh 3`, Qwen3-0.6B
+// shape, prompt 128, 128 new tokens; the same bits in every run) a batch-64 step took 1.653 against
+// 1.715 ms (1.038x), the attention 22.3 against 24.5 us a layer (`decode_bench --profile`); one
+// tile a warp copied as one group gave 1.020x. At batch 40 the form was 1.061x; at batch 16,
+// where the shallow form takes one wave, it was 0.962x, so it stays off there.
 
 // Note [The o projection in the attention's clusters]
 // At one row the o projection, a kernel of its own between the attention and the gate/up
@@ -705,7 +722,7 @@ struct MmaAttentionShared {
 };
 
 template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll,
-          bool kOSlice>
+          bool kOSlice, bool kSplitTile>
 __global__ void __launch_bounds__(kBlockWarps * 32)
     DecodeAttentionMmaKernel(const __nv_bfloat16* __restrict__ q, QkvPrepInputs prep,
                              __nv_bfloat16* k, __nv_bfloat16* v,
@@ -713,6 +730,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
                              float* __restrict__ partial_out, float* __restrict__ partial_stats,
                              DecodeAttentionShape p, OProjection o) {
   static_assert(!kOSlice || kPrep, "the o projection is folded into DecodeQkvAttention only");
+  static_assert(!kSplitTile || (kRing == 1 && kFillAll && !kOSlice),
+                "a split tile is a ring of one tile, filled before the wait");
   using T = __nv_bfloat16;
   constexpr int kRow = kDim + kRowPad;             // a staged key row, elements
   constexpr int kTile = kTileKeys * kRow;          // a staged tile of K or V
@@ -746,16 +765,33 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h;
   constexpr int64_t kStride = kBlockWarps * kTileKeys;
-  // The tile at t0 into `stage`: its rows before copy_end.
-  const auto copy = [&](int64_t t0, int stage) {
-    T* to = ring + stage * 2 * kTile;
+  // The keys or values (`from`, `stride_t`) of the tile at t0 into `to`: its rows before copy_end.
+  const auto copy_rows = [&](int64_t t0, T* to, const T* from, int64_t stride_t) {
 #pragma unroll
     for (int i = lane; i < kPieces; i += 32) {
       const int key = i / (kDim / 8);
       const int col = i % (kDim / 8) * 8;
       if (t0 + key >= copy_end) break;
-      CopyAsync<16>(to + key * kRow + col, k_base + (t0 + key) * p.k_stride_t + col);
-      CopyAsync<16>(to + kTile + key * kRow + col, v_base + (t0 + key) * p.v_stride_t + col);
+      CopyAsync<16>(to + key * kRow + col, from + (t0 + key) * stride_t + col);
+    }
+  };
+  // The tile at t0 into `stage`: its rows before copy_end. With kSplitTile the keys are a group of
+  // their own (the caller commits the values').
+  const auto copy = [&](int64_t t0, int stage) {
+    T* to = ring + stage * 2 * kTile;
+    if constexpr (kSplitTile) {
+      copy_rows(t0, to, k_base, p.k_stride_t);
+      CommitCopies();
+      copy_rows(t0, to + kTile, v_base, p.v_stride_t);
+    } else {
+#pragma unroll
+      for (int i = lane; i < kPieces; i += 32) {
+        const int key = i / (kDim / 8);
+        const int col = i % (kDim / 8) * 8;
+        if (t0 + key >= copy_end) break;
+        CopyAsync<16>(to + key * kRow + col, k_base + (t0 + key) * p.k_stride_t + col);
+        CopyAsync<16>(to + kTile + key * kRow + col, v_base + (t0 + key) * p.v_stride_t + col);
+      }
     }
   };
   // With kOSlice: this block's slice of the o projection, `features` rows of the head group's
@@ -811,25 +847,40 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kRing ? 0 : stage + 1) {
-    AdvanceRing<kRing, kFillAll>(t0, first, kStride, end, stage, copy);
+    // With kSplitTile the groups in flight are this tile's keys and values (Note [One tile a warp
+    // for a grid of more than a wave]): wait for the keys.
+    if constexpr (kSplitTile) {
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+      AdvanceRing<kRing, kFillAll>(t0, first, kStride, end, stage, copy);
+    }
     T* keys = ring + stage * 2 * kTile;
     T* values = ring + stage * 2 * kTile + kTile;
-    if (kPrep && t0 <= pos && pos < t0 + kTileKeys) {  // the step's rows, 16 bytes a lane
-      for (int i = lane; i < 2 * (kDim / 8); i += 32) {
-        const int col = i % (kDim / 8) * 8;
-        *reinterpret_cast<uint4*>((i < kDim / 8 ? keys : values) + (pos - t0) * kRow + col) =
-            *reinterpret_cast<const uint4*>(step_rows[i / (kDim / 8)] + col);
-      }
-    }
-    __syncwarp();  // every lane's copies and the step's rows are in the tile
     const int valid = end - t0 < kTileKeys ? static_cast<int>(end - t0) : kTileKeys;
-    if (valid < kTileKeys) {  // rows past the position: zero, so that 0 weight gives 0
-      for (int i = valid * (kDim / 8) + lane; i < kPieces; i += 32) {
-        *reinterpret_cast<uint4*>(values + i / (kDim / 8) * kRow + i % (kDim / 8) * 8) =
-            make_uint4(0, 0, 0, 0);
+    // The tile's keys (kKeys), values (kValues) or both completed, once this lane's copies of them
+    // have landed: the step's rows put in (16 bytes a lane) and every lane's copies waited for;
+    // the values' rows past the position zeroed, so that 0 weight gives 0.
+    enum Part { kKeys = 1, kValues = 2, kBoth = 3 };
+    const auto complete = [&](Part part) {
+      if (kPrep && t0 <= pos && pos < t0 + kTileKeys) {
+        const int from = (part & kKeys) != 0 ? 0 : kDim / 8;
+        const int to = (part & kValues) != 0 ? 2 * (kDim / 8) : kDim / 8;
+        for (int i = from + lane; i < to; i += 32) {
+          const int col = i % (kDim / 8) * 8;
+          *reinterpret_cast<uint4*>((i < kDim / 8 ? keys : values) + (pos - t0) * kRow + col) =
+              *reinterpret_cast<const uint4*>(step_rows[i / (kDim / 8)] + col);
+        }
       }
-      __syncwarp();
-    }
+      __syncwarp();  // every lane's copies and the step's rows are in the tile
+      if ((part & kValues) != 0 && valid < kTileKeys) {
+        for (int i = valid * (kDim / 8) + lane; i < kPieces; i += 32) {
+          *reinterpret_cast<uint4*>(values + i / (kDim / 8) * kRow + i % (kDim / 8) * 8) =
+              make_uint4(0, 0, 0, 0);
+        }
+        __syncwarp();
+      }
+    };
+    complete(kSplitTile ? kKeys : kBoth);
     // S^T = K Q^T: ldmatrix row addresses, lane l -> matrix l / 8, row l % 8: keys (l % 8) +
     // 8 (matrix & 1), dims 8 (matrix >> 1) of the step.
     float scores[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -840,6 +891,11 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
       uint32_t a[4];
       LoadMatrices(a, k_row + 16 * step, false);
       Mma16816(scores, a, query[step][0], query[step][1]);
+    }
+    if constexpr (kSplitTile) {  // the next tile's keys, in flight behind the values' arithmetic
+      __syncwarp();  // every lane has read the keys
+      copy_rows(t0 + kStride, keys, k_base, p.k_stride_t);
+      CommitCopies();
     }
     // scores: (key g, head 2t), (key g, head 2t + 1), (key g + 8, head 2t), (key g + 8, 2t + 1).
     float weight[4];
@@ -876,6 +932,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
       const T* p_row = &weights[warp][lane / 16][lane % 8][8 * ((lane / 8) & 1)];
       LoadMatrices(pb, p_row, false);
     }
+    if constexpr (kSplitTile) {  // wait for this tile's values (the next keys may be in flight)
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      complete(kValues);
+    }
     // O^T += V^T P^T: ldmatrix .trans, lane l -> matrix l / 8, row l % 8: keys (l % 8) +
     // 8 (matrix >> 1), dims 8 (matrix & 1) of the dim tile.
     const T* v_row = values + (lane % 8 + 8 * (matrix >> 1)) * kRow + 8 * (matrix & 1);
@@ -891,6 +951,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
       Mma16816(acc[i], a, pb[2], pb[3]);
     }
     __syncwarp();  // the ring stage and P are rewritten next
+    if constexpr (kSplitTile) {  // the next tile's values
+      copy_rows(t0 + kStride, values, v_base, p.v_stride_t);
+      CommitCopies();
+    }
   }
   if constexpr (!kOSlice) {
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy in flight at the exit
@@ -1430,23 +1494,44 @@ struct AttentionArgs {
 
 // A form of the tensor-core kernel: kBlockWarps warps, each with a ring of kRing tiles (filled
 // with all of them up front with kFillAll); with kOSlice, DecodeQkvAttentionO's, whose blocks
-// hold up to kOSliceMaxBytes of the o projection's weights past the ring.
+// hold up to kOSliceMaxBytes of the o projection's weights past the ring; with kSplitTile, a
+// ring of one tile whose keys and values are copied apart (Note [One tile a warp for a grid of
+// more than a wave]).
 template <int kDim, int kGroup, bool kPrep, int kBlockWarps, int kRing, bool kFillAll,
-          bool kOSlice = false>
+          bool kOSlice = false, bool kSplitTile = false>
 struct MmaAttentionForm {
   static constexpr int kRingBytes = kBlockWarps * kRing * 2 * kTileKeys * (kDim + kRowPad) * 2;
   // A function, so that the kernel is instantiated only for the forms that run.
   static constexpr auto Kernel() {
-    return DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll, kOSlice>;
+    return DecodeAttentionMmaKernel<kDim, kGroup, kPrep, kBlockWarps, kRing, kFillAll, kOSlice,
+                                    kSplitTile>;
   }
 
   // Once per form, before any capture (the engine's first step runs eagerly, and every launch
   // opts in every form it may take): shared memory past the default 48 KiB.
+  // kSplitTile: the whole carveout preferred as shared memory, for four blocks an SM.
   static cudaError_t OptIn() {
     constexpr int kMaxBytes = kRingBytes + (kOSlice ? kOSliceMaxBytes : 0);
-    static const cudaError_t opted =
-        cudaFuncSetAttribute(Kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxBytes);
+    static const cudaError_t opted = [] {
+      const cudaError_t sized =
+          cudaFuncSetAttribute(Kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxBytes);
+      if (sized != cudaSuccess || !kSplitTile) return sized;
+      return cudaFuncSetAttribute(Kernel(), cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared);
+    }();
     return opted;
+  }
+
+  // How many blocks of this form an SM holds at once (0 where the query fails).
+  static int BlocksPerSm() {
+    static const int blocks = [] {
+      int n = 0;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel(), kBlockWarps * 32,
+                                                           kRingBytes) == cudaSuccess
+                 ? n
+                 : 0;
+    }();
+    return blocks;
   }
 
   // With kOSlice: `o_bytes` of the o projection's slice, and clusters of grid.x blocks.
@@ -1462,21 +1547,29 @@ struct MmaAttentionForm {
 };
 
 // The tensor-core kernel for bf16 caches: the deep form where the grid is small and the form fits
-// (Note [Deep ring for a small grid]), else kMmaWarps warps of kMmaStages tiles.
+// (Note [Deep ring for a small grid]), else kMmaWarps warps of kMmaStages tiles, or of one split
+// tile where the grid is larger than a wave of those (Note [One tile a warp for a grid of more
+// than a wave]).
 template <int kDim, int kGroup, bool kPrep>
 cudaError_t LaunchMmaAttention(dim3 grid, const AttentionArgs& a, const QkvPrepInputs& prep,
                                const DecodeAttentionShape& p, cudaStream_t stream) {
   using Shallow = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, kMmaStages, false>;
   using Deep = MmaAttentionForm<kDim, kGroup, kPrep, kMmaDeepWarps, kMmaDeepStages, true>;
+  using SplitTile = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, 1, true, false, true>;
   if (const cudaError_t opted = Shallow::OptIn(); opted != cudaSuccess) return opted;
+  if (const cudaError_t opted = SplitTile::OptIn(); opted != cudaSuccess) return opted;
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  if (blocks > static_cast<int64_t>(Shallow::BlocksPerSm()) * MultiprocessorCount() &&
+      SplitTile::BlocksPerSm() > Shallow::BlocksPerSm()) {
+    return SplitTile::Run(grid, a, prep, p, stream);
+  }
   // The deep form where its ring is within kMmaDeepMaxBytes and its static arrays within 48 KiB,
   // the same with and without kPrep: DecodeQkvAttention is bit for bit DecodeQkvPrep and then
   // DecodeAttention.
   if constexpr (Deep::kRingBytes <= kMmaDeepMaxBytes &&
                 sizeof(MmaAttentionShared<kDim, kGroup, true, kMmaDeepWarps>) <= 48 * 1024) {
     if (const cudaError_t opted = Deep::OptIn(); opted != cudaSuccess) return opted;
-    if (static_cast<int64_t>(grid.x) * grid.y * grid.z * kMmaDeepGridShare <=
-        MultiprocessorCount()) {
+    if (blocks * kMmaDeepGridShare <= MultiprocessorCount()) {
       return Deep::Run(grid, a, prep, p, stream);
     }
   }

@@ -692,6 +692,45 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
   CHECK_FALSE(DecodeQkvAttentionTakes(32, cache));
 }
 
+// Note [One tile a warp for a grid of more than a wave] in decode_kernels.cu: 64 rows of 8 head
+// groups (512 blocks) are more than a wave of the two-tile form on a GPU of fewer than 256 SMs and
+// take the one-tile form, whose warps sum the same keys in the same order; 16 rows (128 blocks)
+// take the two-tile form. So each row has the same bits in both grids, with and without the
+// preparation, and the caches are written alike.
+TEST_CASE("A decode attention row has the same bits in a grid of one wave and of more") {
+  if (!HaveGpuOrWarn()) return;
+  at::manual_seed(12);
+  const int64_t q_heads = 16, kv_heads = 8, dim = 128, half = 64, key_length = 256;
+  const int64_t rows = 64, few = 16;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  // The first tile's last key, a tile of one key, one in the middle, and the last key (the
+  // one-tile form's keys and values completed apart around the step's rows).
+  for (const int64_t position : {int64_t{15}, int64_t{64}, int64_t{131}, key_length - 1}) {
+    INFO("position " << position);
+    const at::Tensor qkv = at::randn({rows, 1, (q_heads + 2 * kv_heads) * dim}, On(at::kBFloat16));
+    const at::Tensor q_norm = at::randn({dim}, On(at::kBFloat16));
+    const at::Tensor k_norm = at::randn({dim}, On(at::kBFloat16));
+    const at::Tensor cos = at::randn({key_length, half}, On(at::kBFloat16));
+    const at::Tensor sin = at::randn({key_length, half}, On(at::kBFloat16));
+    const at::Tensor key = at::randn({rows, kv_heads, key_length, dim}, On(at::kBFloat16));
+    const at::Tensor value = at::randn_like(key);
+    const at::Tensor pos = at::full({1}, position, On(at::kLong));
+    const DecodeCache all{key.clone(), value.clone(), pos};
+    const DecodeCache first{key.narrow(0, 0, few).clone(), value.narrow(0, 0, few).clone(), pos};
+    const at::Tensor all_out = DecodeQkvAttention(qkv, q_norm, k_norm, 1e-6, cos, sin, false,
+                                                  q_heads, kv_heads, dim, all, key_length, scale);
+    const at::Tensor first_out =
+        DecodeQkvAttention(qkv.narrow(0, 0, few), q_norm, k_norm, 1e-6, cos, sin, false, q_heads,
+                           kv_heads, dim, first, key_length, scale);
+    CHECK(SameBits(all_out.narrow(0, 0, few), first_out));
+    CHECK(SameBits(all.key.narrow(0, 0, few), first.key));
+    CHECK(SameBits(all.value.narrow(0, 0, few), first.value));
+    const at::Tensor q = at::randn({rows, q_heads, dim}, On(at::kBFloat16));
+    CHECK(SameBits(DecodeAttention(q, all, key_length, scale).narrow(0, 0, few),
+                   DecodeAttention(q.narrow(0, 0, few), first, key_length, scale)));
+  }
+}
+
 // Note [The o projection in the attention's clusters] in decode_kernels.cu: the partial sums are
 // each head group's share of the o projection of DecodeQkvAttention's output (the attention's
 // keys merged over a cluster, so within rounding of it), the caches are written bit for bit as
