@@ -229,6 +229,12 @@ struct DecodeAttentionShape {
 // of kv_heads.
 bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim);
 
+// Whether DecodeAttention (DecodeQkvAttention with `prep`) of `batch` rows in the split `p` takes
+// bf16 blocks of one tile a warp (Note [One tile a warp for a grid of more than a wave] in
+// decode_kernels.cu): on tensor cores, where they run the grid in fewer waves than the usual form.
+bool DecodeAttentionTakesOneTile(int64_t batch, int64_t dim, const DecodeAttentionShape& p,
+                                 bool prep);
+
 // The split of `key_length` keys (the most a step may see) for a batch (strides left zero) and
 // the kernel (`tensor_cores`: the caller has checked that the cache takes it): the keys of each
 // (row, head group) are split until the grid has about `blocks_per_sm` blocks per multiprocessor

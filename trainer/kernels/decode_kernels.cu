@@ -584,22 +584,26 @@ constexpr int kMmaDeepGridShare = 4;
 constexpr int kMmaDeepMaxBytes = 160 * 1024;
 constexpr int kRowPad = 8;  // elements after a staged key row: ldmatrix's 8 rows, 8 bank groups
 // Note [One tile a warp for a grid of more than a wave]
-// A block of the shallow form takes about 81 KiB of shared memory (its rings and static arrays), so
-// two fit an SM, and from 33 rows of Qwen3-0.6B's shape (8 head groups: 264 blocks on 132 SMs) the
-// grid runs in two waves. Each block pays a fixed cost besides its keys (the position, the
-// preparation of its heads, the merge: about half of a block at batch 64, docs/decode-
-// performance.md, "Where a batch-64 attention's time goes"), and the second wave pays it again
-// while little of the cache streams. Where the grid is larger than a wave of the shallow form,
-// its warps take a ring of one tile instead (kSplitTile): the same 4 warps and the same keys each,
-// so the same sums and bits, in 46 KiB a block, so that four blocks fit an SM (the whole carveout
-// preferred as shared memory) and 64 rows run in one wave. A warp then waits for each tile's
-// copies; to keep some of them in flight meanwhile, the tile's keys and values are copied as two
-// groups: the next tile's keys once the scores are summed, its values once the values are, so
-// that each waits behind the other half's arithmetic. On an H100 (`decode_ab.sh 3`, Qwen3-0.6B
-// shape, prompt 128, 128 new tokens; the same bits in every run) a batch-64 step took 1.653 against
-// 1.715 ms (1.038x), the attention 22.3 against 24.5 us a layer (`decode_bench --profile`); one
-// tile a warp copied as one group gave 1.020x. At batch 40 the form was 1.061x; at batch 16,
-// where the shallow form takes one wave, it was 0.962x, so it stays off there.
+// A block of the shallow form takes about 81 KiB of shared memory (its rings, static arrays and the
+// 1 KiB an SM reserves a block), so two fit an SM, and from 34 rows of Qwen3-0.6B's shape (8 head
+// groups: 272 blocks, against 264 places on 132 SMs) the grid runs in two waves. Each block pays a
+// fixed cost besides its keys (the position, the preparation of its heads, the merge: about half of
+// a block at batch 64, docs/decode-performance.md, "Where a batch-64 attention's time goes"), and
+// the second wave pays it again while little of the cache streams. Where a ring of one tile a warp
+// (kSplitTile: the same 4 warps and the same keys each, so the same sums and bits, in 46 KiB a
+// block) runs the grid in fewer waves, the blocks take it: by the occupancy query four fit an SM
+// against two, so 64 rows run in one wave. (Three an SM, as heads of 128 dims in groups of 8 would
+// take, still make two waves of 512 blocks, and were slower: docs/decode-performance.md.) A warp
+// then waits for each tile's copies; to keep some of them in flight meanwhile, the tile's keys and
+// values are copied as two groups: the next tile's keys once the scores are summed, its values once
+// the values are, so that each waits behind the other half's arithmetic. On an H100
+// (`decode_ab.sh`, Qwen3-0.6B shape, prompt 128, 128 new tokens; the same bits in every run) a
+// batch-64 step took 1.672 against 1.729 ms (1.034x) and a batch-40 step 1.497 against 1.583 ms
+// (1.057x); in an earlier call the attention took 22.3 against 24.5 us a layer (`decode_bench
+// --profile`), one tile a warp copied as one group gave 1.020x at batch 64, and the form at batch
+// 16, where the shallow form runs in one wave, 0.962x. The form was measured with the whole
+// carveout preferred as shared memory (as it is launched); without it, the form copied as one group
+// was as fast.
 
 // Note [The o projection in the attention's clusters]
 // At one row the o projection, a kernel of its own between the attention and the gate/up
@@ -848,7 +852,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
   for (int i = 0; i < kSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   for (int stage = 0; t0 < end; t0 += kStride, stage = stage + 1 == kRing ? 0 : stage + 1) {
     // With kSplitTile the groups in flight are this tile's keys and values (Note [One tile a warp
-    // for a grid of more than a wave]): wait for the keys.
+    // for a grid of more than a wave]; a warp whose first tile starts at the position has one
+    // empty group, and copies nothing later): wait for the keys.
     if constexpr (kSplitTile) {
       asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     } else {
@@ -1522,14 +1527,16 @@ struct MmaAttentionForm {
     return opted;
   }
 
-  // How many blocks of this form an SM holds at once (0 where the query fails).
+  // How many blocks of this form an SM holds at once (0 where the query fails), once opted in.
   static int BlocksPerSm() {
     static const int blocks = [] {
       int n = 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel(), kBlockWarps * 32,
-                                                           kRingBytes) == cudaSuccess
-                 ? n
-                 : 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel(), kBlockWarps * 32,
+                                                        kRingBytes) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+      }
+      return n;
     }();
     return blocks;
   }
@@ -1546,23 +1553,34 @@ struct MmaAttentionForm {
   }
 };
 
+template <int kDim, int kGroup, bool kPrep>
+using ShallowForm = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, kMmaStages, false>;
+template <int kDim, int kGroup, bool kPrep>
+using OneTileForm = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, 1, true, false, true>;
+
+// Whether a grid of `blocks` takes the form of one tile a warp: where it runs in fewer waves than
+// the shallow form (Note [One tile a warp for a grid of more than a wave]). Both forms opted in.
+template <int kDim, int kGroup, bool kPrep>
+bool TakesOneTile(int64_t blocks) {
+  const int64_t shallow = ShallowForm<kDim, kGroup, kPrep>::BlocksPerSm() * MultiprocessorCount();
+  const int64_t one_tile = OneTileForm<kDim, kGroup, kPrep>::BlocksPerSm() * MultiprocessorCount();
+  if (shallow <= 0 || one_tile <= 0) return false;
+  return (blocks + one_tile - 1) / one_tile < (blocks + shallow - 1) / shallow;
+}
+
 // The tensor-core kernel for bf16 caches: the deep form where the grid is small and the form fits
 // (Note [Deep ring for a small grid]), else kMmaWarps warps of kMmaStages tiles, or of one split
-// tile where the grid is larger than a wave of those (Note [One tile a warp for a grid of more
-// than a wave]).
+// tile where that takes fewer waves (TakesOneTile).
 template <int kDim, int kGroup, bool kPrep>
 cudaError_t LaunchMmaAttention(dim3 grid, const AttentionArgs& a, const QkvPrepInputs& prep,
                                const DecodeAttentionShape& p, cudaStream_t stream) {
-  using Shallow = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, kMmaStages, false>;
+  using Shallow = ShallowForm<kDim, kGroup, kPrep>;
   using Deep = MmaAttentionForm<kDim, kGroup, kPrep, kMmaDeepWarps, kMmaDeepStages, true>;
-  using SplitTile = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, 1, true, false, true>;
+  using OneTile = OneTileForm<kDim, kGroup, kPrep>;
   if (const cudaError_t opted = Shallow::OptIn(); opted != cudaSuccess) return opted;
-  if (const cudaError_t opted = SplitTile::OptIn(); opted != cudaSuccess) return opted;
+  if (const cudaError_t opted = OneTile::OptIn(); opted != cudaSuccess) return opted;
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  if (blocks > static_cast<int64_t>(Shallow::BlocksPerSm()) * MultiprocessorCount() &&
-      SplitTile::BlocksPerSm() > Shallow::BlocksPerSm()) {
-    return SplitTile::Run(grid, a, prep, p, stream);
-  }
+  if (TakesOneTile<kDim, kGroup, kPrep>(blocks)) return OneTile::Run(grid, a, prep, p, stream);
   // The deep form where its ring is within kMmaDeepMaxBytes and its static arrays within 48 KiB,
   // the same with and without kPrep: DecodeQkvAttention is bit for bit DecodeQkvPrep and then
   // DecodeAttention.
@@ -1788,6 +1806,44 @@ DecodeAttentionShape PlanDecodeAttention(int64_t batch, int64_t q_heads, int64_t
 
 bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim) {
   return (dim == 64 || dim == 128 || dim == 256) && kv_heads > 0 && q_heads % kv_heads == 0;
+}
+
+bool DecodeAttentionTakesOneTile(int64_t batch, int64_t dim, const DecodeAttentionShape& p,
+                                 bool prep) {
+  if (!p.tensor_cores || !DecodeAttentionSupports(p.q_heads, p.kv_heads, dim)) return false;
+  const int64_t group = HeadsPerBlock(p.q_heads, p.kv_heads);
+  const int64_t blocks = p.splits * (p.q_heads / group) * batch;
+  const auto of_dim = [&](auto dim_constant) {
+    constexpr int kDim = decltype(dim_constant)::value;
+    const auto of_group = [&](auto group_constant) {
+      constexpr int kGroup = decltype(group_constant)::value;
+      const auto of_prep = [&](auto prep_constant) {
+        constexpr bool kPrep = decltype(prep_constant)::value;
+        return ShallowForm<kDim, kGroup, kPrep>::OptIn() == cudaSuccess &&
+               OneTileForm<kDim, kGroup, kPrep>::OptIn() == cudaSuccess &&
+               TakesOneTile<kDim, kGroup, kPrep>(blocks);
+      };
+      return prep ? of_prep(std::true_type{}) : of_prep(std::false_type{});
+    };
+    switch (group) {
+      case 1:
+        return of_group(std::integral_constant<int, 1>{});
+      case 2:
+        return of_group(std::integral_constant<int, 2>{});
+      case 4:
+        return of_group(std::integral_constant<int, 4>{});
+      default:
+        return of_group(std::integral_constant<int, 8>{});
+    }
+  };
+  switch (dim) {
+    case 64:
+      return of_dim(std::integral_constant<int, 64>{});
+    case 128:
+      return of_dim(std::integral_constant<int, 128>{});
+    default:
+      return of_dim(std::integral_constant<int, 256>{});
+  }
 }
 
 cudaError_t DecodeAttention(const void* q, const void* k, const void* v, const int64_t* position,

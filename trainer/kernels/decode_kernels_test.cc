@@ -693,19 +693,33 @@ TEST_CASE("DecodeQkvAttention is DecodeQkvPrep and then DecodeAttention, bit for
 }
 
 // Note [One tile a warp for a grid of more than a wave] in decode_kernels.cu: 64 rows of 8 head
-// groups (512 blocks) are more than a wave of the two-tile form on a GPU of fewer than 256 SMs and
-// take the one-tile form, whose warps sum the same keys in the same order; 16 rows (128 blocks)
-// take the two-tile form. So each row has the same bits in both grids, with and without the
-// preparation, and the caches are written alike.
+// groups (512 blocks) take two waves of the two-tile form on an H100 or H200 and one of the one-tile
+// form, whose warps sum the same keys in the same order; 16 rows (128 blocks) take the two-tile
+// form. So each row has the same bits in both grids, with and without the preparation, and the
+// caches are written alike. 256 keys keep both grids at one split.
 TEST_CASE("A decode attention row has the same bits in a grid of one wave and of more") {
   if (!HaveGpuOrWarn()) return;
   at::manual_seed(12);
   const int64_t q_heads = 16, kv_heads = 8, dim = 128, half = 64, key_length = 256;
   const int64_t rows = 64, few = 16;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  // The first tile's last key, a tile of one key, one in the middle, and the last key (the
-  // one-tile form's keys and values completed apart around the step's rows).
-  for (const int64_t position : {int64_t{15}, int64_t{64}, int64_t{131}, key_length - 1}) {
+  for (const bool prep : {true, false}) {
+    const auto takes = [&](int64_t batch) {
+      return DecodeAttentionTakesOneTile(
+          batch, dim, PlanDecodeAttention(batch, q_heads, kv_heads, key_length, 0.1f, 0, true),
+          prep);
+    };
+    if (!takes(rows)) {
+      WARN("this GPU runs 64 rows of the attention in one wave: no one-tile grid to compare");
+      return;
+    }
+    REQUIRE_FALSE(takes(few));
+  }
+  // Positions: the first tile's last key; the first key of warp 1's and of warp 3's first tile (a
+  // warp with one key, the step's, and one empty group of copies); a tile of one key; one in the
+  // middle; the last key; then a position per row (-1).
+  for (const int64_t position : {int64_t{15}, int64_t{16}, int64_t{48}, int64_t{64}, int64_t{131},
+                                 key_length - 1, int64_t{-1}}) {
     INFO("position " << position);
     const at::Tensor qkv = at::randn({rows, 1, (q_heads + 2 * kv_heads) * dim}, On(at::kBFloat16));
     const at::Tensor q_norm = at::randn({dim}, On(at::kBFloat16));
@@ -714,9 +728,12 @@ TEST_CASE("A decode attention row has the same bits in a grid of one wave and of
     const at::Tensor sin = at::randn({key_length, half}, On(at::kBFloat16));
     const at::Tensor key = at::randn({rows, kv_heads, key_length, dim}, On(at::kBFloat16));
     const at::Tensor value = at::randn_like(key);
-    const at::Tensor pos = at::full({1}, position, On(at::kLong));
+    const at::Tensor pos = position >= 0 ? at::full({1}, position, On(at::kLong))
+                                         : at::randint(key_length, {rows}, On(at::kLong));
+    const at::Tensor first_pos = position >= 0 ? pos : pos.narrow(0, 0, few);
     const DecodeCache all{key.clone(), value.clone(), pos};
-    const DecodeCache first{key.narrow(0, 0, few).clone(), value.narrow(0, 0, few).clone(), pos};
+    const DecodeCache first{key.narrow(0, 0, few).clone(), value.narrow(0, 0, few).clone(),
+                            first_pos};
     const at::Tensor all_out = DecodeQkvAttention(qkv, q_norm, k_norm, 1e-6, cos, sin, false,
                                                   q_heads, kv_heads, dim, all, key_length, scale);
     const at::Tensor first_out =
