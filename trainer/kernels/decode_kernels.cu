@@ -769,33 +769,30 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
   const T* k_base = k + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = v + b * p.v_stride_b + kv_head * p.v_stride_h;
   constexpr int64_t kStride = kBlockWarps * kTileKeys;
-  // The keys or values (`from`, `stride_t`) of the tile at t0 into `to`: its rows before copy_end.
-  const auto copy_rows = [&](int64_t t0, T* to, const T* from, int64_t stride_t) {
+  // The tile at t0 into `stage`, its rows before copy_end: its keys, its values or both (a row
+  // piece's two copies issued together).
+  const auto copy_parts = [&](int64_t t0, int stage, bool keys, bool values) {
+    T* to = ring + stage * 2 * kTile;
 #pragma unroll
     for (int i = lane; i < kPieces; i += 32) {
       const int key = i / (kDim / 8);
       const int col = i % (kDim / 8) * 8;
       if (t0 + key >= copy_end) break;
-      CopyAsync<16>(to + key * kRow + col, from + (t0 + key) * stride_t + col);
-    }
-  };
-  // The tile at t0 into `stage`: its rows before copy_end. With kSplitTile the keys are a group of
-  // their own (the caller commits the values').
-  const auto copy = [&](int64_t t0, int stage) {
-    T* to = ring + stage * 2 * kTile;
-    if constexpr (kSplitTile) {
-      copy_rows(t0, to, k_base, p.k_stride_t);
-      CommitCopies();
-      copy_rows(t0, to + kTile, v_base, p.v_stride_t);
-    } else {
-#pragma unroll
-      for (int i = lane; i < kPieces; i += 32) {
-        const int key = i / (kDim / 8);
-        const int col = i % (kDim / 8) * 8;
-        if (t0 + key >= copy_end) break;
-        CopyAsync<16>(to + key * kRow + col, k_base + (t0 + key) * p.k_stride_t + col);
+      if (keys) CopyAsync<16>(to + key * kRow + col, k_base + (t0 + key) * p.k_stride_t + col);
+      if (values) {
         CopyAsync<16>(to + kTile + key * kRow + col, v_base + (t0 + key) * p.v_stride_t + col);
       }
+    }
+  };
+  // The whole tile at t0 into `stage`. With kSplitTile the keys are a group of their own (the
+  // caller commits the values').
+  const auto copy = [&](int64_t t0, int stage) {
+    if constexpr (kSplitTile) {
+      copy_parts(t0, stage, true, false);
+      CommitCopies();
+      copy_parts(t0, stage, false, true);
+    } else {
+      copy_parts(t0, stage, true, true);
     }
   };
   // With kOSlice: this block's slice of the o projection, `features` rows of the head group's
@@ -899,7 +896,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
     }
     if constexpr (kSplitTile) {  // the next tile's keys, in flight behind the values' arithmetic
       __syncwarp();  // every lane has read the keys
-      copy_rows(t0 + kStride, keys, k_base, p.k_stride_t);
+      copy_parts(t0 + kStride, stage, true, false);
       CommitCopies();
     }
     // scores: (key g, head 2t), (key g, head 2t + 1), (key g + 8, head 2t), (key g + 8, 2t + 1).
@@ -957,7 +954,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32)
     }
     __syncwarp();  // the ring stage and P are rewritten next
     if constexpr (kSplitTile) {  // the next tile's values
-      copy_rows(t0 + kStride, values, v_base, p.v_stride_t);
+      copy_parts(t0 + kStride, stage, false, true);
       CommitCopies();
     }
   }
@@ -1527,11 +1524,12 @@ struct MmaAttentionForm {
     return opted;
   }
 
-  // How many blocks of this form an SM holds at once (0 where the query fails), once opted in.
+  // How many blocks of this form an SM holds at once, opted in (0 where either fails).
   static int BlocksPerSm() {
     static const int blocks = [] {
       int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel(), kBlockWarps * 32,
+      if (OptIn() != cudaSuccess ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel(), kBlockWarps * 32,
                                                         kRingBytes) != cudaSuccess) {
         cudaGetLastError();
         return 0;
@@ -1559,7 +1557,7 @@ template <int kDim, int kGroup, bool kPrep>
 using OneTileForm = MmaAttentionForm<kDim, kGroup, kPrep, kMmaWarps, 1, true, false, true>;
 
 // Whether a grid of `blocks` takes the form of one tile a warp: where it runs in fewer waves than
-// the shallow form (Note [One tile a warp for a grid of more than a wave]). Both forms opted in.
+// the shallow form (Note [One tile a warp for a grid of more than a wave]).
 template <int kDim, int kGroup, bool kPrep>
 bool TakesOneTile(int64_t blocks) {
   const int64_t shallow = ShallowForm<kDim, kGroup, kPrep>::BlocksPerSm() * MultiprocessorCount();
@@ -1817,13 +1815,8 @@ bool DecodeAttentionTakesOneTile(int64_t batch, int64_t dim, const DecodeAttenti
     constexpr int kDim = decltype(dim_constant)::value;
     const auto of_group = [&](auto group_constant) {
       constexpr int kGroup = decltype(group_constant)::value;
-      const auto of_prep = [&](auto prep_constant) {
-        constexpr bool kPrep = decltype(prep_constant)::value;
-        return ShallowForm<kDim, kGroup, kPrep>::OptIn() == cudaSuccess &&
-               OneTileForm<kDim, kGroup, kPrep>::OptIn() == cudaSuccess &&
-               TakesOneTile<kDim, kGroup, kPrep>(blocks);
-      };
-      return prep ? of_prep(std::true_type{}) : of_prep(std::false_type{});
+      return prep ? TakesOneTile<kDim, kGroup, true>(blocks)
+                  : TakesOneTile<kDim, kGroup, false>(blocks);
     };
     switch (group) {
       case 1:
