@@ -1480,6 +1480,33 @@ int64_t HeadsPerBlock(int64_t q_heads, int64_t kv_heads) {
   return heads;
 }
 
+// f(std::integral_constant<int, kVec>{}, std::integral_constant<int, kGroup>{}) for heads of
+// 32 kVec dims in blocks of kGroup query heads (HeadsPerBlock): the head layouts that
+// DecodeAttentionSupports takes (dim 64, 128 or 256), which the caller has checked.
+template <typename F>
+auto WithHeadLayout(int64_t dim, int64_t q_heads, int64_t kv_heads, const F& f) {
+  const auto of_vec = [&](auto vec) {
+    switch (HeadsPerBlock(q_heads, kv_heads)) {
+      case 1:
+        return f(vec, std::integral_constant<int, 1>{});
+      case 2:
+        return f(vec, std::integral_constant<int, 2>{});
+      case 4:
+        return f(vec, std::integral_constant<int, 4>{});
+      default:
+        return f(vec, std::integral_constant<int, 8>{});
+    }
+  };
+  switch (dim) {
+    case 64:
+      return of_vec(std::integral_constant<int, 2>{});
+    case 128:
+      return of_vec(std::integral_constant<int, 4>{});
+    default:
+      return of_vec(std::integral_constant<int, 8>{});
+  }
+}
+
 // DecodeAttention's and DecodeQkvAttention's arguments: q, or (prep not null) the inputs to
 // compute it from, the caches k and v (written too with prep), and the outputs.
 struct AttentionArgs {
@@ -1652,34 +1679,12 @@ cudaError_t LaunchDecodeAttention(const AttentionArgs& a, const DecodeAttentionS
                            : LaunchDecodeAttention<T, kVec, kGroup, false>(a, p, stream);
 }
 
-template <typename T, int kVec>
-cudaError_t DispatchGroup(const AttentionArgs& a, const DecodeAttentionShape& p,
-                          cudaStream_t stream) {
-  switch (HeadsPerBlock(p.q_heads, p.kv_heads)) {
-    case 1:
-      return LaunchDecodeAttention<T, kVec, 1>(a, p, stream);
-    case 2:
-      return LaunchDecodeAttention<T, kVec, 2>(a, p, stream);
-    case 4:
-      return LaunchDecodeAttention<T, kVec, 4>(a, p, stream);
-    default:
-      return LaunchDecodeAttention<T, kVec, 8>(a, p, stream);
-  }
-}
-
 template <typename T>
 cudaError_t DispatchDecodeAttention(const AttentionArgs& a, int64_t dim,
                                     const DecodeAttentionShape& p, cudaStream_t stream) {
-  switch (dim) {
-    case 64:
-      return DispatchGroup<T, 2>(a, p, stream);
-    case 128:
-      return DispatchGroup<T, 4>(a, p, stream);
-    case 256:
-      return DispatchGroup<T, 8>(a, p, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return WithHeadLayout(dim, p.q_heads, p.kv_heads, [&](auto vec, auto group) {
+    return LaunchDecodeAttention<T, decltype(vec)::value, decltype(group)::value>(a, p, stream);
+  });
 }
 
 cudaError_t RunDecodeAttention(const AttentionArgs& a, int64_t dim, const DecodeAttentionShape& p,
@@ -1809,34 +1814,13 @@ bool DecodeAttentionSupports(int64_t q_heads, int64_t kv_heads, int64_t dim) {
 bool DecodeAttentionTakesOneTile(int64_t batch, int64_t dim, const DecodeAttentionShape& p,
                                  bool prep) {
   if (!p.tensor_cores || !DecodeAttentionSupports(p.q_heads, p.kv_heads, dim)) return false;
-  const int64_t group = HeadsPerBlock(p.q_heads, p.kv_heads);
-  const int64_t blocks = p.splits * (p.q_heads / group) * batch;
-  const auto of_dim = [&](auto dim_constant) {
-    constexpr int kDim = decltype(dim_constant)::value;
-    const auto of_group = [&](auto group_constant) {
-      constexpr int kGroup = decltype(group_constant)::value;
-      return prep ? TakesOneTile<kDim, kGroup, true>(blocks)
-                  : TakesOneTile<kDim, kGroup, false>(blocks);
-    };
-    switch (group) {
-      case 1:
-        return of_group(std::integral_constant<int, 1>{});
-      case 2:
-        return of_group(std::integral_constant<int, 2>{});
-      case 4:
-        return of_group(std::integral_constant<int, 4>{});
-      default:
-        return of_group(std::integral_constant<int, 8>{});
-    }
-  };
-  switch (dim) {
-    case 64:
-      return of_dim(std::integral_constant<int, 64>{});
-    case 128:
-      return of_dim(std::integral_constant<int, 128>{});
-    default:
-      return of_dim(std::integral_constant<int, 256>{});
-  }
+  const int64_t blocks = p.splits * (p.q_heads / HeadsPerBlock(p.q_heads, p.kv_heads)) * batch;
+  return WithHeadLayout(dim, p.q_heads, p.kv_heads, [&](auto vec, auto group) {
+    constexpr int kDim = 32 * decltype(vec)::value;
+    constexpr int kGroup = decltype(group)::value;
+    return prep ? TakesOneTile<kDim, kGroup, true>(blocks)
+                : TakesOneTile<kDim, kGroup, false>(blocks);
+  });
 }
 
 cudaError_t DecodeAttention(const void* q, const void* k, const void* v, const int64_t* position,
