@@ -10,11 +10,12 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "launch/check.h"
 #include "launch/device.h"
 #include "tools/bench/floor_kernels.h"
 #include "tools/bench/profiling.h"
@@ -62,9 +63,7 @@ struct Gemm {
 
 int64_t RoundUp16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"Decode floor: a step of kernels that only read their bytes."};
   int64_t batch = 64, keys = 192, layers = 28, hidden = 1024, intermediate = 3072, q_heads = 16,
           kv_heads = 8, head_dim = 128, vocab = 151936;
@@ -110,12 +109,6 @@ int main(int argc, char** argv) {
   const at::Tensor sink = at::zeros({4}, bytes_on_gpu);
   unsigned* sink_ptr = reinterpret_cast<unsigned*>(sink.data_ptr());
   const auto stream = [] { return c10::cuda::getCurrentCUDAStream().stream(); };
-  const auto check = [](cudaError_t e) {
-    if (e != cudaSuccess) {
-      std::fprintf(stderr, "decode_floor_bench: %s\n", cudaGetErrorString(e));
-      std::exit(1);
-    }
-  };
 
   // A step's chain: every read in its own memory.
   const auto step_reads = [&](const std::vector<Read>& layer) {
@@ -138,8 +131,8 @@ int main(int argc, char** argv) {
           const rl::kernels::ProgrammaticLaunch scope(programmatic);
           int64_t at = 0;
           for (const int64_t s : sizes) {
-            check(reads ? rl::bench::ReadKernel(base + at, s, sink_ptr, stream())
-                        : rl::bench::EmptyKernel(stream()));
+            RL_CHECK_CUDA(reads ? rl::bench::ReadKernel(base + at, s, sink_ptr, stream())
+                                : rl::bench::EmptyKernel(stream()));
             at += s;
           }
           refused = refused || (programmatic && !rl::kernels::ProgrammaticLaunch::On());
@@ -176,9 +169,9 @@ int main(int argc, char** argv) {
       const double us = rl::bench::GraphMicrosPerCall(
           [&] {
             const at::Tensor layer = cache[next++ % copies];
-            check(rl::bench::CacheReadKernel(layer[0].data_ptr(), layer[1].data_ptr(), batch,
-                                             kv_heads, capacity, keys, head_dim, threads,
-                                             sink_ptr, stream()));
+            RL_CHECK_CUDA(rl::bench::CacheReadKernel(layer[0].data_ptr(), layer[1].data_ptr(),
+                                                     batch, kv_heads, capacity, keys, head_dim,
+                                                     threads, sink_ptr, stream()));
           },
           static_cast<int>(4 * copies));
       std::printf(
@@ -204,8 +197,8 @@ int main(int argc, char** argv) {
         static_cast<int>(copies));
     const double read = rl::bench::GraphMicrosPerCall(
         [&] {
-          check(rl::bench::ReadKernel(weights[next % copies].data_ptr(), bytes, sink_ptr,
-                                      stream()));
+          RL_CHECK_CUDA(
+              rl::bench::ReadKernel(weights[next % copies].data_ptr(), bytes, sink_ptr, stream()));
           ++next;
         },
         static_cast<int>(copies));
@@ -217,4 +210,15 @@ int main(int argc, char** argv) {
         bytes / (hbm_tb_s * 1e6));
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode_floor_bench: %s\n", e.what());
+    return 1;
+  }
 }
