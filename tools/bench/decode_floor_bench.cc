@@ -49,16 +49,24 @@ namespace {
 
 constexpr int64_t kBf16 = 2;
 
+struct Gemm;
+
+// What a kernel of the step reads: a norm reads what the kernel ahead wrote, the attention the
+// cache, a GEMM its weights, and the step's ends each their own.
+enum class Kind { kNorm, kAttention, kGemm, kEnd };
+
 struct Read {
   const char* name;
   int64_t bytes;
+  Kind kind;
+  const Gemm* gemm = nullptr;  // a GEMM's shape
 };
 
 // A projection's weight [n, k] in bf16, timed over `copies` copies of it in turn.
 struct Gemm {
   const char* name;
   int64_t n, k, copies;
-  Read read() const { return {name, n * k * kBf16}; }
+  Read read() const { return {name, n * k * kBf16, Kind::kGemm, this}; }
 };
 
 int64_t RoundUp16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
@@ -93,13 +101,15 @@ int Run(int argc, char** argv) {
   const Gemm lm_head_w{"LM head", vocab, hidden, 4};  // 311 MB each at the defaults
   const Read qkv = qkv_w.read(), o = o_w.read(), gate_up = gate_up_w.read(), down = down_w.read(),
              lm_head = lm_head_w.read();
-  const Read attention{"attention", 2 * batch * kv_heads * keys * head_dim * kBf16};
-  const std::vector<Read> layer7{{"norm", norm}, qkv, attention, o, {"norm", norm}, gate_up, down};
+  const Read attention{"attention", 2 * batch * kv_heads * keys * head_dim * kBf16,
+                       Kind::kAttention};
+  const Read norm_read{"norm", norm, Kind::kNorm};
+  const std::vector<Read> layer7{norm_read, qkv, attention, o, norm_read, gate_up, down};
   const std::vector<Read> layer5{qkv, attention, o, gate_up, down};
-  const std::vector<Read> ends{{"embedding", batch * hidden * kBf16},
-                               {"norm", batch * hidden * kBf16},
+  const std::vector<Read> ends{{"embedding", batch * hidden * kBf16, Kind::kEnd},
+                               {"norm", batch * hidden * kBf16, Kind::kEnd},
                                lm_head,
-                               {"sampling", batch * vocab * kBf16}};
+                               {"sampling", batch * vocab * kBf16, Kind::kEnd}};
   const double roofline_bytes = static_cast<double>(
       layers * (qkv.bytes + attention.bytes + o.bytes + gate_up.bytes + down.bytes) +
       lm_head.bytes + batch * hidden * kBf16);
@@ -208,6 +218,92 @@ int Run(int argc, char** argv) {
         g.name, static_cast<long long>(g.n), static_cast<long long>(g.k),
         static_cast<long long>(batch), mm, read, bytes / read / 1e6, hbm_tb_s,
         bytes / (hbm_tb_s * 1e6));
+  }
+
+  // The same steps as one persistent kernel (Note [Decode floor, persistent] in floor_kernels.cu).
+  // Its phases read what the chains read, and besides what a phase hands the next through the L2:
+  // a GEMM phase is tiled as such a kernel would tile it, 128 outputs a tile and k split in up to
+  // k / 256 slices so that the tiles fill the grid; each block reads its slice of x (bf16) and
+  // writes fp32 partial sums, which the phase behind reads (its share of them) with the residual.
+  {
+    const int64_t blocks = rl::bench::PersistentReadBlocks();
+    const auto plan = [&](const std::vector<Read>& layer) {
+      std::vector<rl::bench::FloorPhase> phases;
+      int64_t offset = 0, handed = 0;  // bytes the last phase wrote for the next
+      const auto add = [&](int64_t own, int64_t input_each, int64_t output) {
+        phases.push_back({offset, RoundUp16(own), static_cast<int32_t>(RoundUp16(input_each)),
+                          static_cast<int32_t>(RoundUp16((output + blocks - 1) / blocks))});
+        offset += RoundUp16(own);
+        handed = output;
+      };
+      const auto gemm = [&](const Gemm& g) {
+        const int64_t slices =
+            std::clamp<int64_t>((blocks * 128 + g.n - 1) / g.n, 1, std::max<int64_t>(1, g.k / 256));
+        add(g.read().bytes, batch * (g.k / slices) * kBf16, batch * g.n * 4 * slices);
+      };
+      // A phase that reads its share of what the one ahead wrote (a norm: and of the residual).
+      const auto handed_on = [&](int64_t own, int64_t residual, int64_t output) {
+        add(own, (handed + residual) / blocks, output);
+      };
+      const int64_t row = batch * hidden * kBf16;
+      add(ends[0].bytes, 0, row);  // the embedding
+      for (int64_t l = 0; l < layers; ++l) {
+        for (const Read& r : layer) {
+          switch (r.kind) {
+            case Kind::kNorm:
+              handed_on(0, row, 2 * row);
+              break;
+            case Kind::kAttention:
+              handed_on(r.bytes, 0, batch * q_heads * head_dim * kBf16);
+              break;
+            case Kind::kGemm:
+              gemm(*r.gemm);
+              break;
+            case Kind::kEnd:
+              break;
+          }
+        }
+      }
+      handed_on(0, row, row);  // the last norm
+      gemm(lm_head_w);
+      handed_on(0, 0, batch * 4);  // sampling: its share of the logits
+      return std::pair(phases, offset);
+    };
+    const at::Tensor scratch = at::zeros({64 << 20}, bytes_on_gpu);
+    for (const auto& [label, layer] : {std::pair<const char*, std::vector<Read>>{"7", layer7},
+                                       std::pair<const char*, std::vector<Read>>{"5", layer5}}) {
+      const auto planned = plan(layer);
+      const std::vector<rl::bench::FloorPhase>& phases = planned.first;
+      const at::Tensor pool = at::ones({planned.second}, bytes_on_gpu);
+      const at::Tensor on_gpu =
+          at::from_blob(const_cast<rl::bench::FloorPhase*>(phases.data()),
+                        {static_cast<int64_t>(phases.size() * sizeof(rl::bench::FloorPhase))},
+                        at::kByte)
+              .to(at::kCUDA);
+      const at::Tensor counters =
+          at::zeros({static_cast<int64_t>(phases.size()) + 1}, bytes_on_gpu.dtype(at::kInt));
+      struct Ring {
+        int slots;
+        bool lookahead;
+      };
+      for (const Ring ring : {Ring{13, false}, Ring{4, true}, Ring{8, true}, Ring{13, true}}) {
+        const double us = rl::bench::GraphMicrosPerCall(
+            [&] {
+              RL_CHECK_CUDA(rl::bench::PersistentReadKernel(
+                  pool.data_ptr(), static_cast<const rl::bench::FloorPhase*>(on_gpu.data_ptr()),
+                  static_cast<int>(phases.size()), scratch.data_ptr(), scratch.numel(),
+                  static_cast<unsigned*>(counters.data_ptr()), ring.slots, ring.lookahead, sink_ptr,
+                  stream()));
+            },
+            3);
+        std::printf(
+            "one persistent kernel, %s phases a layer (%zu a step), %lld blocks, a ring of %d x 16 "
+            "KiB, %s: %.1f us, %.1f%% of the roofline\n",
+            label, phases.size(), static_cast<long long>(blocks), ring.slots,
+            ring.lookahead ? "copies ahead of the phases" : "copies after the phase ahead", us,
+            100.0 * roofline_us / us);
+      }
+    }
   }
   return 0;
 }

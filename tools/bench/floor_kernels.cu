@@ -1,15 +1,17 @@
-#include "tools/bench/floor_kernels.h"
-
 #include <algorithm>
 
+#include "tools/bench/floor_kernels.h"
 #include "trainer/kernels/kernel_util.cuh"
 
 namespace rl::bench {
 namespace {
 
+using kernels::ArriveExpectingBytes;
 using kernels::Launch;
 using kernels::MultiprocessorCount;
 using kernels::PrecedingKernelsDone;
+using kernels::SharedAddress;
+using kernels::WaitBarrier;
 
 constexpr int kReadThreads = 256;
 constexpr int kReadsInFlight = 8;  // 16-byte loads a thread a round of the loop
@@ -60,6 +62,164 @@ __global__ void CacheReadKernelImpl(const uint4* __restrict__ k, const uint4* __
   if (hash == 0x9e3779b9u) *sink = hash;
 }
 
+// Note [Decode floor, persistent]
+// decode_floor_bench's chains pay, at every kernel boundary, the drain of the kernel ahead and the
+// ramp of the next one's reads (Note [Decode floor] in decode_floor_bench.cc). A persistent kernel
+// could stream almost every byte of a step without regard to those boundaries: a phase's own
+// bytes (its weights, and for the attention the cache of earlier steps) depend on nothing the step
+// computes, and only their use must wait for the phase ahead. PersistentReadKernel is the floor of
+// that design: one block an SM, whose first warp copies the block's share of each phase's own
+// bytes in turn into a ring of 16 KiB slots by bulk copies (cp.async.bulk, counted on the slot's
+// `full` mbarrier), and whose other 8 warps, for each phase: wait until every block has ended the
+// phase ahead (a counter a phase in global memory, raised by each block with release semantics and
+// read with acquire), read the phase's input from `scratch` (what a real phase reads of the one
+// ahead: a GEMM's slice of x, a norm's partial sums), read each of the phase's slots (and free it
+// on its `empty` mbarrier), write the phase's output to `scratch`, and raise the phase's counter.
+// With lookahead the copying warp never waits for a phase, only for free slots, so the ring holds
+// the next phases' bytes while the blocks wait for each other; without it, it waits for the phase
+// ahead as the readers do, as a kernel a phase would. The last block to end resets the counters
+// (every block has then passed all its waits), so a graph may replay the kernel. A wait that lasts
+// over 2 s traps (a grid not resident at once, or a plan that never ends), so the call fails
+// instead of hanging. What the kernel leaves out: the arithmetic, and a phase's finer dependences
+// (a GEMM tile needs only its slice of x, and so could start before the whole phase ahead ends).
+constexpr int kChunkBytes = 16384;
+constexpr int kReaderWarps = 8;
+constexpr int kReaders = 32 * kReaderWarps;
+constexpr int kPersistentThreads = 32 + kReaders;
+
+__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t GlobalNanoseconds() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// Spins until *counter reaches `target`; traps after 2 s.
+__device__ void WaitForCount(const unsigned* counter, unsigned target) {
+  if (LoadAcquire(counter) >= target) return;
+  const uint64_t start = GlobalNanoseconds();
+  while (LoadAcquire(counter) < target) {
+    if (GlobalNanoseconds() - start > 2000000000ull) __trap();
+  }
+}
+
+__device__ __forceinline__ void InitBarrierCount(uint64_t* barrier, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SharedAddress(barrier)),
+               "r"(count));
+}
+
+__device__ __forceinline__ void ArriveOnBarrier(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SharedAddress(barrier))
+               : "memory");
+}
+
+__device__ __forceinline__ void BulkCopy(void* shared, const void* global, uint32_t bytes,
+                                         uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(SharedAddress(shared)),
+      "l"(global), "r"(bytes), "r"(SharedAddress(barrier))
+      : "memory");
+}
+
+__device__ __forceinline__ void ReadersBarrier() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kReaders) : "memory");
+}
+
+// This block's share [first, last) of `bytes` (a multiple of 16), in whole 16-byte pieces.
+__device__ __forceinline__ void BlockShare(int64_t bytes, int64_t& first, int64_t& last) {
+  const int64_t pieces = bytes / 16;
+  first = pieces * blockIdx.x / gridDim.x * 16;
+  last = pieces * (blockIdx.x + 1) / gridDim.x * 16;
+}
+
+__device__ __forceinline__ unsigned Fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+__global__ void __launch_bounds__(kPersistentThreads, 1)
+    PersistentReadKernelImpl(const char* __restrict__ pool, const FloorPhase* __restrict__ phases,
+                             int phase_count, uint4* scratch, int64_t scratch_pieces,
+                             unsigned* counters, int slots, bool lookahead, unsigned* sink) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + static_cast<size_t>(slots) * kChunkBytes);
+  uint64_t* empty = full + slots;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      InitBarrierCount(&full[s], 1);
+      InitBarrierCount(&empty[s], kReaderWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  PrecedingKernelsDone();
+  const unsigned grid = gridDim.x;
+  if (threadIdx.x < 32) {  // the copying warp: one lane issues the ring's copies
+    if (threadIdx.x != 0) return;
+    int64_t n = 0;  // copies issued
+    for (int p = 0; p < phase_count; ++p) {
+      int64_t first, last;
+      BlockShare(phases[p].own_bytes, first, last);
+      // (Only for a share to copy: its readers wait for these copies, so this wait ends before
+      // the block ends and the last block resets the counters.)
+      if (!lookahead && p > 0 && first < last) WaitForCount(&counters[p - 1], grid);
+      const char* own = pool + phases[p].own_offset;
+      for (int64_t at = first; at < last; at += kChunkBytes, ++n) {
+        const int slot = static_cast<int>(n % slots);
+        const int64_t use = n / slots;
+        if (use > 0) WaitBarrier(&empty[slot], static_cast<uint32_t>((use - 1) & 1));
+        const uint32_t bytes =
+            static_cast<uint32_t>(last - at < kChunkBytes ? last - at : kChunkBytes);
+        ArriveExpectingBytes(&full[slot], bytes);
+        BulkCopy(ring + static_cast<size_t>(slot) * kChunkBytes, own + at, bytes, &full[slot]);
+      }
+    }
+    return;
+  }
+  const int t = threadIdx.x - 32;
+  unsigned hash = 0;
+  int64_t n = 0;  // slots used
+  for (int p = 0; p < phase_count; ++p) {
+    if (p > 0) {
+      if (t == 0) WaitForCount(&counters[p - 1], grid);
+      ReadersBarrier();
+    }
+    const int64_t inputs = phases[p].input_bytes / 16;
+    const int64_t input_at = blockIdx.x * inputs % (scratch_pieces - inputs + 1);
+    for (int64_t i = t; i < inputs; i += kReaders) hash ^= Fold(__ldcg(scratch + input_at + i));
+    int64_t first, last;
+    BlockShare(phases[p].own_bytes, first, last);
+    for (int64_t at = first; at < last; at += kChunkBytes, ++n) {
+      const int slot = static_cast<int>(n % slots);
+      WaitBarrier(&full[slot], static_cast<uint32_t>((n / slots) & 1));
+      const int64_t pieces = (last - at < kChunkBytes ? last - at : kChunkBytes) / 16;
+      const uint4* chunk =
+          reinterpret_cast<const uint4*>(ring + static_cast<size_t>(slot) * kChunkBytes);
+      for (int64_t i = t; i < pieces; i += kReaders) hash ^= Fold(chunk[i]);
+      __syncwarp();
+      if (t % 32 == 0) ArriveOnBarrier(&empty[slot]);
+    }
+    const int64_t outputs = phases[p].output_bytes / 16;
+    const int64_t output_at = blockIdx.x * outputs % (scratch_pieces - outputs + 1);
+    for (int64_t i = t; i < outputs; i += kReaders) {
+      scratch[output_at + i] = make_uint4(hash, hash, hash, hash);
+    }
+    ReadersBarrier();
+    if (t == 0) {
+      __threadfence();
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(&counters[p]) : "memory");
+    }
+  }
+  if (t == 0 && atomicAdd(&counters[phase_count], 1u) == grid - 1) {
+    for (int p = 0; p <= phase_count; ++p) counters[p] = 0;
+    __threadfence();
+  }
+  if (hash == 0x9e3779b9u) *sink = hash;
+}
+
 }  // namespace
 
 cudaError_t EmptyKernel(cudaStream_t stream) {
@@ -92,6 +252,42 @@ cudaError_t CacheReadKernel(const void* k, const void* v, int64_t batch, int64_t
                 dim3(static_cast<unsigned>(kv_heads), static_cast<unsigned>(batch)), threads, 0,
                 stream, static_cast<const uint4*>(k), static_cast<const uint4*>(v),
                 capacity * dim / 8, keys * dim / 8, sink);
+}
+
+int PersistentReadBlocks() { return MultiprocessorCount(); }
+
+size_t PersistentReadSharedBytes(int ring_slots) {
+  return static_cast<size_t>(ring_slots) * (kChunkBytes + 2 * sizeof(uint64_t));
+}
+
+cudaError_t PersistentReadKernel(const void* pool, const FloorPhase* phases, int phase_count,
+                                 void* scratch, int64_t scratch_bytes, unsigned* counters,
+                                 int ring_slots, bool lookahead, unsigned* sink,
+                                 cudaStream_t stream) {
+  if (ring_slots < 1 || phase_count < 1 || scratch_bytes < 16 || scratch_bytes % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(pool) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t shared = PersistentReadSharedBytes(ring_slots);
+  if (const cudaError_t e = cudaFuncSetAttribute(PersistentReadKernelImpl,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(shared));
+      e != cudaSuccess) {
+    return e;
+  }
+  // Every block must be resident at once, or the counters' waits never end.
+  int per_sm = 0;
+  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, PersistentReadKernelImpl, kPersistentThreads, shared);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  return Launch(PersistentReadKernelImpl, dim3(static_cast<unsigned>(PersistentReadBlocks())),
+                kPersistentThreads, shared, stream, static_cast<const char*>(pool), phases,
+                phase_count, static_cast<uint4*>(scratch), scratch_bytes / 16, counters, ring_slots,
+                lookahead, sink);
 }
 
 }  // namespace rl::bench

@@ -1,5 +1,6 @@
 // Kernels that do nothing but wait for the kernel ahead, or read given bytes, for
-// decode_floor_bench: what a chain of kernels costs beyond the bytes it reads.
+// decode_floor_bench: what a chain of kernels costs beyond the bytes it reads, and what one
+// persistent kernel doing the same phases would.
 #ifndef RL_TOOLS_BENCH_FLOOR_KERNELS_H_
 #define RL_TOOLS_BENCH_FLOOR_KERNELS_H_
 
@@ -25,6 +26,32 @@ cudaError_t ReadKernel(const void* data, int64_t bytes, unsigned* sink, cudaStre
 cudaError_t CacheReadKernel(const void* k, const void* v, int64_t batch, int64_t kv_heads,
                             int64_t capacity, int64_t keys, int64_t dim, int threads,
                             unsigned* sink, cudaStream_t stream);
+
+// One phase of PersistentReadKernel: a dependent kernel of the step, as one persistent kernel's
+// blocks would run it.
+struct FloorPhase {
+  int64_t own_offset;    // where the phase's own bytes (weights, the cache of earlier steps) start
+  int64_t own_bytes;     // in `pool`, a multiple of 16, split evenly over the blocks
+  int32_t input_bytes;   // each block reads from `scratch` once the phase ahead has ended
+  int32_t output_bytes;  // each block writes to `scratch` after its reads (multiples of 16)
+};
+
+// PersistentReadKernel's blocks a grid (one an SM) and its shared memory, for `ring_slots`.
+int PersistentReadBlocks();
+size_t PersistentReadSharedBytes(int ring_slots);
+
+// A step's phases in one kernel of a block an SM (Note [Decode floor, persistent] in
+// floor_kernels.cu): each block streams its share of every phase's own bytes through a ring of
+// `ring_slots` 16 KiB slots of shared memory, and uses (reads) a phase's bytes only after every
+// block has ended the phase ahead, counted in `counters` (phase_count + 1 zeros on entry; zeros
+// again on return). With `lookahead` the ring's copies run ahead of the phases as far as it has
+// room; without, a phase's copies start only once the phase ahead has ended. `phases` is in device
+// memory; `scratch` (16-byte aligned, `scratch_bytes` at least every phase's input and output
+// bytes) should stay in the L2, as a step's activations do.
+cudaError_t PersistentReadKernel(const void* pool, const FloorPhase* phases, int phase_count,
+                                 void* scratch, int64_t scratch_bytes, unsigned* counters,
+                                 int ring_slots, bool lookahead, unsigned* sink,
+                                 cudaStream_t stream);
 
 }  // namespace rl::bench
 
