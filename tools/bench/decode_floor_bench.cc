@@ -1,9 +1,9 @@
 // decode_floor_bench [--batch 64] [--keys 192] [--hbm-tb-s 4.8] [--layers 28] [--hidden 1024]
 //   [--intermediate 3072] [--q-heads 16] [--kv-heads 8] [--head-dim 128] [--vocab 151936]:
-// how fast a dense decode step could be with the engine's kernels per layer, whatever those
-// kernels do, on the GPU, in one process (Note [Decode floor] below). Defaults: Qwen3-0.6B's
-// shape at batch 64 with 192 cached positions a row, the mean of decode_bench's Generate of a
-// 128-token prompt and 128 new tokens. Prints one line per figure; needs a GPU.
+// how fast a dense decode step could be with the engine's kernels per layer, or as one persistent
+// kernel, whatever they compute, on the GPU, in one process (Note [Decode floor] below). Defaults:
+// Qwen3-0.6B's shape at batch 64 with 192 cached positions a row, the mean of decode_bench's
+// Generate of a 128-token prompt and 128 new tokens. Prints one line per figure; needs a GPU.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -43,7 +43,9 @@
 // LM head over 4, so from HBM). Each chain's roofline fraction is the weights and the KV cache
 // over its time at --hbm-tb-s, as decode_bench counts them but for decode_bench's exact mean
 // length and norm weights (within 0.2% at the defaults); the chains also read the norms' inputs
-// and the logits, which the roofline leaves out (86 MB a step at the defaults).
+// and the logits, which the roofline leaves out (86 MB a step at the defaults). Last, the same
+// steps as one persistent kernel, whose phases also hand their outputs on through the L2, with
+// its costs taken apart (Note [Decode floor, persistent] in floor_kernels.cu).
 
 namespace {
 
@@ -269,40 +271,60 @@ int Run(int argc, char** argv) {
       handed_on(0, 0, batch * 4);  // sampling: its share of the logits
       return std::pair(phases, offset);
     };
+    using rl::bench::FloorPhase;
     const at::Tensor scratch = at::zeros({64 << 20}, bytes_on_gpu);
-    for (const auto& [label, layer] : {std::pair<const char*, std::vector<Read>>{"7", layer7},
-                                       std::pair<const char*, std::vector<Read>>{"5", layer5}}) {
-      const auto planned = plan(layer);
-      const std::vector<rl::bench::FloorPhase>& phases = planned.first;
-      const at::Tensor pool = at::ones({planned.second}, bytes_on_gpu);
+    struct Ring {
+      int slots;
+      bool lookahead;
+    };
+    const auto time_persistent = [&](const std::vector<FloorPhase>& phases, int64_t pool_bytes,
+                                     Ring ring) {
+      const at::Tensor pool = at::ones({pool_bytes}, bytes_on_gpu);
       const at::Tensor on_gpu =
-          at::from_blob(const_cast<rl::bench::FloorPhase*>(phases.data()),
-                        {static_cast<int64_t>(phases.size() * sizeof(rl::bench::FloorPhase))},
-                        at::kByte)
+          at::from_blob(const_cast<FloorPhase*>(phases.data()),
+                        {static_cast<int64_t>(phases.size() * sizeof(FloorPhase))}, at::kByte)
               .to(at::kCUDA);
       const at::Tensor counters =
           at::zeros({static_cast<int64_t>(phases.size()) + 1}, bytes_on_gpu.dtype(at::kInt));
-      struct Ring {
-        int slots;
-        bool lookahead;
-      };
-      for (const Ring ring : {Ring{13, false}, Ring{4, true}, Ring{8, true}, Ring{13, true}}) {
-        const double us = rl::bench::GraphMicrosPerCall(
-            [&] {
-              RL_CHECK_CUDA(rl::bench::PersistentReadKernel(
-                  pool.data_ptr(), static_cast<const rl::bench::FloorPhase*>(on_gpu.data_ptr()),
-                  static_cast<int>(phases.size()), scratch.data_ptr(), scratch.numel(),
-                  static_cast<unsigned*>(counters.data_ptr()), ring.slots, ring.lookahead, sink_ptr,
-                  stream()));
-            },
-            3);
-        std::printf(
-            "one persistent kernel, %s phases a layer (%zu a step), %lld blocks, a ring of %d x 16 "
-            "KiB, %s: %.1f us, %.1f%% of the roofline\n",
-            label, phases.size(), static_cast<long long>(blocks), ring.slots,
-            ring.lookahead ? "copies ahead of the phases" : "copies after the phase ahead", us,
-            100.0 * roofline_us / us);
+      return rl::bench::GraphMicrosPerCall(
+          [&] {
+            RL_CHECK_CUDA(rl::bench::PersistentReadKernel(
+                pool.data_ptr(), static_cast<const FloorPhase*>(on_gpu.data_ptr()),
+                static_cast<int>(phases.size()), scratch.data_ptr(), scratch.numel(),
+                static_cast<unsigned*>(counters.data_ptr()), ring.slots, ring.lookahead, sink_ptr,
+                stream()));
+          },
+          3);
+    };
+    const auto report = [&](const std::string& what, Ring ring, double us) {
+      std::printf(
+          "one persistent kernel of %lld blocks, %s, a ring of %d x 16 KiB, %s: %.1f us, "
+          "%.1f%% of the roofline\n",
+          static_cast<long long>(blocks), what.c_str(), ring.slots,
+          ring.lookahead ? "copies ahead of the phases" : "copies after the phase ahead", us,
+          100.0 * roofline_us / us);
+    };
+    for (const auto& [label, layer] : {std::pair<const char*, std::vector<Read>>{"7", layer7},
+                                       std::pair<const char*, std::vector<Read>>{"5", layer5}}) {
+      const auto [phases, pool_bytes] = plan(layer);
+      const std::string what =
+          std::string(label) + " phases a layer (" + std::to_string(phases.size()) + " a step)";
+      for (const Ring ring : {Ring{13, false}, Ring{4, true}, Ring{13, true}}) {
+        report(what, ring, time_persistent(phases, pool_bytes, ring));
       }
+      if (layer.size() != layer7.size()) continue;
+      // Where the time goes: the phases without what they hand on, the waits alone, and the
+      // step's own bytes as one phase.
+      std::vector<FloorPhase> own_only = phases, waits_only = phases;
+      for (FloorPhase& p : own_only) p.input_bytes = p.output_bytes = 0;
+      for (FloorPhase& p : waits_only) p = {0, 0, 0, 0};
+      const Ring ring{13, true};
+      report(what + " without their inputs and outputs", ring,
+             time_persistent(own_only, pool_bytes, ring));
+      report(what + " without any bytes (the waits alone)", ring,
+             time_persistent(waits_only, 16, ring));
+      report("the step's own bytes as one phase", ring,
+             time_persistent({{0, pool_bytes, 0, 0}}, pool_bytes, ring));
     }
   }
   return 0;

@@ -189,7 +189,17 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
     }
     const int64_t inputs = phases[p].input_bytes / 16;
     const int64_t input_at = blockIdx.x * inputs % (scratch_pieces - inputs + 1);
-    for (int64_t i = t; i < inputs; i += kReaders) hash ^= Fold(__ldcg(scratch + input_at + i));
+    // kReadsInFlight loads a thread at once, as a real phase would copy its input in one go.
+    for (int64_t i = t; i < inputs; i += kReadsInFlight * kReaders) {
+      uint4 v[kReadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kReadsInFlight; ++u) {
+        const int64_t j = i + u * kReaders;
+        v[u] = j < inputs ? __ldcg(scratch + input_at + j) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kReadsInFlight; ++u) hash ^= Fold(v[u]);
+    }
     int64_t first, last;
     BlockShare(phases[p].own_bytes, first, last);
     for (int64_t at = first; at < last; at += kChunkBytes, ++n) {
@@ -208,8 +218,9 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
       scratch[output_at + i] = make_uint4(hash, hash, hash, hash);
     }
     ReadersBarrier();
+    // (The release orders the block's writes before it, which the barrier ordered before this
+    // thread's, as CUTLASS's GenericBarrier arrives.)
     if (t == 0) {
-      __threadfence();
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(&counters[p]) : "memory");
     }
   }
