@@ -272,11 +272,8 @@ int Run(int argc, char** argv) {
       return std::pair(phases, offset);
     };
     using rl::bench::FloorPhase;
+    using Ring = rl::bench::PersistentRing;
     const at::Tensor scratch = at::zeros({64 << 20}, bytes_on_gpu);
-    struct Ring {
-      int slots;
-      bool lookahead;
-    };
     const auto time_persistent = [&](const std::vector<FloorPhase>& phases, int64_t pool_bytes,
                                      Ring ring) {
       const at::Tensor pool = at::ones({pool_bytes}, bytes_on_gpu);
@@ -291,18 +288,17 @@ int Run(int argc, char** argv) {
             RL_CHECK_CUDA(rl::bench::PersistentReadKernel(
                 pool.data_ptr(), static_cast<const FloorPhase*>(on_gpu.data_ptr()),
                 static_cast<int>(phases.size()), scratch.data_ptr(), scratch.numel(),
-                static_cast<unsigned*>(counters.data_ptr()), ring.slots, ring.lookahead, sink_ptr,
-                stream()));
+                static_cast<unsigned*>(counters.data_ptr()), ring, sink_ptr, stream()));
           },
           3);
     };
     const auto report = [&](const std::string& what, Ring ring, double us) {
       std::printf(
-          "one persistent kernel of %lld blocks, %s, a ring of %d x 16 KiB, %s: %.1f us, "
+          "one persistent kernel of %lld blocks, %s, a ring of %d x 16 KiB, %s%s: %.1f us, "
           "%.1f%% of the roofline\n",
           static_cast<long long>(blocks), what.c_str(), ring.slots,
-          ring.lookahead ? "copies ahead of the phases" : "copies after the phase ahead", us,
-          100.0 * roofline_us / us);
+          ring.lookahead ? "copies ahead of the phases" : "copies after the phase ahead",
+          ring.read_slots ? "" : ", slots freed unread", us, 100.0 * roofline_us / us);
     };
     for (const auto& [label, layer] : {std::pair<const char*, std::vector<Read>>{"7", layer7},
                                        std::pair<const char*, std::vector<Read>>{"5", layer5}}) {
@@ -321,6 +317,9 @@ int Run(int argc, char** argv) {
       const Ring ring{13, true};
       report(what + " without their inputs and outputs", ring,
              time_persistent(own_only, pool_bytes, ring));
+      const Ring unread{13, true, false};
+      report(what + " without their inputs and outputs", unread,
+             time_persistent(own_only, pool_bytes, unread));
       report(what + " without any bytes (the waits alone)", ring,
              time_persistent(waits_only, 16, ring));
       report("the step's own bytes as one phase", ring,

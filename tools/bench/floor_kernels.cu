@@ -143,7 +143,8 @@ __device__ __forceinline__ unsigned Fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w
 __global__ void __launch_bounds__(kPersistentThreads, 1)
     PersistentReadKernelImpl(const char* __restrict__ pool, const FloorPhase* __restrict__ phases,
                              int phase_count, uint4* scratch, int64_t scratch_pieces,
-                             unsigned* counters, int slots, bool lookahead, unsigned* sink) {
+                             unsigned* counters, PersistentRing shape, unsigned* sink) {
+  const int slots = shape.slots;
   extern __shared__ __align__(128) unsigned char ring[];
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + static_cast<size_t>(slots) * kChunkBytes);
   uint64_t* empty = full + slots;
@@ -165,7 +166,7 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
       BlockShare(phases[p].own_bytes, first, last);
       // (Only for a share to copy: its readers wait for these copies, so this wait ends before
       // the block ends and the last block resets the counters.)
-      if (!lookahead && p > 0 && first < last) WaitForCount(&counters[p - 1], grid);
+      if (!shape.lookahead && p > 0 && first < last) WaitForCount(&counters[p - 1], grid);
       const char* own = pool + phases[p].own_offset;
       for (int64_t at = first; at < last; at += kChunkBytes, ++n) {
         const int slot = static_cast<int>(n % slots);
@@ -208,7 +209,9 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
       const int64_t pieces = (last - at < kChunkBytes ? last - at : kChunkBytes) / 16;
       const uint4* chunk =
           reinterpret_cast<const uint4*>(ring + static_cast<size_t>(slot) * kChunkBytes);
-      for (int64_t i = t; i < pieces; i += kReaders) hash ^= Fold(chunk[i]);
+      if (shape.read_slots) {
+        for (int64_t i = t; i < pieces; i += kReaders) hash ^= Fold(chunk[i]);
+      }
       __syncwarp();
       if (t % 32 == 0) ArriveOnBarrier(&empty[slot]);
     }
@@ -267,20 +270,15 @@ cudaError_t CacheReadKernel(const void* k, const void* v, int64_t batch, int64_t
 
 int PersistentReadBlocks() { return MultiprocessorCount(); }
 
-size_t PersistentReadSharedBytes(int ring_slots) {
-  return static_cast<size_t>(ring_slots) * (kChunkBytes + 2 * sizeof(uint64_t));
-}
-
 cudaError_t PersistentReadKernel(const void* pool, const FloorPhase* phases, int phase_count,
                                  void* scratch, int64_t scratch_bytes, unsigned* counters,
-                                 int ring_slots, bool lookahead, unsigned* sink,
-                                 cudaStream_t stream) {
-  if (ring_slots < 1 || phase_count < 1 || scratch_bytes < 16 || scratch_bytes % 16 != 0 ||
+                                 PersistentRing ring, unsigned* sink, cudaStream_t stream) {
+  if (ring.slots < 1 || phase_count < 1 || scratch_bytes < 16 || scratch_bytes % 16 != 0 ||
       reinterpret_cast<uintptr_t>(pool) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
-  const size_t shared = PersistentReadSharedBytes(ring_slots);
+  const size_t shared = static_cast<size_t>(ring.slots) * (kChunkBytes + 2 * sizeof(uint64_t));
   if (const cudaError_t e = cudaFuncSetAttribute(PersistentReadKernelImpl,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(shared));
@@ -297,8 +295,8 @@ cudaError_t PersistentReadKernel(const void* pool, const FloorPhase* phases, int
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
   return Launch(PersistentReadKernelImpl, dim3(static_cast<unsigned>(PersistentReadBlocks())),
                 kPersistentThreads, shared, stream, static_cast<const char*>(pool), phases,
-                phase_count, static_cast<uint4*>(scratch), scratch_bytes / 16, counters, ring_slots,
-                lookahead, sink);
+                phase_count, static_cast<uint4*>(scratch), scratch_bytes / 16, counters, ring,
+                sink);
 }
 
 }  // namespace rl::bench

@@ -36,22 +36,28 @@ struct FloorPhase {
   int32_t output_bytes;  // each block writes to `scratch` after its reads (multiples of 16)
 };
 
-// PersistentReadKernel's blocks a grid (one an SM) and its shared memory, for `ring_slots`.
+// PersistentReadKernel's blocks a grid: one an SM.
 int PersistentReadBlocks();
-size_t PersistentReadSharedBytes(int ring_slots);
+
+// How PersistentReadKernel streams a phase's own bytes: through a ring of `slots` 16 KiB slots
+// of shared memory; with `lookahead` its copies run ahead of the phases as far as the ring has
+// room, without, a phase's copies start only once the phase ahead has ended; with `read_slots`
+// the readers read every slot, without, they free each slot unread once it has landed.
+struct PersistentRing {
+  int slots;
+  bool lookahead;
+  bool read_slots = true;
+};
 
 // A step's phases in one kernel of a block an SM (Note [Decode floor, persistent] in
-// floor_kernels.cu): each block streams its share of every phase's own bytes through a ring of
-// `ring_slots` 16 KiB slots of shared memory, and uses (reads) a phase's bytes only after every
-// block has ended the phase ahead, counted in `counters` (phase_count + 1 zeros on entry; zeros
-// again on return). With `lookahead` the ring's copies run ahead of the phases as far as it has
-// room; without, a phase's copies start only once the phase ahead has ended. `phases` is in device
+// floor_kernels.cu): each block streams its share of every phase's own bytes through `ring`, and
+// uses (reads) a phase's bytes only after every block has ended the phase ahead, counted in
+// `counters` (phase_count + 1 zeros on entry; zeros again on return). `phases` is in device
 // memory; `scratch` (16-byte aligned, `scratch_bytes` at least every phase's input and output
 // bytes) should stay in the L2, as a step's activations do.
 cudaError_t PersistentReadKernel(const void* pool, const FloorPhase* phases, int phase_count,
                                  void* scratch, int64_t scratch_bytes, unsigned* counters,
-                                 int ring_slots, bool lookahead, unsigned* sink,
-                                 cudaStream_t stream);
+                                 PersistentRing ring, unsigned* sink, cudaStream_t stream);
 
 }  // namespace rl::bench
 
