@@ -1,6 +1,7 @@
+#include "tools/bench/floor_kernels.h"
+
 #include <algorithm>
 
-#include "tools/bench/floor_kernels.h"
 #include "trainer/kernels/kernel_util.cuh"
 
 namespace rl::bench {
