@@ -273,6 +273,7 @@ int Run(int argc, char** argv) {
     };
     using rl::bench::FloorPhase;
     using Ring = rl::bench::PersistentRing;
+    using Wait = rl::bench::PersistentWait;
     const at::Tensor scratch = at::zeros({64 << 20}, bytes_on_gpu);
     const auto time_persistent = [&](const std::vector<FloorPhase>& phases, int64_t pool_bytes,
                                      Ring ring) {
@@ -282,7 +283,8 @@ int Run(int argc, char** argv) {
                         {static_cast<int64_t>(phases.size() * sizeof(FloorPhase))}, at::kByte)
               .to(at::kCUDA);
       const at::Tensor counters =
-          at::zeros({static_cast<int64_t>(phases.size()) + 1}, bytes_on_gpu.dtype(at::kInt));
+          at::zeros({rl::bench::PersistentCounterWords(static_cast<int>(phases.size()))},
+                    bytes_on_gpu.dtype(at::kInt));
       return rl::bench::GraphMicrosPerCall(
           [&] {
             RL_CHECK_CUDA(rl::bench::PersistentReadKernel(
@@ -294,11 +296,15 @@ int Run(int argc, char** argv) {
     };
     const auto report = [&](const std::string& what, Ring ring, double us) {
       std::printf(
-          "one persistent kernel of %lld blocks, %s, a ring of %d x 16 KiB, %s%s: %.1f us, "
-          "%.1f%% of the roofline\n",
+          "one persistent kernel of %lld blocks, %s, a ring of %d x 16 KiB, %s%s, waits on %s: "
+          "%.1f us, %.1f%% of the roofline\n",
           static_cast<long long>(blocks), what.c_str(), ring.slots,
           ring.lookahead ? "copies ahead of the phases" : "copies after the phase ahead",
-          ring.read_slots ? "" : ", slots freed unread", us, 100.0 * roofline_us / us);
+          ring.read_slots ? "" : ", slots freed unread",
+          ring.wait == Wait::kCounter ? "a counter"
+          : ring.wait == Wait::kFlag  ? "a flag"
+                                      : "a tree of counters",
+          us, 100.0 * roofline_us / us);
     };
     for (const auto& [label, layer] : {std::pair<const char*, std::vector<Read>>{"7", layer7},
                                        std::pair<const char*, std::vector<Read>>{"5", layer5}}) {
@@ -320,8 +326,15 @@ int Run(int argc, char** argv) {
       const Ring unread{13, true, false};
       report(what + " without their inputs and outputs", unread,
              time_persistent(own_only, pool_bytes, unread));
-      report(what + " without any bytes (the waits alone)", ring,
-             time_persistent(waits_only, 16, ring));
+      for (const Wait wait : {Wait::kCounter, Wait::kFlag, Wait::kTree}) {
+        const Ring waiting{13, true, true, wait};
+        report(what + " without any bytes (the waits alone)", waiting,
+               time_persistent(waits_only, 16, waiting));
+        if (wait == Wait::kCounter) continue;
+        report(what + " without their inputs and outputs", waiting,
+               time_persistent(own_only, pool_bytes, waiting));
+        report(what, waiting, time_persistent(phases, pool_bytes, waiting));
+      }
       report("the step's own bytes as one phase", ring,
              time_persistent({{0, pool_bytes, 0, 0}}, pool_bytes, ring));
     }

@@ -78,8 +78,15 @@ __global__ void CacheReadKernelImpl(const uint4* __restrict__ k, const uint4* __
 // on its `empty` mbarrier), write the phase's output to `scratch`, and raise the phase's counter.
 // With lookahead the copying warp never waits for a phase, only for free slots, so the ring holds
 // the next phases' bytes while the blocks wait for each other; without it, it waits for the phase
-// ahead as the readers do, as a kernel a phase would. The last block to end resets the counters
-// (every block has then passed all its waits), so a graph may replay the kernel. A wait that lasts
+// ahead as the readers do, as a kernel a phase would. How a block learns that every block has
+// ended a phase (PersistentWait): each block raises one counter and polls it (kCounter, as
+// CUTLASS's GenericBarrier); or the block that raises it last, told so by its atomic's old value,
+// raises a flag of its own cache line, which the others poll (kFlag), so that the polls do not
+// queue behind the arrivals; or the blocks arrive on 8 counters of their own lines, the last of
+// each on the top counter, whose last raises the flag (kTree), so that no line takes more than 17
+// arrivals. Counts and flags only grow: a launch's targets are its epoch (launches before it, a
+// word the last block to end raises) times what a launch adds, so a graph may replay the kernel
+// without resetting them. A wait that lasts
 // over 2 s traps (a grid not resident at once, or a plan that never ends), so the call fails
 // instead of hanging. What the kernel leaves out: the arithmetic, and a phase's finer dependences
 // (a GEMM tile needs only its slice of x, and so could start before the whole phase ahead ends).
@@ -100,12 +107,66 @@ __device__ __forceinline__ uint64_t GlobalNanoseconds() {
   return t;
 }
 
-// Spins until *counter reaches `target`; traps after 2 s.
-__device__ void WaitForCount(const unsigned* counter, unsigned target) {
-  if (LoadAcquire(counter) >= target) return;
+// Spins until *word reaches `target`; traps after 2 s.
+__device__ void WaitForCount(const unsigned* word, unsigned target) {
+  if (LoadAcquire(word) >= target) return;
   const uint64_t start = GlobalNanoseconds();
-  while (LoadAcquire(counter) < target) {
+  while (LoadAcquire(word) < target) {
     if (GlobalNanoseconds() - start > 2000000000ull) __trap();
+  }
+}
+
+// The counters' words (PersistentCounterWords), each on a 128-byte line of its own: the epoch,
+// the blocks ended, then for each phase its top counter, its flag and kWaitGroups counters.
+constexpr int kLine = 32;  // words
+constexpr int kWaitGroups = 8;
+constexpr int kPhaseLines = 2 + kWaitGroups;
+__device__ __forceinline__ unsigned* PhaseWord(unsigned* counters, int phase, int line) {
+  return counters + (2 + static_cast<int64_t>(phase) * kPhaseLines + line) * kLine;
+}
+
+__device__ __forceinline__ unsigned AddAcquireRelease(unsigned* word) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(word) : "memory");
+  return old;
+}
+
+__device__ __forceinline__ void StoreRelease(unsigned* word, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(word), "r"(v) : "memory");
+}
+
+// This block has ended `phase` (its writes ordered before by a block barrier); `launch` is the
+// launch's epoch + 1.
+__device__ void ArriveOnPhase(unsigned* counters, int phase, PersistentWait wait, unsigned launch) {
+  unsigned* top = PhaseWord(counters, phase, 0);
+  unsigned* flag = PhaseWord(counters, phase, 1);
+  const unsigned grid = gridDim.x;
+  switch (wait) {
+    case PersistentWait::kCounter:
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(top) : "memory");
+      break;
+    case PersistentWait::kFlag:
+      if (AddAcquireRelease(top) == launch * grid - 1) StoreRelease(flag, launch);
+      break;
+    case PersistentWait::kTree: {
+      const unsigned group = blockIdx.x % kWaitGroups;
+      const unsigned groups = grid < kWaitGroups ? grid : kWaitGroups;
+      const unsigned members = (grid - group + kWaitGroups - 1) / kWaitGroups;
+      if (AddAcquireRelease(PhaseWord(counters, phase, 2 + group)) == launch * members - 1 &&
+          AddAcquireRelease(top) == launch * groups - 1) {
+        StoreRelease(flag, launch);
+      }
+      break;
+    }
+  }
+}
+
+// Returns once every block has ended `phase` (ArriveOnPhase).
+__device__ void WaitForPhase(unsigned* counters, int phase, PersistentWait wait, unsigned launch) {
+  if (wait == PersistentWait::kCounter) {
+    WaitForCount(PhaseWord(counters, phase, 0), launch * gridDim.x);
+  } else {
+    WaitForCount(PhaseWord(counters, phase, 1), launch);
   }
 }
 
@@ -156,18 +217,18 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
   PrecedingKernelsDone();
-  const unsigned grid = gridDim.x;
+  __shared__ unsigned launch_shared;
+  if (threadIdx.x == 0) launch_shared = LoadAcquire(counters) + 1;  // raised at the last one's end
+  __syncthreads();
+  const unsigned launch = launch_shared;
   if (threadIdx.x < 32) {  // the copying warp: one lane issues the ring's copies
     if (threadIdx.x != 0) return;
     int64_t n = 0;  // copies issued
     for (int p = 0; p < phase_count; ++p) {
       int64_t first, last;
       BlockShare(phases[p].own_bytes, first, last);
-      // (Only for a share to copy: its readers wait for these copies, so this wait ends before
-      // the block ends and the last block resets the counters.)
-      if (!shape.lookahead && p > 0 && first < last) WaitForCount(&counters[p - 1], grid);
+      if (!shape.lookahead && p > 0) WaitForPhase(counters, p - 1, shape.wait, launch);
       const char* own = pool + phases[p].own_offset;
       for (int64_t at = first; at < last; at += kChunkBytes, ++n) {
         const int slot = static_cast<int>(n % slots);
@@ -186,7 +247,7 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
   int64_t n = 0;  // slots used
   for (int p = 0; p < phase_count; ++p) {
     if (p > 0) {
-      if (t == 0) WaitForCount(&counters[p - 1], grid);
+      if (t == 0) WaitForPhase(counters, p - 1, shape.wait, launch);
       ReadersBarrier();
     }
     const int64_t inputs = phases[p].input_bytes / 16;
@@ -222,16 +283,12 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
       scratch[output_at + i] = make_uint4(hash, hash, hash, hash);
     }
     ReadersBarrier();
-    // (The release orders the block's writes before it, which the barrier ordered before this
+    // (The arrival's release orders the block's writes, which the barrier ordered before this
     // thread's, as CUTLASS's GenericBarrier arrives.)
-    if (t == 0) {
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(&counters[p]) : "memory");
-    }
+    if (t == 0) ArriveOnPhase(counters, p, shape.wait, launch);
   }
-  if (t == 0 && atomicAdd(&counters[phase_count], 1u) == grid - 1) {
-    for (int p = 0; p <= phase_count; ++p) counters[p] = 0;
-    __threadfence();
-  }
+  // The last block to end starts the next launch's epoch; every block has read this one's.
+  if (t == 0 && atomicAdd(&counters[kLine], 1u) == launch * gridDim.x - 1) atomicAdd(counters, 1u);
   if (hash == 0x9e3779b9u) *sink = hash;
 }
 
@@ -270,6 +327,10 @@ cudaError_t CacheReadKernel(const void* k, const void* v, int64_t batch, int64_t
 }
 
 int PersistentReadBlocks() { return MultiprocessorCount(); }
+
+int64_t PersistentCounterWords(int phase_count) {
+  return (2 + static_cast<int64_t>(phase_count) * kPhaseLines) * kLine;
+}
 
 cudaError_t PersistentReadKernel(const void* pool, const FloorPhase* phases, int phase_count,
                                  void* scratch, int64_t scratch_bytes, unsigned* counters,

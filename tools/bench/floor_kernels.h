@@ -39,20 +39,31 @@ struct FloorPhase {
 // PersistentReadKernel's blocks a grid: one an SM.
 int PersistentReadBlocks();
 
+// How PersistentReadKernel's blocks learn that every block has ended a phase: by polling one
+// counter all raise, by polling a flag the last to raise it sets, or by a flag the last of a tree
+// of counters sets (Note [Decode floor, persistent] in floor_kernels.cu).
+enum class PersistentWait { kCounter, kFlag, kTree };
+
 // How PersistentReadKernel streams a phase's own bytes: through a ring of `slots` 16 KiB slots
 // of shared memory; with `lookahead` its copies run ahead of the phases as far as the ring has
 // room, without, a phase's copies start only once the phase ahead has ended; with `read_slots`
-// the readers read every slot, without, they free each slot unread once it has landed.
+// the readers read every slot, without, they free each slot unread once it has landed; and how
+// the blocks wait for each other.
 struct PersistentRing {
   int slots;
   bool lookahead;
   bool read_slots = true;
+  PersistentWait wait = PersistentWait::kCounter;
 };
+
+// The words of PersistentReadKernel's `counters` for `phase_count` phases.
+int64_t PersistentCounterWords(int phase_count);
 
 // A step's phases in one kernel of a block an SM (Note [Decode floor, persistent] in
 // floor_kernels.cu): each block streams its share of every phase's own bytes through `ring`, and
 // uses (reads) a phase's bytes only after every block has ended the phase ahead, counted in
-// `counters` (phase_count + 1 zeros on entry; zeros again on return). `phases` is in device
+// `counters` (PersistentCounterWords(phase_count) words, zeros before the first launch, then
+// left as a launch leaves them for the next). `phases` is in device
 // memory; `scratch` (16-byte aligned, `scratch_bytes` at least every phase's input and output
 // bytes) should stay in the L2, as a step's activations do.
 cudaError_t PersistentReadKernel(const void* pool, const FloorPhase* phases, int phase_count,
