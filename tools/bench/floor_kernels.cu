@@ -8,6 +8,7 @@ namespace rl::bench {
 namespace {
 
 using kernels::ArriveExpectingBytes;
+using kernels::InitBarrier;
 using kernels::Launch;
 using kernels::MultiprocessorCount;
 using kernels::PrecedingKernelsDone;
@@ -20,22 +21,33 @@ constexpr int kMaxBlocksPerSm = 8;
 
 __global__ void EmptyKernelImpl() { PrecedingKernelsDone(); }
 
-__global__ void __launch_bounds__(kReadThreads)
-    ReadKernelImpl(const uint4* __restrict__ data, int64_t pieces, unsigned* sink) {
-  PrecedingKernelsDone();
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+__device__ __forceinline__ unsigned Fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+// The xor of pieces first, first + stride, ... of data[0, pieces), kReadsInFlight loads at once,
+// each by `load` (__ldcs for bytes read once from HBM, __ldcg for what another block wrote).
+template <typename Load>
+__device__ __forceinline__ unsigned FoldPieces(const uint4* data, int64_t pieces, int64_t first,
+                                               int64_t stride, const Load& load) {
   unsigned hash = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < pieces;
-       i += kReadsInFlight * stride) {
+  for (int64_t i = first; i < pieces; i += kReadsInFlight * stride) {
     uint4 v[kReadsInFlight];
 #pragma unroll
     for (int u = 0; u < kReadsInFlight; ++u) {
       const int64_t j = i + u * stride;
-      v[u] = j < pieces ? __ldcs(data + j) : make_uint4(0, 0, 0, 0);
+      v[u] = j < pieces ? load(data + j) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kReadsInFlight; ++u) hash ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (int u = 0; u < kReadsInFlight; ++u) hash ^= Fold(v[u]);
   }
+  return hash;
+}
+
+__global__ void __launch_bounds__(kReadThreads)
+    ReadKernelImpl(const uint4* __restrict__ data, int64_t pieces, unsigned* sink) {
+  PrecedingKernelsDone();
+  const unsigned hash = FoldPieces(
+      data, pieces, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+      static_cast<int64_t>(gridDim.x) * blockDim.x, [](const uint4* p) { return __ldcs(p); });
   if (hash == 0x9e3779b9u) *sink = hash;
 }
 
@@ -170,11 +182,6 @@ __device__ void WaitForPhase(unsigned* counters, int phase, PersistentWait wait,
   }
 }
 
-__device__ __forceinline__ void InitBarrierCount(uint64_t* barrier, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SharedAddress(barrier)),
-               "r"(count));
-}
-
 __device__ __forceinline__ void ArriveOnBarrier(uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SharedAddress(barrier))
                : "memory");
@@ -200,8 +207,6 @@ __device__ __forceinline__ void BlockShare(int64_t bytes, int64_t& first, int64_
   last = pieces * (blockIdx.x + 1) / gridDim.x * 16;
 }
 
-__device__ __forceinline__ unsigned Fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-
 __global__ void __launch_bounds__(kPersistentThreads, 1)
     PersistentReadKernelImpl(const char* __restrict__ pool, const FloorPhase* __restrict__ phases,
                              int phase_count, uint4* scratch, int64_t scratch_pieces,
@@ -212,10 +217,9 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
   uint64_t* empty = full + slots;
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) {
-      InitBarrierCount(&full[s], 1);
-      InitBarrierCount(&empty[s], kReaderWarps);
+      InitBarrier(&full[s]);
+      InitBarrier(&empty[s], kReaderWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   PrecedingKernelsDone();
   __shared__ unsigned launch_shared;
@@ -253,16 +257,8 @@ __global__ void __launch_bounds__(kPersistentThreads, 1)
     const int64_t inputs = phases[p].input_bytes / 16;
     const int64_t input_at = blockIdx.x * inputs % (scratch_pieces - inputs + 1);
     // kReadsInFlight loads a thread at once, as a real phase would copy its input in one go.
-    for (int64_t i = t; i < inputs; i += kReadsInFlight * kReaders) {
-      uint4 v[kReadsInFlight];
-#pragma unroll
-      for (int u = 0; u < kReadsInFlight; ++u) {
-        const int64_t j = i + u * kReaders;
-        v[u] = j < inputs ? __ldcg(scratch + input_at + j) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kReadsInFlight; ++u) hash ^= Fold(v[u]);
-    }
+    hash ^= FoldPieces(scratch + input_at, inputs, t, kReaders,
+                       [](const uint4* p) { return __ldcg(p); });
     int64_t first, last;
     BlockShare(phases[p].own_bytes, first, last);
     for (int64_t at = first; at < last; at += kChunkBytes, ++n) {

@@ -183,9 +183,10 @@ __device__ __forceinline__ void CommitCopies() {
 
 // The tensor memory accelerator's copies (cp.async.bulk.tensor) complete on an mbarrier in shared
 // memory, which counts the bytes it expects. Each thread that waits on it must see it initialised
-// (a barrier after InitBarrier).
-__device__ __forceinline__ void InitBarrier(uint64_t* barrier) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SharedAddress(barrier)));
+// (a barrier after InitBarrier). A phase of the barrier completes after `arrivals` arrivals.
+__device__ __forceinline__ void InitBarrier(uint64_t* barrier, unsigned arrivals = 1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SharedAddress(barrier)),
+               "r"(arrivals));
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
